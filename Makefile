@@ -1,0 +1,93 @@
+# sinkstudy front door. `make help` lists the targets.
+# Every target installs what it needs into $(VENV) first (once; again when pyproject.toml changes).
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SINKSTUDY := $(VENV)/bin/sinkstudy
+# CI and these machines take the local CPU wheel; GPU users may set e.g. TORCH_SPEC='torch>=2.13'.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+# Defaults: the demo's own pair (built by `make demo`); override with hub ids or local paths.
+RUN ?= runs/demo
+BASE ?= $(RUN)/models/qwen2-base
+VLM ?= $(RUN)/models/qwen2-vlm
+MODEL ?= $(BASE)
+OUT ?=
+CONFIG ?= experiments/configs/demo.yaml
+NAME ?= head_restore
+LIMIT ?=
+INIT ?= scale-preserving
+TRAIN_STEPS ?= 0
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install test demo bench sink eval compare pair-extract pair-diff qknorm \
+        merge-linear merge-ties merge-dare merge-sweep mitigate study paper paper-dry clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(STAMP) ## create/refresh the virtualenv and install sinkstudy with its dependencies
+
+test: $(STAMP) ## run the whole test suite (tiny models, offline)
+	$(PY) -m pytest -q $(ARGS)
+
+demo: $(STAMP) ## run the embedded miniature study end to end; report in runs/demo/report.md
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --out $(RUN) $(ARGS)
+
+bench: $(STAMP) ## fast sink pass vs eager output_attentions: time and peak memory ratios
+	$(PY) -m evals.sink.bench $(ARGS)
+
+sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path)
+	$(SINKSTUDY) sink $(MODEL) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+eval: $(STAMP) ## strict-grader evals of MODEL=... through lm-eval
+	$(SINKSTUDY) eval $(MODEL) $(if $(OUT),--out $(OUT)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+
+compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DIR
+	$(SINKSTUDY) compare $(A) $(B) $(ARGS)
+
+pair-extract: $(STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=...
+	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) --out $(OUT) $(ARGS)
+
+pair-diff: $(STAMP) ## per-module relative weight change between BASE=... and VLM=...
+	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(ARGS)
+
+qknorm: $(STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
+	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+merge-linear: $(STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
+	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+merge-ties: $(STAMP) ## TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
+	$(SINKSTUDY) merge --method ties --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+merge-dare: $(STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
+	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+merge-sweep: $(STAMP) ## weight/density grid from CONFIG's merge sweep, with recovery CIs and Pareto plot
+	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+mitigate: $(STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
+	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml
+	$(SINKSTUDY) run $(CONFIG) $(ARGS)
+
+paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
+	$(SINKSTUDY) paper $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+
+paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
+	$(SINKSTUDY) paper --dry-run $(ARGS)
+
+clean: ## remove the virtualenv and caches (runs/ is kept)
+	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -1,0 +1,1 @@
+"""Measurements: attention-sink metrics, strict-grader evals through lm-eval, paired statistics."""

@@ -1,0 +1,1 @@
+"""Composition layer: study configs, the runner, reports and the `sinkstudy` CLI."""

@@ -1,0 +1,1 @@
+"""Weight interventions: pair extraction, QK-norm injection, merging, and pluggable mitigations."""

@@ -1,0 +1,103 @@
+"""Atomic, never-overwrite outputs.
+
+Every artefact (checkpoint dir, JSON, PNG, report) is written to a temporary sibling and renamed
+into place, so an interrupted run never leaves a half-written result that a rerun would reuse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from sinkstudy import SinkstudyError
+
+
+class OutputExistsError(SinkstudyError):
+    pass
+
+
+def check_output_dir(path: str | os.PathLike, force: bool = False) -> Path:
+    """Fail before any work if `path` exists and `force` is not set."""
+    path = Path(path)
+    if path.exists() and not force:
+        raise OutputExistsError(f"output {path} already exists; pass --force to replace it")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_output_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """Yield a temp dir beside `path`; on success it replaces `path` in one rename.
+
+    On error the temp dir is removed and any existing `path` is left untouched.
+    """
+    path = check_output_dir(path, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+        os.replace(path, old / path.name)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def save_figure_atomic(fig, path: str | os.PathLike, **kwargs) -> Path:
+    """Save a matplotlib figure atomically (format taken from the suffix)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, **kwargs)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise SinkstudyError(f"missing file: {path}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy / torch scalars and paths end up in results; store them as plain JSON.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,68 @@
+"""The shared infrastructure: atomic outputs, provenance, tiny builders, CLI front door."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sinkstudy import SinkstudyError
+from sinkstudy.io import atomic_output_dir, write_json_atomic
+from sinkstudy.provenance import checkpoint_fingerprint, provenance, state_dict_fingerprint
+from sinkstudy.tiny import tiny_causal_lm
+
+
+def test_atomic_output_dir_refuses_existing_and_keeps_it_on_failure(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    with pytest.raises(SinkstudyError, match="already exists"):
+        with atomic_output_dir(out):
+            pass
+    with pytest.raises(RuntimeError):
+        with atomic_output_dir(out, force=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+            raise RuntimeError("boom")
+    assert (out / "keep.txt").read_text() == "old"
+    assert not (out / "new.txt").exists()
+    with atomic_output_dir(out, force=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert (out / "new.txt").read_text() == "new" and not (out / "keep.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp dirs left behind
+
+
+def test_json_atomic_roundtrip_with_tensors(tmp_path):
+    path = write_json_atomic(tmp_path / "r.json", {"x": torch.tensor([1.5, 2.0]), "p": tmp_path})
+    assert json.loads(path.read_text())["x"] == [1.5, 2.0]
+
+
+def test_tokenizer_adds_bos_and_chat_template_roundtrips(tokenizer, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    ids = tokenizer("hello world")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id
+    reloaded = AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert reloaded("hello world")["input_ids"] == ids
+    text = reloaded.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|bos|><|user|>") and text.endswith("<|assistant|>\n")
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2"])
+def test_tiny_families_build_and_fingerprint_changes_with_weights(family, tmp_path):
+    model = tiny_causal_lm(family, seed=0)
+    fp = state_dict_fingerprint(model)
+    assert fp == state_dict_fingerprint(tiny_causal_lm(family, seed=0))
+    assert fp != state_dict_fingerprint(tiny_causal_lm(family, seed=1))
+    model.save_pretrained(tmp_path)
+    assert checkpoint_fingerprint(tmp_path) == checkpoint_fingerprint(tmp_path)
+
+
+def test_provenance_lists_versions():
+    prov = provenance(seed=3)
+    assert prov["seed"] == 3 and prov["versions"]["torch"] and prov["versions"]["transformers"].startswith("5.")
+
+
+def test_cli_help_lists_commands():
+    out = subprocess.run([sys.executable, "-m", "experiments.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "sinkstudy" in out.stdout
