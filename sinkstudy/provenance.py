@@ -69,9 +69,11 @@ def checkpoint_fingerprint(path: str | os.PathLike) -> str:
     p = Path(path)
     if not p.exists():
         return f"hub:{path}"
-    files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.bin")) if p.is_dir() else [p]
-    if not files:
-        files = sorted(x for x in p.iterdir() if x.is_file())
+    if p.is_dir():
+        # Weights only: a rewritten README or tokenizer must not invalidate cached eval results.
+        files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.bin")) or sorted(x for x in p.iterdir() if x.is_file())
+    else:
+        files = [p]
     key_parts = [f"{f.resolve()}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in files]
     key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()
     cache = _load_cache()
