@@ -57,7 +57,7 @@ compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DI
 	$(SINKSTUDY) compare $(A) $(B) $(ARGS)
 
 pair-extract: $(STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=...
-	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) --out $(OUT) $(ARGS)
+	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) --out $(or $(OUT),$(VLM)-lm) $(ARGS)
 
 pair-diff: $(STAMP) ## per-module relative weight change between BASE=... and VLM=...
 	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(ARGS)

@@ -1,0 +1,435 @@
+"""Strict-grader evaluation through lm-eval, in process, offline-ready, cached per task.
+
+`run_eval` wraps `lm_eval.simple_evaluate` around an in-process `HFLM` (a loaded model is
+evaluated as is: merged or intervened weights never need writing to disk) and keeps every
+sample's output and per-metric pass values, so two models can be compared prompt by prompt
+(`evals.stats`). Results are cached per task under a key made of the model fingerprint, the task
+(name, version, data file hash) and the settings that change outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from sinkstudy import SinkstudyError
+from sinkstudy.io import atomic_output_dir, check_output_dir, read_json, write_json_atomic, write_text_atomic
+from sinkstudy.provenance import model_fingerprint, package_versions, provenance
+
+from evals.tasks import SHIPPED_TASKS, TaskSpec, builtin_task_manager, empty_task_manager, resolve_tasks
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TASKS = ("ifeval", "gsm8k_cot", "bbh_cot_fewshot")
+OFFLINE_TASKS = tuple(SHIPPED_TASKS)
+BACKENDS = ("hf", "vllm")
+RESULTS_FILE = "results.json"
+SAMPLES_DIR = "samples"
+# Bumped when the cached record layout changes, so old cache entries are not misread.
+_RECORD_FORMAT = 1
+
+
+@dataclass
+class EvalRun:
+    """One model evaluated on a set of tasks.
+
+    scores:  {task: {"metric,filter": value, "metric_stderr,filter": value or None}}
+    samples: {task: [{"doc_id", "doc_hash", "prompt", "output", "target", "extracted": {filter: str},
+                      "metrics": {"metric,filter": bool | float | list[bool]}}]}
+    """
+
+    scores: dict[str, dict[str, Any]]
+    samples: dict[str, list[dict[str, Any]]]
+    settings: dict[str, Any]
+    fingerprint: str
+    model_name: str = ""
+    tasks: list[str] = field(default_factory=list)
+    versions: dict[str, Any] = field(default_factory=dict)
+    cache_keys: dict[str, str] = field(default_factory=dict)
+    higher_is_better: dict[str, dict[str, bool]] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def metrics(self, task: str) -> list[str]:
+        """The metric keys of a task ("metric,filter"), stderr keys left out."""
+        return [k for k in self.scores.get(task, {}) if "_stderr," not in k]
+
+    def per_doc(self, task: str, metric: str) -> dict[int, Any]:
+        """{doc_id: per-sample value} of one metric."""
+        if task not in self.samples:
+            raise SinkstudyError(f"run has no samples for task {task!r}; it has {', '.join(self.samples) or 'none'}")
+        out = {s["doc_id"]: s["metrics"][metric] for s in self.samples[task] if metric in s["metrics"]}
+        if not out:
+            raise SinkstudyError(f"task {task!r} has no metric {metric!r}; it has {', '.join(self.metrics(task))}")
+        return out
+
+    def save(self, path: str | os.PathLike, force: bool = False) -> Path:
+        """Write results.json (scores, settings, provenance) and samples/<task>.jsonl atomically."""
+        with atomic_output_dir(path, force=force) as tmp:
+            write_json_atomic(tmp / RESULTS_FILE, self._header())
+            for task, rows in self.samples.items():
+                text = "".join(json.dumps(r, default=_json_default, ensure_ascii=False) + "\n" for r in rows)
+                write_text_atomic(tmp / SAMPLES_DIR / f"{task}.jsonl", text)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "EvalRun":
+        path = Path(path)
+        header = read_json(path / RESULTS_FILE)
+        samples = {}
+        for task in header["sample_tasks"]:
+            f = path / SAMPLES_DIR / f"{task}.jsonl"
+            if not f.is_file():
+                raise SinkstudyError(f"eval run {path} is missing {f.relative_to(path)}")
+            samples[task] = [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line]
+        fields = {k: header[k] for k in ("scores", "settings", "fingerprint", "model_name", "tasks", "versions", "cache_keys", "higher_is_better", "provenance")}
+        return cls(samples=samples, **fields)
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "fingerprint": self.fingerprint,
+            "tasks": self.tasks,
+            "scores": self.scores,
+            "versions": self.versions,
+            "higher_is_better": self.higher_is_better,
+            "settings": self.settings,
+            "cache_keys": self.cache_keys,
+            "sample_tasks": list(self.samples),
+            "provenance": self.provenance,
+        }
+
+    def summary(self) -> str:
+        lines = [f"{self.model_name or self.fingerprint}"]
+        for task, metrics in self.scores.items():
+            for m in self.metrics(task):
+                err = metrics.get(m.replace(",", "_stderr,", 1))
+                lines.append(f"  {task:<28} {m:<36} {_fmt(metrics[m])}" + (f" ± {_fmt(err)}" if isinstance(err, float) else ""))
+        return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def default_cache_dir() -> Path:
+    root = Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy"))
+    return root / "evals"
+
+
+def run_eval(
+    model,
+    tokenizer=None,
+    *,
+    tasks: str | Iterable[str] = DEFAULT_TASKS,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    apply_chat_template: bool = True,
+    max_gen_toks: int | None = 256,
+    num_fewshot: int | None = None,
+    data_files: Mapping[str, str] | str | Iterable[str] | None = None,
+    out_dir: str | os.PathLike | None = None,
+    force: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    backend: str = "hf",
+    backend_args: Mapping[str, Any] | None = None,
+    device: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> EvalRun:
+    """Evaluate `model` (a loaded HF causal LM, or a path / hub id) on lm-eval tasks.
+
+    `data_files` ({task: path} or "task=path" specs) swaps a task's data for a local jsonl in the
+    task's own format. `max_gen_toks=None` keeps each task's own generation length. With
+    `backend="vllm"` the model must be a path or hub id; `backend_args` go to lm-eval's VLLM
+    (e.g. tensor_parallel_size, data_parallel_size, gpu_memory_utilization) or HFLM. `device`
+    places a model loaded here from a path; a loaded model is evaluated where it is.
+    """
+    if backend not in BACKENDS:
+        raise SinkstudyError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if limit is not None and limit <= 0:
+        raise SinkstudyError(f"limit must be positive, got {limit}")
+    if batch_size < 1:
+        raise SinkstudyError(f"batch size must be at least 1, got {batch_size}")
+    specs = resolve_tasks(tasks, data_files)
+    out_dir = Path(out_dir) if out_dir is not None else None
+    if out_dir is not None and out_dir.exists() and not force and not (out_dir / RESULTS_FILE).is_file():
+        check_output_dir(out_dir)  # raises: exists and is not an eval run
+
+    is_path = isinstance(model, (str, os.PathLike))
+    model_name = os.fspath(model) if is_path else getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    if backend == "vllm" and not is_path:
+        raise SinkstudyError("the vllm backend loads weights itself: pass a checkpoint path or hub id, not a loaded model")
+    if is_path and not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise SinkstudyError(f"model {model_name} is not a local path and the hub is offline (HF_HUB_OFFLINE=1)")
+    if is_path and tokenizer is None:
+        tokenizer = _load_tokenizer(model)
+    if tokenizer is None:
+        raise SinkstudyError(f"model {model_name!r} has no tokenizer: pass tokenizer= (the LLM's, or a processor's .tokenizer)")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = _load_tokenizer(tokenizer)
+    if _is_processor(tokenizer):
+        tokenizer = tokenizer.tokenizer  # HFLM needs the text tokenizer, not the processor
+    if apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise SinkstudyError(f"tokenizer of {model_name!r} has no chat template; pass apply_chat_template=False (--no-chat-template)")
+
+    fingerprint = model_fingerprint(model)
+    settings = {
+        "limit": limit,
+        "batch_size": batch_size,
+        "apply_chat_template": apply_chat_template,
+        "max_gen_toks": max_gen_toks,
+        "num_fewshot": num_fewshot,
+        "backend": backend,
+        "backend_args": dict(backend_args or {}),
+        "seed": seed,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "lm_eval": package_versions().get("lm_eval"),
+    }
+    keys = {s.name: cache_key(fingerprint, s, settings) for s in specs}
+
+    if out_dir is not None and (out_dir / RESULTS_FILE).is_file() and not force:
+        previous = EvalRun.load(out_dir)
+        if previous.cache_keys == keys:
+            log.info("reusing finished eval run %s", out_dir)
+            return previous
+        raise SinkstudyError(f"output {out_dir} holds a different eval run; pass --force to replace it")
+
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    records = {s.name: _read_cache(cache_dir, keys[s.name]) if use_cache else None for s in specs}
+    todo = [s for s in specs if records[s.name] is None]
+    if todo:
+        log.info("evaluating %s on %s", model_name, ", ".join(s.name for s in todo))
+        if is_path and backend == "hf":  # loaded only now: a fully cached rerun never loads weights
+            model = _load_model(model, device)
+        with _progress_bars(progress):
+            fresh = _evaluate(model, tokenizer, todo, settings)
+        for s in todo:
+            records[s.name] = fresh[s.name]
+            if use_cache:
+                write_json_atomic(cache_dir / f"{keys[s.name]}.json", {"key": keys[s.name], "identity": s.identity(), **fresh[s.name]})
+
+    run = EvalRun(
+        scores={}, samples={}, settings=settings, fingerprint=fingerprint, model_name=model_name,
+        tasks=[s.name for s in specs], cache_keys=keys,
+        provenance=provenance(model_fingerprints={model_name: fingerprint}, seeds={"seed": seed},
+                              tasks={s.name: s.identity() for s in specs}),
+    )
+    for s in specs:
+        rec = records[s.name]
+        run.scores.update(rec["scores"])
+        run.samples.update(rec["samples"])
+        run.versions.update(rec["versions"])
+        run.higher_is_better.update(rec["higher_is_better"])
+    if out_dir is not None:
+        run.save(out_dir, force=force)
+    return run
+
+
+def cache_key(fingerprint: str, spec: TaskSpec, settings: Mapping[str, Any]) -> str:
+    blob = json.dumps({"format": _RECORD_FORMAT, "model": fingerprint, **spec.identity(), "settings": settings}, sort_keys=True, default=str)
+    return f"{spec.name}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Vocabulary, special tokens and chat template: what changes the prompts a model sees."""
+    parts = {
+        "vocab": sorted(tokenizer.get_vocab().items()),
+        "special": {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())},
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "padding_side": getattr(tokenizer, "padding_side", None),
+    }
+    return "tok-sha256:" + hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+
+def _read_cache(cache_dir: Path, key: str) -> dict[str, Any] | None:
+    path = cache_dir / f"{key}.json"
+    if not path.is_file():
+        return None
+    try:
+        rec = read_json(path)
+    except (ValueError, OSError):
+        return None  # a damaged entry is simply recomputed
+    if rec.get("key") != key:
+        return None
+    log.info("reusing cached eval %s", path)
+    return rec
+
+
+def _is_processor(obj) -> bool:
+    from transformers import ProcessorMixin
+
+    return isinstance(obj, ProcessorMixin)
+
+
+def _load_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(os.fspath(path))
+    except (OSError, ValueError) as exc:
+        raise SinkstudyError(f"no tokenizer could be loaded from {path}: {str(exc).splitlines()[0]}") from exc
+
+
+def _load_model(path, device=None):
+    """Load a causal LM (a VLM checkpoint yields its language model) through the project's one loader."""
+    from interventions.pairs import load_causal_lm
+
+    try:
+        model, _ = load_causal_lm(path, device=device or "cpu")
+    except (OSError, ValueError) as exc:
+        raise SinkstudyError(f"cannot load a causal LM from {path}: {str(exc).splitlines()[0]}") from exc
+    return model.eval()
+
+
+def guard_tied_weights(model) -> bool:
+    """Stop HFLM's `model.tie_weights()` from overwriting an lm_head that differs from the embeddings.
+
+    When the config says the two are tied but the tensors differ (an lm_head-only intervention,
+    a merge that treated them separately), set the flag to match the weights. Returns True when
+    the flag was changed.
+    """
+    import torch
+
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is None or inp is None:
+        return False
+    configs = {id(c): c for c in (model.config, model.config.get_text_config())}.values()
+    if not any(getattr(c, "tie_word_embeddings", False) for c in configs):
+        return False
+    if out.weight is inp.weight or (out.weight.shape == inp.weight.shape and torch.equal(out.weight, inp.weight)):
+        return False
+    for c in configs:
+        c.tie_word_embeddings = False
+    log.warning("lm_head differs from the input embeddings although the config ties them: untied the config flag so evaluation keeps this lm_head")
+    return True
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool):
+    """progress=False quiets lm-eval's info logging; its request bars are its own (tqdm reads
+    TQDM_DISABLE only at import), so they still show."""
+    logger = logging.getLogger("lm_eval")
+    old = logger.level
+    if not enabled:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Run lm-eval once for `specs`; return one cache record per spec."""
+    from evals.nltk_offline import ensure_punkt_tab, seed_langdetect
+
+    # Before lm-eval imports the IFEval graders (they try a download at import when punkt_tab is missing).
+    ensure_punkt_tab()
+    seed_langdetect(settings["seed"])
+    import lm_eval
+
+    lm = _build_lm(model, tokenizer, settings)
+    task_manager = builtin_task_manager() if any(isinstance(s.spec, str) for s in specs) else empty_task_manager()
+    gen_kwargs = {"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] else None
+    seed = settings["seed"]
+    try:
+        res = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[s.spec for s in specs],
+            task_manager=task_manager,
+            limit=settings["limit"],
+            num_fewshot=settings["num_fewshot"],
+            log_samples=True,
+            apply_chat_template=settings["apply_chat_template"],
+            gen_kwargs=gen_kwargs,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            verbosity=None,
+        )
+    except (ConnectionError, OSError) as exc:
+        names = ", ".join(s.name for s in specs if isinstance(s.spec, str))
+        raise SinkstudyError(
+            f"lm-eval could not load data for {names or 'the tasks'} ({type(exc).__name__}); offline, pass a local "
+            f"file with --data TASK=FILE or use the shipped tasks {', '.join(OFFLINE_TASKS)}"
+        ) from exc
+    return {s.name: _record(res, s) for s in specs}
+
+
+def _build_lm(model, tokenizer, settings):
+    if settings["backend"] == "vllm":
+        from lm_eval.models.vllm_causallms import VLLM
+
+        args = {"pretrained": os.fspath(model), "tokenizer": getattr(tokenizer, "name_or_path", None) or os.fspath(model),
+                "batch_size": "auto", "seed": settings["seed"], **settings["backend_args"]}
+        return VLLM(**args)
+    from lm_eval.models.huggingface import HFLM
+
+    guard_tied_weights(model)
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=settings["batch_size"], **settings["backend_args"])
+
+
+def _record(res: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
+    """Scores, versions and per-doc samples of one requested task (a group brings its subtasks)."""
+    names = [spec.name, *_subtasks(res.get("group_subtasks", {}), spec.name)]
+    results = {**res["results"], **res.get("groups", {})}
+    scores, samples = {}, {}
+    for name in names:
+        if name in results:
+            scores[name] = {k: (None if v == "N/A" else v) for k, v in results[name].items() if "," in k}
+        if name in res.get("samples", {}):
+            samples[name] = _merge_samples(res["samples"][name])
+    return {
+        "task": spec.name,
+        "scores": json.loads(json.dumps(scores, default=_json_default)),
+        "samples": json.loads(json.dumps(samples, default=_json_default)),
+        "versions": {n: res["versions"].get(n) for n in names if n in res["versions"]},
+        "higher_is_better": {n: res["higher_is_better"][n] for n in names if n in res.get("higher_is_better", {})},
+        "n_samples": {n: res["n-samples"][n] for n in names if n in res.get("n-samples", {})},
+    }
+
+
+def _subtasks(group_subtasks: Mapping[str, list[str]], name: str) -> list[str]:
+    out = []
+    for child in group_subtasks.get(name, []):
+        out += [child, *_subtasks(group_subtasks, child)]
+    return out
+
+
+def _merge_samples(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """lm-eval logs one entry per (doc, filter); fold them into one record per doc."""
+    by_doc: dict[int, dict[str, Any]] = {}
+    for s in raw:
+        rec = by_doc.setdefault(s["doc_id"], {
+            "doc_id": s["doc_id"],
+            "doc_hash": s["doc_hash"],
+            "prompt": _prompt_text(s["arguments"]),
+            "output": s["resps"][0][0] if s["resps"] and s["resps"][0] else "",
+            "target": s["target"],
+            "extracted": {},
+            "metrics": {},
+        })
+        flt = s["filter"]
+        fr = s["filtered_resps"][0] if s["filtered_resps"] else None
+        rec["extracted"][flt] = fr[0] if isinstance(fr, list) and len(fr) == 1 else fr
+        for m in s["metrics"]:
+            rec["metrics"][f"{m},{flt}"] = s[m]
+    return [by_doc[k] for k in sorted(by_doc)]
+
+
+def _prompt_text(arguments) -> str:
+    first = arguments[0]
+    if isinstance(first, dict):  # some lm-eval versions log {"gen_args_0": {"arg_0": ..., "arg_1": ...}}
+        first = next(iter(first.values()))
+        return first.get("arg_0", "") if isinstance(first, dict) else str(first)
+    return first[0] if isinstance(first, (list, tuple)) else str(first)

@@ -1,0 +1,17 @@
+"""Attention-sink measurement: sink maps, Sink Strength metrics, shift between models, plots.
+
+    from evals.sink import compute_sink_maps, sink_strength, sink_shift, plot_sink_map
+"""
+
+from evals.sink.calibration import SHIPPED_SETS, CalibrationText, load_set, load_texts_file
+from evals.sink.maps import SinkMaps, compute_sink_maps
+from evals.sink.metrics import DEFAULT_METRIC, SINK_METRICS, SinkMetric, SinkStrength, get_metric, sink_strength, strength_from_maps
+from evals.sink.plot import plot_sink_map, plot_sink_shift
+from evals.sink.shift import sink_shift
+
+__all__ = [
+    "SHIPPED_SETS", "CalibrationText", "load_set", "load_texts_file",
+    "SinkMaps", "compute_sink_maps",
+    "DEFAULT_METRIC", "SINK_METRICS", "SinkMetric", "SinkStrength", "get_metric", "sink_strength", "strength_from_maps",
+    "sink_shift", "plot_sink_map", "plot_sink_shift",
+]

@@ -1,0 +1,271 @@
+"""Per-layer sink statistics from one forward pass: a fast hooked path and the eager baseline.
+
+Fast path: a registered transformers `AttentionInterface` function receives q and k exactly as the
+model's attention sees them (after q/k norms, RoPE and the cache), lets SDPA compute the layer
+output, and computes the statistics in query chunks from the logits: per query the log-sum-exp,
+the sink probability and the per-query maximum, and per head the column sums that pick the
+argmax key. No L x H x T x T tensor is ever held; one chunk is B x H x c x T floats.
+
+Eager path: `attn_implementation="eager"` with `output_attentions=True` (the naive baseline);
+the same statistics are read off the full attention matrices.
+
+Both return, per layer, tensors of shape (B, H, T) (queries) plus the head argmax key (B, H).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from sinkstudy import SinkstudyError
+
+IMPL_NAME = "sinkstudy_sink"
+# float32 probabilities cannot resolve 1 - a below 2**-24; beyond that a log-odds is noise.
+LOGODDS_CAP = 24 * math.log(2.0)
+_CHUNK_ELEMS = 1 << 20  # logits per chunk: 4 MiB of float32
+_ACTIVE: dict[int, "_Capture"] = {}  # id(attention module) -> capture in progress
+_REGISTERED = False
+
+
+@dataclass
+class _Capture:
+    layer_of: dict[int, int]
+    sink_index: torch.Tensor  # (B,) absolute key index of the sink in each row
+    valid: torch.Tensor  # (B, T) bool: real token and relative position >= skip_queries
+    results: dict[int, dict[str, torch.Tensor]]
+    chunk_elems: int = _CHUNK_ELEMS
+
+
+def attention_layers(model) -> list[torch.nn.Module]:
+    """The self-attention module of every decoder layer, in order."""
+    layers = getattr(model.base_model, "layers", None)
+    if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
+        raise SinkstudyError(f"{type(model).__name__}: no decoder `layers[*].self_attn` found; pass a causal LM")
+    return [layer.self_attn for layer in layers]
+
+
+def capture_layer_stats(
+    model,
+    *,
+    input_ids: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+    attention_mask: torch.Tensor,
+    sink_position: int = 0,
+    skip_queries: int = 1,
+    method: str = "fast",
+    chunk_elems: int = _CHUNK_ELEMS,
+) -> list[dict[str, torch.Tensor]]:
+    """Run one batch (left padded) and return per-layer sink statistics.
+
+    Each layer's dict holds (B, H, T) float64 tensors `p_sink`, `logodds_head`, `logodds_query`,
+    `colsum` (column sums over valid queries) and the (B, H) `head_argmax` key index (absolute).
+    Undefined entries (padding, skipped queries, argmax key not visible) are NaN.
+    """
+    if method not in ("fast", "eager"):
+        raise SinkstudyError(f"unknown method {method!r}; choose 'fast' or 'eager'")
+    mask2d = attention_mask.bool()
+    offsets = (~mask2d).sum(-1)  # left padding per row
+    rel = torch.arange(mask2d.shape[1], device=mask2d.device)[None, :] - offsets[:, None]
+    valid = mask2d & (rel >= skip_queries)
+    # Positions count from each row's first real token, so padding does not shift RoPE.
+    position_ids = (mask2d.long().cumsum(-1) - 1).clamp(min=0)
+    cap = _Capture(
+        layer_of={id(m): i for i, m in enumerate(attention_layers(model))},
+        sink_index=offsets + sink_position,
+        valid=valid,
+        results={},
+        chunk_elems=chunk_elems,
+    )
+    inputs = dict(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(),
+                  position_ids=position_ids, use_cache=False)
+    with torch.no_grad():
+        if method == "fast":
+            with _fast_attention(model, cap):
+                model.base_model(**inputs)
+            layers = [cap.results[i] for i in range(len(cap.layer_of))]
+        else:
+            with _attn_implementation(model, "eager"):
+                out = model.base_model(**inputs, output_attentions=True)
+            layers = [_eager_stats(p, cap) for p in out.attentions]
+    return layers
+
+
+# ---------------------------------------------------------------- fast path
+
+
+def _register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(IMPL_NAME, _sink_attention)
+    AttentionMaskInterface.register(IMPL_NAME, sdpa_mask)  # masks exactly as for SDPA (bool or None)
+    _REGISTERED = True
+
+
+@contextlib.contextmanager
+def _attn_implementation(model, name: str) -> Iterator[None]:
+    old = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(old)
+
+
+@contextlib.contextmanager
+def _fast_attention(model, cap: _Capture) -> Iterator[None]:
+    _register()
+    for key in cap.layer_of:
+        _ACTIVE[key] = cap
+    try:
+        with _attn_implementation(model, IMPL_NAME):
+            yield
+    finally:
+        for key in cap.layer_of:
+            _ACTIVE.pop(key, None)
+
+
+def _sink_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA for the output; sink statistics on the side when a capture is active for `module`."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    for unsupported in ("s_aux", "position_bias"):
+        if kwargs.get(unsupported) is not None:
+            raise SinkstudyError(f"attention with `{unsupported}` is not supported by the fast sink path; use method='eager'")
+    softcap = kwargs.pop("softcap", None)
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        raise SinkstudyError("fast sink path expects a boolean SDPA mask; got an additive one")
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    cap = _ACTIVE.get(id(module))
+    if cap is None:  # model called outside a capture while switched: behave like SDPA
+        if softcap is not None:
+            raise SinkstudyError("softcapped attention needs an active sink capture")
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    want_output = softcap is not None  # SDPA has no softcap: the chunk loop computes the output then
+    stats, out = _chunked_stats(query, key, value if want_output else None, attention_mask, scaling, softcap,
+                                kwargs.get("sliding_window"), cap)
+    cap.results[cap.layer_of[id(module)]] = stats
+    if out is None:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    return out, None
+
+
+def _repeat_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    b, kvh, t, d = x.shape
+    if kvh == n_heads:
+        return x
+    return x[:, :, None].expand(b, kvh, n_heads // kvh, t, d).reshape(b, n_heads, t, d)
+
+
+def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Capture):
+    """Sink statistics from q (B,H,T,D) and k (B,Hkv,T,D), query chunk by query chunk.
+
+    Per chunk only the keys a causal query can see are used (and, with a sliding window, only the
+    window). Logits follow the model: scaling, optional tanh softcap, boolean mask (None = causal).
+    """
+    B, H, T, _ = q.shape
+    out_dtype = q.dtype
+    q = q.float()
+    k = _repeat_kv(k.float(), H)
+    if v is not None:
+        v = _repeat_kv(v.float(), H)
+        out = torch.empty(B, H, T, v.shape[-1])
+    dev = q.device
+    lse = torch.empty(B, H, T, device=dev)
+    p_sink = torch.empty(B, H, T, device=dev)
+    s_all = torch.empty(B, H, T, device=dev)
+    colsum = torch.zeros(B, H, T, dtype=torch.float64, device=dev)
+    valid = cap.valid.to(dev)
+    sink_idx = cap.sink_index.to(dev)
+    chunk = max(1, cap.chunk_elems // max(1, B * H * T))
+    for a in range(0, T, chunk):
+        b = min(T, a + chunk)
+        lo = 0 if sliding_window is None else max(0, a - sliding_window)
+        logits = torch.matmul(q[:, :, a:b], k[:, :, lo:b].transpose(-1, -2)).mul_(scaling)
+        if softcap is not None:
+            logits.div_(softcap).tanh_().mul_(softcap)
+        if mask is None:
+            allowed = torch.arange(lo, b, device=dev)[None, :] <= torch.arange(a, b, device=dev)[:, None]
+        else:
+            allowed = mask[:, :, a:b, lo:b]
+        logits.masked_fill_(~allowed, float("-inf"))
+        m = logits.amax(-1, keepdim=True)
+        m.masked_fill_(m == float("-inf"), 0.0)  # fully masked (padding) rows: keep them finite
+        e = logits.sub_(m).exp_()
+        s = e.sum(-1)
+        lse[:, :, a:b] = m.squeeze(-1) + s.log()
+        s_all[:, :, a:b] = s
+        col = (sink_idx - lo).view(B, 1, 1, 1)
+        in_chunk = (col >= 0) & (col < b - lo)  # else the sink is outside this chunk's keys: p = 0
+        e_sink = e.gather(-1, col.clamp(0, b - lo - 1).expand(B, H, b - a, 1)).squeeze(-1)
+        p_sink[:, :, a:b] = torch.where(in_chunk.view(B, 1, 1), e_sink, 0.0) / s
+        w = torch.where(valid[:, None, a:b], 1.0 / s, 0.0)
+        colsum[:, :, lo:b] += torch.matmul(w.unsqueeze(-2), e).squeeze(-2).double()
+        if v is not None:
+            out[:, :, a:b] = torch.matmul(e, v[:, :, lo:b]) / s.unsqueeze(-1)
+    head_argmax = colsum.argmax(-1)  # (B, H)
+    k_star = k.gather(2, head_argmax[:, :, None, None].expand(B, H, 1, k.shape[-1]))
+    l_star = (q * k_star).sum(-1) * scaling
+    if softcap is not None:
+        l_star = torch.tanh(l_star / softcap) * softcap
+    if mask is None:
+        visible = head_argmax[:, :, None] <= torch.arange(T, device=dev)[None, None, :]
+    else:
+        visible = mask.expand(B, H, T, T).gather(-1, head_argmax[:, :, None, None].expand(B, H, T, 1)).squeeze(-1)
+    log_a = (l_star - lse).double()
+    lo_head = torch.where(visible, _logodds_from_log(log_a), float("nan"))
+    # Per-query argmax: the max term of s is exp(0) = 1, so a = 1/s and 1 - a = (s - 1)/s.
+    lo_query = -torch.log(s_all.double() - 1.0)
+    stats = _finish(p_sink.double(), lo_head, lo_query, colsum, head_argmax, valid)
+    if v is not None:
+        return stats, out.to(out_dtype).transpose(1, 2).contiguous()
+    return stats, None
+
+
+def _logodds_from_log(log_a: torch.Tensor) -> torch.Tensor:
+    return log_a - torch.log(-torch.expm1(log_a))
+
+
+def _finish(p_sink, lo_head, lo_query, colsum, head_argmax, valid) -> dict[str, torch.Tensor]:
+    nan = float("nan")
+    vmask = valid[:, None, :]
+    return {
+        "p_sink": torch.where(vmask, p_sink, nan).cpu(),
+        "logodds_head": torch.where(vmask, lo_head, nan).clamp(-LOGODDS_CAP, LOGODDS_CAP).cpu(),
+        "logodds_query": torch.where(vmask, lo_query, nan).clamp(-LOGODDS_CAP, LOGODDS_CAP).cpu(),
+        "colsum": colsum.cpu(),
+        "head_argmax": head_argmax.cpu(),
+    }
+
+
+# ---------------------------------------------------------------- eager baseline
+
+
+def _eager_stats(attn: torch.Tensor, cap: _Capture) -> dict[str, torch.Tensor]:
+    """The same statistics read off one layer's full (B, H, T, T) attention probabilities."""
+    B, H, T, _ = attn.shape
+    p = attn.double()
+    valid = cap.valid.to(p.device)
+    sink = cap.sink_index.to(p.device).view(B, 1, 1, 1).expand(B, H, T, 1)
+    p_sink = p.gather(-1, sink).squeeze(-1)
+    colsum = (p * valid[:, None, :, None]).sum(-2)
+    head_argmax = colsum.argmax(-1)
+    idx = head_argmax[:, :, None, None].expand(B, H, T, 1)
+    lo_head = _logodds_at(p, idx)
+    lo_query = _logodds_at(p, p.argmax(-1, keepdim=True))
+    return _finish(p_sink, lo_head, lo_query, colsum, head_argmax, valid)
+
+
+def _logodds_at(p: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    # log(a) - log(sum of the other probabilities): no 1 - a cancellation.
+    a = p.gather(-1, idx).squeeze(-1)
+    rest = p.scatter(-1, idx, 0.0).sum(-1)
+    return torch.where(a > 0, torch.log(a) - torch.log(rest), float("nan"))

@@ -1,0 +1,187 @@
+"""Task resolution: shipped offline task sets, lm-eval's built-in tasks, local data-file overrides.
+
+A task runs either by name (a built-in lm-eval task, through the full TaskManager index) or as a
+full inline config dict (shipped tasks, and any task whose data comes from a local file). Inline
+dicts are built with lm-eval's own YAML loader, so `!function` graders resolve exactly as in
+lm-eval.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from sinkstudy import SinkstudyError
+
+TASKS_DIR = Path(__file__).resolve().parent
+SHIPPED_TASKS = {
+    "sinkstudy_ifeval": TASKS_DIR / "sinkstudy_ifeval.yaml",
+    "sinkstudy_gsm": TASKS_DIR / "sinkstudy_gsm.yaml",
+}
+# A custom key in our YAMLs: the lm-eval built-in (relative to lm_eval/tasks) these keys extend.
+_INCLUDE_BUILTIN = "include_builtin"
+
+
+class UnknownTaskError(SinkstudyError):
+    pass
+
+
+@dataclass
+class TaskSpec:
+    """One requested task: what to hand lm-eval (a name or an inline config) and its cache identity."""
+
+    name: str
+    spec: str | dict[str, Any]
+    version: Any
+    data_file: str | None = None
+    data_sha256: str | None = None
+    is_group: bool = False
+
+    def identity(self) -> dict[str, Any]:
+        return {"task": self.name, "version": self.version, "data_sha256": self.data_sha256}
+
+
+def parse_task_list(tasks: str | Iterable[str]) -> list[str]:
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) for t in t.split(",")]
+    names = [n for n in names if n]
+    if not names:
+        raise SinkstudyError("no tasks given")
+    return list(dict.fromkeys(names))
+
+
+def parse_data_files(data_files: Mapping[str, str] | str | Iterable[str] | None) -> dict[str, str]:
+    """Accept {task: path}, "task=path" or a list of "task=path" strings."""
+    if data_files is None:
+        return {}
+    if isinstance(data_files, Mapping):
+        items = list(data_files.items())
+    else:
+        specs = [data_files] if isinstance(data_files, str) else list(data_files)
+        items = []
+        for spec in specs:
+            task, sep, path = spec.partition("=")
+            if not sep or not task.strip() or not path.strip():
+                raise SinkstudyError(f"data file spec {spec!r} is not TASK=PATH")
+            items.append((task.strip(), path.strip()))
+    out = {}
+    for task, path in items:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise SinkstudyError(f"data file for task {task!r} not found: {p}")
+        out[task] = str(p.resolve())
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def builtin_task_manager():
+    """lm-eval's full task index (~13 s on 2 cores): built only when a non-shipped name is used."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
+
+
+def empty_task_manager():
+    """A TaskManager with no index, for runs made only of inline config dicts."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_defaults=False)
+
+
+def _lm_eval_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).resolve().parent
+
+
+def load_task_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a task YAML with lm-eval's loader; apply our `include_builtin` key; make paths absolute."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    path = Path(path)
+    cfg = load_yaml(path, resolve_func=True)
+    builtin = cfg.pop(_INCLUDE_BUILTIN, None)
+    if builtin:
+        base = load_yaml(_lm_eval_tasks_dir() / builtin, resolve_func=True)
+        base_version = (base.get("metadata") or {}).get("version")
+        cfg = {**base, **cfg}
+        cfg["metadata"] = {**(cfg.get("metadata") or {}), "builtin": builtin, "builtin_version": base_version}
+    files = ((cfg.get("dataset_kwargs") or {}).get("data_files")) or {}
+    for split, f in list(files.items()):
+        if not Path(f).is_absolute():
+            files[split] = str((path.parent / f).resolve())
+    return cfg
+
+
+def _with_data_file(cfg: dict[str, Any], data_file: str) -> dict[str, Any]:
+    cfg = dict(cfg)
+    if isinstance(cfg.get("task"), str):
+        cfg.pop("group", None)  # a legacy leaf-task key that would make lm-eval read it as a group
+    split = cfg.get("test_split") or cfg.get("validation_split")
+    if not split:
+        raise SinkstudyError(f"task {cfg.get('task')!r} has no test/validation split to fill from a data file")
+    cfg.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": {split: data_file}})
+    return cfg
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _close_matches(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=5, cutoff=0.6)
+    return f"; did you mean: {', '.join(close)}?" if close else ""
+
+
+def resolve_tasks(tasks: str | Iterable[str], data_files: Mapping[str, str] | str | Iterable[str] | None = None) -> list[TaskSpec]:
+    """Turn task names (+ local data files) into TaskSpecs, failing on unknown names before any work."""
+    from evals.nltk_offline import ensure_punkt_tab
+
+    # Loading task configs imports lm-eval's IFEval graders, which try a download when punkt_tab is missing.
+    ensure_punkt_tab()
+    names = parse_task_list(tasks)
+    files = parse_data_files(data_files)
+    stray = [t for t in files if t not in names]
+    if stray:
+        raise SinkstudyError(f"data file given for task(s) not requested: {', '.join(stray)}")
+    specs = []
+    for name in names:
+        data_file = files.get(name)
+        if name in SHIPPED_TASKS:
+            cfg = load_task_yaml(SHIPPED_TASKS[name])
+            if data_file:
+                cfg = _with_data_file(cfg, data_file)
+            data_file = next(iter(cfg["dataset_kwargs"]["data_files"].values()))
+            specs.append(TaskSpec(name, cfg, cfg["metadata"].get("version"), data_file, _sha256(data_file)))
+            continue
+        specs.append(_resolve_builtin(name, data_file))
+    return specs
+
+
+def _resolve_builtin(name: str, data_file: str | None) -> TaskSpec:
+    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    tm = builtin_task_manager()
+    entry = tm.task_index.get(name)
+    if entry is None:
+        raise UnknownTaskError(f"unknown task {name!r}{_close_matches(name, [*SHIPPED_TASKS, *tm.all_tasks])}")
+    if entry.kind == Kind.TAG:
+        raise SinkstudyError(f"{name!r} is an lm-eval tag, not a task or group; name its tasks instead")
+    cfg = load_yaml(entry.yaml_path, resolve_func=True) if entry.yaml_path else dict(entry.cfg or {})
+    version = (cfg.get("metadata") or {}).get("version")
+    is_group = entry.kind == Kind.GROUP
+    if data_file is None:
+        return TaskSpec(name, name, version, is_group=is_group)
+    if is_group:
+        raise SinkstudyError(f"{name!r} is a group: give data files per subtask (e.g. one of its tasks=FILE)")
+    cfg = _with_data_file(cfg, data_file)
+    return TaskSpec(name, cfg, version, data_file, _sha256(data_file))

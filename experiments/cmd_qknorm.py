@@ -1,0 +1,216 @@
+"""`sinkstudy qknorm BASE`: inject QK-RMSNorm -> (recovery training) -> sink + strict evals -> report.
+
+The injected model is compared with the original BASE on the same calibration texts and eval
+prompts. With `--native-ok` a backbone that already has QK-norm goes through the same recipe
+(training included) as the "native" arm instead of being refused.
+"""
+
+from __future__ import annotations
+
+DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
+DEMO_TRAIN_RECORDS = 2000
+
+
+def register(subparsers) -> None:
+    from interventions.qknorm import INIT_MODES, TRAINABLE_MODES
+
+    p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original")
+    p.add_argument("base", metavar="BASE", help="base LLM: hub id or local path (Llama, Mistral, Qwen2, Gemma, Gemma2)")
+    p.add_argument("--init", default="scale-preserving", choices=INIT_MODES, help="gain initialisation (default scale-preserving)")
+    p.add_argument("--alpha", type=float, default=0.5, help="blend weight for --init blend: (1-a) x + a norm(x) (default 0.5)")
+    p.add_argument("--calibration", default=None, metavar="SET|FILE",
+                   help="calibration texts for gains, KL and Sink Strength: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
+    p.add_argument("--train-steps", type=int, default=0, help="recovery training steps after injection (default 0: none)")
+    p.add_argument("--trainable", default="gains", choices=TRAINABLE_MODES, help="what recovery training updates (default gains)")
+    p.add_argument("--train-texts", default=None, metavar="FILE",
+                   help="recovery training text (.json/.jsonl/.txt); default: the demo corpus (synthetic chats)")
+    p.add_argument("--lr", type=float, default=1e-3, help="recovery learning rate (default 1e-3)")
+    p.add_argument("--batch-size", type=int, default=8, help="recovery batch size (default 8)")
+    p.add_argument("--seq-len", type=int, default=128, help="recovery sequence length (default 128)")
+    p.add_argument("--seed", type=int, default=0, help="training and eval seed (default 0)")
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts per task")
+    p.add_argument("--max-gen-toks", type=int, default=256, help="generation length cap for the evals (default 256)")
+    p.add_argument("--no-eval", action="store_true", help="skip the strict evals (sink and KL only)")
+    p.add_argument("--native-ok", action="store_true", help="measure a native QK-norm backbone (same recipe) instead of refusing it")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--out", default=None, help="output directory (default runs/qknorm/<base>-<init>-s<steps>)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    p.set_defaults(func=main)
+
+
+def default_out(args) -> str:
+    from pathlib import Path
+
+    return str(Path("runs") / "qknorm" / f"{Path(str(args.base).rstrip('/')).name}-{args.init}-s{args.train_steps}")
+
+
+def _validate(args) -> None:
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import check_output_dir
+
+    if args.train_steps < 0:
+        raise SinkstudyError(f"--train-steps must be >= 0, got {args.train_steps}")
+    if args.limit is not None and args.limit <= 0:
+        raise SinkstudyError(f"--limit must be positive, got {args.limit}")
+    if not 0.0 <= args.alpha <= 1.0:
+        raise SinkstudyError(f"--alpha must be in [0, 1], got {args.alpha}")
+    check_output_dir(args.out, args.force)
+
+
+def main(args) -> int:
+    args.out = args.out or default_out(args)
+    _validate(args)
+    report = run_qknorm(args)
+    print(format_table(report))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _texts(arg, default_set: str) -> list[str]:
+    from evals.sink.calibration import resolve_texts
+
+    return [t.text for t in resolve_texts(arg, default_set)[0]]
+
+
+def _train_texts(args, tokenizer) -> list[str]:
+    if args.train_texts:
+        from evals.sink.calibration import load_texts_file
+
+        return [t.text for t in load_texts_file(args.train_texts)]
+    from experiments.demo.corpus import chat, training_records
+
+    return [chat(tokenizer, u, a) if a is not None else u for u, a in training_records(DEMO_TRAIN_RECORDS, args.seed)]
+
+
+def _measure(model, tokenizer, texts) -> float:
+    from evals.sink import sink_strength
+
+    return float(sink_strength(model, tokenizer, texts=texts).value)
+
+
+def _precheck(args) -> None:
+    """Refuse native / unsupported causal LMs from the config alone (a weightless meta model)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from interventions.pairs import archs
+    from interventions.pairs.resolve import load_config
+    from interventions.qknorm import check_injectable, qk_norm_kind
+
+    config = load_config(args.base)
+    if archs.classify(config) != "causal_lm":
+        return  # a VLM: its language model is checked once extracted
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    if not (args.native_ok and qk_norm_kind(skeleton) == "native"):
+        check_injectable(skeleton)
+
+
+def run_qknorm(args) -> dict:
+    """The whole pipeline; writes model/, evals/, report.json and report.txt under args.out."""
+    import copy
+
+    from interventions.pairs import load_causal_lm
+    from interventions.qknorm import (
+        check_injectable, checkpoint_format, inject_qk_norm, mean_next_token_kl, qk_norm_kind, save_injected, trainable_filter,
+    )
+    from interventions.training import train_causal_lm
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import atomic_output_dir, write_json_atomic, write_text_atomic
+    from sinkstudy.provenance import model_fingerprint, provenance
+
+    calibration = _texts(args.calibration, "ifeval15")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    _precheck(args)
+    original, tokenizer = load_causal_lm(args.base, dtype=args.dtype, device=args.device)
+    if tokenizer is None:
+        raise SinkstudyError(f"no tokenizer found for {args.base}")
+    native = qk_norm_kind(original) == "native"
+    if not (native and args.native_ok):
+        check_injectable(original)  # refuses native / unsupported before any work
+    train_texts = _train_texts(args, tokenizer) if args.train_steps else None
+
+    candidate = copy.deepcopy(original)
+    if not native:
+        inject_qk_norm(candidate, init=args.init, calibration_texts=calibration, tokenizer=tokenizer, alpha=args.alpha)
+    arm = "native" if native else "injected"
+    s_orig = _measure(original, tokenizer, calibration)
+
+    def distance() -> dict:
+        s = _measure(candidate, tokenizer, calibration)
+        return {"mean_kl": mean_next_token_kl(original, candidate, tokenizer, calibration), "sink_strength": s,
+                "sink_strength_change": s - s_orig}
+
+    at_init = distance()
+    training, after = None, None
+    if args.train_steps:
+        training = train_causal_lm(candidate, tokenizer, train_texts, steps=args.train_steps, lr=args.lr,
+                                   batch_size=args.batch_size, seq_len=args.seq_len,
+                                   trainable=trainable_filter(args.trainable), seed=args.seed, desc=f"recovery ({args.trainable})")
+        after = distance()
+
+    with atomic_output_dir(args.out, force=args.force) as tmp:
+        if native:
+            candidate.save_pretrained(tmp / "model")
+            tokenizer.save_pretrained(tmp / "model")
+            fmt = "native"
+        else:
+            save_injected(candidate, tmp / "model", tokenizer=tokenizer, metadata={"init": args.init, "base": str(args.base)})
+            fmt = checkpoint_format(candidate)
+        evals = None if args.no_eval else _evaluate(original, candidate, tokenizer, tasks, args, tmp / "evals")
+        report = {
+            "base": str(args.base),
+            "arm": arm,
+            "init": None if native else args.init,
+            "alpha": args.alpha if args.init == "blend" and not native else None,
+            "checkpoint_format": fmt,
+            "sink_strength_original": s_orig,
+            "at_init": at_init,
+            "training": None if training is None else {**training, "trainable": args.trainable,
+                                                        "train_texts": args.train_texts or f"demo corpus ({DEMO_TRAIN_RECORDS} records)"},
+            "after_training": after,
+            "evals": evals,
+            "provenance": provenance(
+                model_fingerprints={"original": model_fingerprint(original), arm: model_fingerprint(candidate)},
+                seeds={"seed": args.seed},
+                settings={k: v for k, v in vars(args).items() if k != "func"},
+                calibration=args.calibration or "ifeval15",
+            ),
+        }
+        write_json_atomic(tmp / "report.json", report)
+        write_text_atomic(tmp / "report.txt", format_table(report) + "\n")
+    return report
+
+
+def _evaluate(original, candidate, tokenizer, tasks, args, out) -> dict:
+    """Both models on the same prompts, then paired differences (bootstrap CI, McNemar) per metric."""
+    from evals.lmeval import run_eval
+    from evals.stats import compare_runs
+
+    kw = dict(tasks=tasks, limit=args.limit, max_gen_toks=args.max_gen_toks, seed=args.seed)
+    runs = {"original": run_eval(original, tokenizer, out_dir=out / "original", **kw),
+            "candidate": run_eval(candidate, tokenizer, out_dir=out / "candidate", **kw)}
+    return {"scores": {name: r.scores for name, r in runs.items()},
+            "paired": [c.as_dict() for c in compare_runs(runs["original"], runs["candidate"], tasks, seed=args.seed)]}
+
+
+def format_table(report: dict) -> str:
+    from evals.stats import Comparison, format_table as paired_table
+
+    arm, init, after = report["arm"], report["at_init"], report["after_training"]
+    head = f"{'measure (calibration texts)':<34} {'original':>10} {'at init':>10} {'trained':>10}"
+    lines = [f"QK-norm {arm} ({report['init'] or 'native'}) on {report['base']}", head, "-" * len(head),
+             f"{'Sink Strength':<34} {_f(report['sink_strength_original']):>10} {_f(init['sink_strength']):>10} "
+             f"{_f(after and after['sink_strength']):>10}",
+             f"{'mean next-token KL vs original':<34} {_f(0.0):>10} {_f(init['mean_kl']):>10} {_f(after and after['mean_kl']):>10}"]
+    if report["evals"]:
+        evaluated = "trained" if after else "at init"
+        lines += ["", f"strict evals: original vs {arm} ({evaluated}); A-B > 0 means {arm} lost capability",
+                  paired_table([Comparison(**c) for c in report["evals"]["paired"]], names=("original", arm))]
+    return "\n".join(lines)
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.4g}"

@@ -1,0 +1,59 @@
+"""Pretrain the demo's tiny causal LMs from scratch on the generated corpus.
+
+Each backbone is a real transformers model of one family (Qwen3: native per-head QK-RMSNorm;
+Qwen2: none), trained with the project's one training loop and saved as an HF checkpoint with the
+demo tokenizer, so every other module loads it like a hub model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sinkstudy.io import atomic_output_dir
+
+
+def build_backbone(spec: dict, tokenizer):
+    """A randomly initialised float32 causal LM for one backbone spec of the demo config."""
+    from sinkstudy.tiny import tiny_causal_lm
+
+    hidden, heads = spec["hidden_size"], spec["num_attention_heads"]
+    return tiny_causal_lm(
+        spec["family"],
+        vocab_size=len(tokenizer),
+        seed=spec["seed"],
+        hidden_size=hidden,
+        intermediate_size=spec.get("intermediate_size", 3 * hidden),
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=spec.get("num_key_value_heads", heads),
+        head_dim=hidden // heads,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def pretrain_backbone(spec: dict, tokenizer, texts: list[str], out_dir: Path, *, train: dict, force: bool = False,
+                      progress: bool = True) -> dict:
+    """Train one backbone on `texts` and save model + tokenizer to `out_dir` atomically."""
+    from interventions.training import train_causal_lm
+
+    model = build_backbone(spec, tokenizer)
+    stats = train_causal_lm(
+        model, tokenizer, texts, steps=train["steps"], lr=train["lr"], batch_size=train["batch_size"],
+        seq_len=train["seq_len"], seed=spec["seed"], progress=progress, desc=f"pretrain {spec['name']}",
+        weight_decay=train.get("weight_decay", 0.0),
+    )
+    _set_generation_defaults(model, tokenizer)
+    with atomic_output_dir(out_dir, force=force) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    stats.pop("losses")  # the curve is summarised; the full list would bloat the result JSON
+    stats["params"] = sum(p.numel() for p in model.parameters())
+    return stats
+
+
+def _set_generation_defaults(model, tokenizer) -> None:
+    gc = model.generation_config
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id

@@ -1,0 +1,367 @@
+"""Weight merging of a base LLM and a VLM's language model through mergekit.
+
+Every merge runs `mergekit.merge.run_merge` on two same-architecture checkpoints on disk and
+writes, beside the merged weights, the exact mergekit YAML it ran (`mergekit_config.yml`, with the
+equivalent `mergekit-yaml` command in its header) and `intervention.json` (settings + provenance).
+
+Conventions shared with `interventions.spectral` (TSV, STAR):
+- `base` is the base LLM, `vlm` the VLM's extracted LM (a VLM checkpoint is extracted first, into a
+  cache). `root`, optional, is their common pretrained ancestor: when given, task-vector methods
+  merge both task vectors (base - root, vlm - root) onto it; otherwise the one task vector is
+  vlm - base, applied to the base.
+- `weight`: linear / slerp: the VLM's share (0 = base, 1 = VLM); task-vector methods: the scale
+  of each task vector (lambda). `density`: the fraction of each delta kept (TIES, DARE, breadcrumbs).
+- `select`: restrict the merge to some tensors (`Selection`); everything else stays the base's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from sinkstudy import SinkstudyError
+
+LOG = logging.getLogger(__name__)
+
+# mergekit 0.1.5 names (mergekit/merge_methods/registry.py).
+MERGEKIT_METHODS = ("linear", "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties")
+_TASK_VECTOR_METHODS = frozenset(MERGEKIT_METHODS) - {"linear", "slerp"}
+_SPARSE_METHODS = frozenset({"ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties"})
+_RANDOM_METHODS = frozenset({"dare_ties", "dare_linear"})
+# Extra mergekit parameters a user may pass through (`--param key=value`).
+_PASSTHROUGH = {"gamma", "lambda", "normalize", "rescale", "int8_mask"}
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_SAFETENSORS_TO_NAME = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+_NAME_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+DISK_MARGIN = 1.10  # shard padding, tokenizer and temp files on top of the raw tensor bytes
+RESULT_JSON = "intervention.json"
+MERGEKIT_YAML = "mergekit_config.yml"
+
+
+class MergeError(SinkstudyError):
+    pass
+
+
+# --------------------------------------------------------------------------- selection
+
+_MODULE_FILTERS = {"attn": "self_attn", "mlp": "mlp"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which tensors a merge touches: modules (attn / mlp) and/or decoder layers [first, last].
+
+    Parsed from strings such as "attn", "mlp", "layers:0-3", "attn,layers:0-3". Expressed as
+    mergekit `filter` substrings ("self_attn", "layers.2.", "layers.2.self_attn"), matched the way
+    mergekit matches them (substring of the tensor name), so our own code selects the same tensors.
+    """
+
+    modules: tuple[str, ...] = ()
+    layers: tuple[int, int] | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Selection | None":
+        if not text:
+            return None
+        modules: list[str] = []
+        layers = None
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            m = re.fullmatch(r"layers:(\d+)(?:-(\d+))?", part)
+            if m:
+                first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+                if last < first:
+                    raise MergeError(f"bad layer range {part!r}: last layer before first")
+                layers = (first, last)
+            elif part in _MODULE_FILTERS:
+                modules.append(part)
+            else:
+                raise MergeError(f"bad selection {part!r}: use attn, mlp and/or layers:FIRST-LAST")
+        return cls(tuple(modules), layers)
+
+    def filters(self) -> list[str]:
+        mods = [_MODULE_FILTERS[m] for m in self.modules]
+        if self.layers is None:
+            return mods
+        layer_keys = [f"layers.{i}." for i in range(self.layers[0], self.layers[1] + 1)]
+        return [k + m for k in layer_keys for m in mods] if mods else layer_keys
+
+    def matches(self, tensor_name: str) -> bool:
+        return any(f in tensor_name for f in self.filters())
+
+    def __str__(self) -> str:
+        parts = list(self.modules) + ([f"layers:{self.layers[0]}-{self.layers[1]}"] if self.layers else [])
+        return ",".join(parts)
+
+
+def _selective(value: float, outside: float, selection: Selection | None) -> Any:
+    """A mergekit parameter that is `value` on selected tensors and `outside` elsewhere."""
+    if selection is None:
+        return value
+    return [{"filter": f, "value": value} for f in selection.filters()] + [{"value": outside}]
+
+
+# --------------------------------------------------------------------------- checkpoints on disk
+
+def weight_files(path: str | os.PathLike) -> list[Path]:
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        raise MergeError(f"{path}: no *.safetensors weights (merges need local safetensors checkpoints)")
+    return files
+
+
+def safetensors_header(file: Path) -> dict[str, dict]:
+    """Tensor name -> {dtype, shape, data_offsets}, read from the header only (no tensor data)."""
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def tensor_layout(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name -> (safetensors dtype, shape) over all shards of a checkpoint."""
+    layout = {}
+    for f in weight_files(path):
+        for name, info in safetensors_header(f).items():
+            layout[name] = (info["dtype"], tuple(info["shape"]))
+    return layout
+
+
+def checkpoint_dtype(path: str | os.PathLike) -> str:
+    """The float dtype a checkpoint stores its weights in (e.g. "bfloat16")."""
+    for dtype, _shape in tensor_layout(path).values():
+        if dtype in _SAFETENSORS_TO_NAME:
+            return _SAFETENSORS_TO_NAME[dtype]
+    raise MergeError(f"{path}: no floating-point tensors")
+
+
+def estimate_output_bytes(path: str | os.PathLike, out_dtype: str | None = None) -> int:
+    """Bytes of the merged weights: the base's tensors at `out_dtype` (default: as stored)."""
+    total = 0
+    for dtype, shape in tensor_layout(path).values():
+        numel = 1
+        for s in shape:
+            numel *= s
+        per = _NAME_BYTES[out_dtype] if out_dtype and dtype in _SAFETENSORS_TO_NAME else _DTYPE_BYTES.get(dtype, 4)
+        total += numel * per
+    return total
+
+
+def check_disk_space(out_dir: str | os.PathLike, need_bytes: int) -> None:
+    """Refuse before any work when the output's filesystem lacks room for the merge."""
+    probe = Path(out_dir).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    need = int(need_bytes * DISK_MARGIN)
+    if need > free:
+        raise MergeError(f"not enough disk for the merge in {probe}: need ~{need / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
+
+
+def is_vlm_checkpoint(path: str | os.PathLike) -> bool:
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        return False
+    cfg = json.loads(cfg_file.read_text())
+    return "vision_config" in cfg or any("ConditionalGeneration" in a for a in cfg.get("architectures") or [])
+
+
+def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
+    once by the pair loader (base's class, vocabulary and tokenizer) into a cache keyed by its hash."""
+    from sinkstudy.provenance import model_fingerprint
+
+    vlm = Path(vlm)
+    if not vlm.exists():
+        raise MergeError(f"VLM checkpoint {vlm} does not exist (merges need local checkpoints)")
+    if not is_vlm_checkpoint(vlm):
+        return vlm
+    cache_root = Path(cache_dir) if cache_dir else Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "vlm_lm"
+    target = cache_root / model_fingerprint(vlm).split(":")[-1]
+    if not (target / "config.json").is_file():
+        from transformers import AutoTokenizer
+
+        from interventions.pairs import extract_language_model, save_causal_lm
+
+        LOG.info("extracting the language model of %s into %s", vlm, target)
+        lm, report = extract_language_model(vlm, base)
+        save_causal_lm(lm, AutoTokenizer.from_pretrained(base), target, force=True, extra={"source": str(vlm)})
+    return target
+
+
+def check_pair(base: str | os.PathLike, vlm_lm: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
+    """Same architecture, head layout, tensor names and shapes, before mergekit runs: configs
+    (heads split out) and then the on-disk tensors, with the pair loader's one-line error."""
+    from interventions.pairs import check_same_layout
+    from interventions.pairs.resolve import load_config
+
+    pairs = [(base, vlm_lm, ("base", "vlm"))] + ([(root, base, ("root", "base"))] if root is not None else [])
+    for a, b, names in pairs:
+        check_same_layout(load_config(a), load_config(b), names=names)
+        check_same_layout({k: v[1] for k, v in tensor_layout(a).items()}, {k: v[1] for k, v in tensor_layout(b).items()}, names=names)
+
+
+# --------------------------------------------------------------------------- mergekit config
+
+def merge_config(
+    method: str,
+    base: str | os.PathLike,
+    vlm: str | os.PathLike,
+    *,
+    weight: float = 0.5,
+    density: float | None = None,
+    select: Selection | str | None = None,
+    root: str | os.PathLike | None = None,
+    params: dict[str, Any] | None = None,
+    out_dtype: str | None = None,
+) -> dict[str, Any]:
+    """The mergekit configuration (a plain dict, as in a mergekit YAML) for one merge.
+
+    Paths are made absolute so the YAML runs from anywhere. Math is float32; the output keeps
+    `out_dtype` (default: the base's stored dtype). Unselected tensors get the VLM weight 0 (and
+    density 1), which leaves them exactly the base's.
+    """
+    if method not in MERGEKIT_METHODS:
+        raise MergeError(f"unknown mergekit method {method!r}; choose from {', '.join(MERGEKIT_METHODS)}")
+    if not 0.0 <= weight <= (1.0 if method in ("linear", "slerp") else 10.0):
+        raise MergeError(f"weight {weight} out of range for {method}")
+    if density is not None and not 0.0 < density <= 1.0:
+        raise MergeError(f"density must be in (0, 1], got {density}")
+    if density is not None and method not in _SPARSE_METHODS:
+        raise MergeError(f"{method} has no density parameter")
+    selection = Selection.parse(select) if isinstance(select, str) or select is None else select
+    params = dict(params or {})
+    unknown = set(params) - _PASSTHROUGH
+    if unknown:
+        raise MergeError(f"unknown merge parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_PASSTHROUGH))}")
+    base_s, vlm_s = str(Path(base).resolve()), str(Path(vlm).resolve())
+    cfg: dict[str, Any] = {"merge_method": method, "dtype": "float32", "out_dtype": out_dtype or checkpoint_dtype(base)}
+
+    if method == "linear":
+        cfg["models"] = [
+            {"model": base_s, "parameters": {"weight": _selective(1.0 - weight, 1.0, selection)}},
+            {"model": vlm_s, "parameters": {"weight": _selective(weight, 0.0, selection)}},
+        ]
+    elif method == "slerp":
+        cfg["base_model"] = base_s
+        cfg["models"] = [{"model": base_s}, {"model": vlm_s}]
+        cfg["parameters"] = {"t": _selective(weight, 0.0, selection)}
+    else:
+        def entry(model: str, inside: float, outside: float) -> dict[str, Any]:
+            p: dict[str, Any] = {"weight": _selective(inside, outside, selection)}
+            if method in _SPARSE_METHODS:
+                p["density"] = _selective(density if density is not None else 1.0, 1.0, selection)
+            return {"model": model, "parameters": p}
+
+        if root is None:
+            cfg["base_model"] = base_s
+            cfg["models"] = [entry(vlm_s, weight, 0.0)]
+        else:
+            cfg["base_model"] = str(Path(root).resolve())
+            cfg["models"] = [entry(base_s, weight, 1.0), entry(vlm_s, weight, 0.0)]
+        # ties/della default to normalize=true, which cancels the weight of a single task vector
+        # (NOTES.md): weights must mean what they say across a sweep.
+        cfg["parameters"] = {"normalize": False}
+    if params:
+        cfg.setdefault("parameters", {}).update(params)
+    # No tokenizer_source: mergekit then copies the tokenizer of base_model (or of the first model,
+    # the base LLM, for linear) untouched, while `tokenizer_source` would rebuild the embeddings to
+    # len(tokenizer) (NOTES.md). The output config is the base's too (keeps rope_theta, template).
+    return cfg
+
+
+def config_yaml(cfg: dict[str, Any], seed: int | None) -> str:
+    """The YAML written beside a merge: runnable as is with `mergekit-yaml`."""
+    import yaml
+
+    seed_flag = f" --random-seed {seed}" if seed is not None else ""
+    header = (
+        "# Written by sinkstudy; reproduce these weights with:\n"
+        f"#   mergekit-yaml {MERGEKIT_YAML} OUT_DIR{seed_flag}\n"
+    )
+    return header + yaml.safe_dump(cfg, sort_keys=False)
+
+
+# --------------------------------------------------------------------------- running
+
+def run_mergekit_merge(
+    method: str,
+    base: str | os.PathLike,
+    vlm: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    weight: float = 0.5,
+    density: float | None = None,
+    select: Selection | str | None = None,
+    root: str | os.PathLike | None = None,
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+    force: bool = False,
+    progress: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Merge base and the VLM's LM with mergekit into `out_dir`; returns `out_dir`.
+
+    All checks (method, parameters, pair layout, disk space, existing output) run before mergekit.
+    """
+    from sinkstudy.io import atomic_output_dir, check_output_dir
+
+    out_dir = check_output_dir(out_dir, force)
+    vlm_lm = resolve_lm(base, vlm, cache_dir)
+    check_pair(base, vlm_lm, root)
+    cfg = merge_config(method, base, vlm_lm, weight=weight, density=density, select=select, root=root, params=params)
+    check_disk_space(out_dir, estimate_output_bytes(base, cfg["out_dtype"]))
+    text = config_yaml(cfg, seed)
+    with atomic_output_dir(out_dir, force) as tmp:
+        _run_mergekit(cfg, text, tmp, seed, progress)
+        write_result(tmp, method=method, base=base, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
+                     settings={"weight": weight, "density": density, "select": str(select or "") or None, **(params or {})},
+                     extra={"mergekit_config": cfg})
+    return out_dir
+
+
+def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | None, progress: bool) -> None:
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import MergeOptions, run_merge
+
+    config = MergeConfiguration.model_validate(cfg)
+    options = MergeOptions(cuda=False, copy_tokenizer=True, lazy_unpickle=False, random_seed=seed, quiet=not progress)
+    try:
+        run_merge(config, str(out), options=options, config_source=yaml_text)
+    except (RuntimeError, ValueError) as exc:  # mergekit's own errors become one line
+        raise MergeError(f"mergekit {cfg['merge_method']} failed: {str(exc).splitlines()[0]}") from exc
+
+
+def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, settings: dict, extra: dict | None = None) -> None:
+    """`intervention.json`: what was done to which checkpoints, with provenance."""
+    from sinkstudy.io import write_json_atomic
+    from sinkstudy.provenance import model_fingerprint, provenance
+
+    models = {"base": str(base), "vlm": str(vlm), "vlm_lm": str(vlm_lm)} | ({"root": str(root)} if root else {})
+    write_json_atomic(out / RESULT_JSON, {
+        "intervention": method,
+        "settings": settings,
+        "models": models,
+        "provenance": provenance(
+            seed=seed,
+            fingerprints={k: model_fingerprint(v) for k, v in models.items() if k != "vlm" or v != str(vlm_lm)},
+        ),
+        **(extra or {}),
+    })
+
+
+def copy_side_files(src: str | os.PathLike, dst: Path, skip: Callable[[Path], bool] | None = None) -> None:
+    """Copy config, generation config and tokenizer files of a checkpoint (not its weights)."""
+    for f in Path(src).iterdir():
+        if f.is_file() and f.suffix not in (".safetensors", ".bin", ".pt") and not f.name.endswith(".index.json"):
+            if skip is None or not skip(f):
+                shutil.copy2(f, dst / f.name)

@@ -1,0 +1,166 @@
+"""Plug-in registry of mitigations: `(base, vlm_lm, sink_maps, config) -> model`.
+
+A mitigation is a function registered by name; `run_mitigation` does everything around it (checks,
+loading the pair, sink maps when it needs them, atomic output with `intervention.json`), so a new
+idea is one small function:
+
+    from interventions.mitigations import register_mitigation
+
+    @register_mitigation("scale_sink_heads", defaults={"factor": 1.5}, needs_sink_maps=True)
+    def scale_sink_heads(base, vlm_lm, sink_maps, config):
+        ...                      # change vlm_lm (a loaded causal LM) in place
+        return vlm_lm            # or (vlm_lm, {"json-able": "report"})
+
+Modules inside this package are imported on first use, so a file dropped here registers itself.
+`sink_maps` is {"base": SinkMaps, "vlm": SinkMaps, "shift": evals.sink.sink_shift(...)} (None
+unless `needs_sink_maps`); `config` is the defaults updated with the user's parameters.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from sinkstudy import SinkstudyError
+
+
+class MitigationError(SinkstudyError):
+    pass
+
+
+@dataclass(frozen=True)
+class Mitigation:
+    name: str
+    fn: Callable[..., Any]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    needs_sink_maps: bool = False
+    description: str = ""
+
+
+_REGISTRY: dict[str, Mitigation] = {}
+_LOADED = False
+
+
+def register_mitigation(name: str, *, defaults: Mapping[str, Any] | None = None, needs_sink_maps: bool = False,
+                        description: str | None = None):
+    """Decorator: register `fn(base, vlm_lm, sink_maps, config) -> model` under `name`."""
+    def wrap(fn):
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise MitigationError(f"mitigation {name!r} is already registered")
+        doc = (fn.__doc__ or "").strip().splitlines()
+        _REGISTRY[name] = Mitigation(name, fn, dict(defaults or {}), needs_sink_maps, description or (doc[0] if doc else ""))
+        return fn
+
+    return wrap
+
+
+def _load_plugins() -> None:
+    global _LOADED
+    if not _LOADED:
+        for mod in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{mod.name}")
+        _LOADED = True
+
+
+def list_mitigations() -> dict[str, Mitigation]:
+    _load_plugins()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_mitigation(name: str) -> Mitigation:
+    registry = list_mitigations()
+    if name not in registry:
+        raise MitigationError(f"unknown mitigation {name!r}; registered: {', '.join(registry) or 'none'}")
+    return registry[name]
+
+
+def resolve_config(mitigation: Mitigation, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults updated by `params`; unknown keys are an error (typos must not pass silently)."""
+    params = dict(params or {})
+    unknown = set(params) - set(mitigation.defaults)
+    if unknown:
+        raise MitigationError(f"mitigation {mitigation.name} has no parameter(s) {', '.join(sorted(unknown))}; "
+                              f"it takes {', '.join(mitigation.defaults) or 'none'}")
+    return {**mitigation.defaults, **params}
+
+
+def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, progress: bool = True) -> dict[str, Any]:
+    """Sink maps of both models on the same calibration texts, and their shift."""
+    from evals.sink import compute_sink_maps, sink_shift
+
+    maps_b = compute_sink_maps(base_model, tokenizer, texts, progress=progress)
+    maps_v = compute_sink_maps(vlm_model, tokenizer, texts, progress=progress)
+    return {"base": maps_b, "vlm": maps_v, "shift": sink_shift(maps_b, maps_v)}
+
+
+def _sink_maps_arg(sink_maps: Mapping[str, Any]) -> dict[str, Any]:
+    """Accept {"base", "vlm"} as SinkMaps or JSON paths (the shift is added), or a ready dict."""
+    from evals.sink import SinkMaps, sink_shift
+
+    out = dict(sink_maps)
+    for k in ("base", "vlm"):
+        if isinstance(out.get(k), (str, os.PathLike)):
+            out[k] = SinkMaps.from_json(out[k])
+    if "shift" not in out:
+        if not (isinstance(out.get("base"), SinkMaps) and isinstance(out.get("vlm"), SinkMaps)):
+            raise MitigationError("sink_maps needs 'base' and 'vlm' sink maps (or a precomputed 'shift')")
+        out["shift"] = sink_shift(out["base"], out["vlm"])
+    return out
+
+
+def run_mitigation(
+    name: str,
+    base: str | os.PathLike,
+    vlm: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    params: Mapping[str, Any] | None = None,
+    sink_maps: Mapping[str, Any] | None = None,
+    texts=None,
+    seed: int = 0,
+    force: bool = False,
+    progress: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Apply a registered mitigation to (base, VLM LM) and save the resulting causal LM to `out_dir`.
+
+    Checks (name, parameters, pair layout, disk, existing output) run before any loading. Sink maps
+    are computed on `texts` (default: the metric's calibration set) when the mitigation needs them
+    and none are given; both maps are saved beside the model for reuse.
+    """
+    import torch
+
+    from interventions.merge import check_disk_space, check_pair, estimate_output_bytes, resolve_lm, write_result
+    from interventions.pairs import load_causal_lm
+    from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
+
+    mitigation = get_mitigation(name)
+    config = resolve_config(mitigation, params)
+    out_dir = check_output_dir(out_dir, force)
+    vlm_lm = resolve_lm(base, vlm, cache_dir)
+    check_pair(base, vlm_lm)
+    check_disk_space(out_dir, estimate_output_bytes(vlm_lm))
+    torch.manual_seed(seed)
+    base_model, tokenizer = load_causal_lm(base, dtype=torch.float32)
+    vlm_model, _ = load_causal_lm(vlm_lm, dtype=torch.float32)
+    maps = None
+    if mitigation.needs_sink_maps:
+        maps = _sink_maps_arg(sink_maps) if sink_maps else compute_pair_sink_maps(base_model, vlm_model, tokenizer, texts=texts, progress=progress)
+    with torch.no_grad():
+        result = mitigation.fn(base_model, vlm_model, maps, config)
+    model, report = result if isinstance(result, tuple) else (result, {})
+    with atomic_output_dir(out_dir, force) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if maps is not None:
+            for k in ("base", "vlm"):
+                if hasattr(maps.get(k), "to_json"):
+                    write_json_atomic(tmp / f"sink_maps_{k}.json", maps[k].to_json())
+        write_result(tmp, method=name, base=base, vlm=vlm, vlm_lm=vlm_lm, root=None, seed=seed,
+                     settings=config, extra={"report": report})
+    return out_dir

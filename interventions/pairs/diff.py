@@ -1,0 +1,100 @@
+"""Per-tensor relative weight change ||W_other - W_base|| / ||W_base|| (Frobenius), grouped for tables."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tqdm.auto import tqdm
+
+from interventions.pairs.layout import check_same_layout
+
+GROUPS = ("q", "k", "v", "o", "mlp", "norm", "embed", "lm_head", "other")
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def group_of(name: str) -> str:
+    if name.startswith("lm_head."):
+        return "lm_head"
+    if "embed_tokens" in name:
+        return "embed"
+    m = re.search(r"\.([qkvo])_proj\.", name)
+    if m:
+        return m.group(1)
+    if ".mlp." in name:
+        return "mlp"
+    if "norm" in name:  # input/post-attention layernorms, q_norm/k_norm, final norm
+        return "norm"
+    return "other"
+
+
+def weight_diff(base_model, other_model, *, progress: bool = False) -> list[dict]:
+    """One row per base tensor: name, module, layer (None outside decoder layers), group, shape, norms, rel_change.
+
+    The two models must share names and shapes (PairMismatchError otherwise). A tensor tied to an
+    earlier one in both models (lm_head under tied embeddings) is skipped. rel_change is None where
+    ||W_base|| = 0.
+    """
+    check_same_layout(base_model, other_model, names=("base", "other"))
+    a, b = base_model.state_dict(), other_model.state_dict()
+    seen_a, seen_b, rows = {}, {}, []
+    for name in tqdm(list(a), desc="weight diff", disable=not progress):
+        wa, wb = a[name], b[name]
+        ka, kb = _storage_key(wa), _storage_key(wb)
+        if ka in seen_a and kb in seen_b:
+            continue  # tied in both: already counted under seen_a[ka]
+        seen_a.setdefault(ka, name)
+        seen_b.setdefault(kb, name)
+        wa32, wb32 = wa.detach().float(), wb.detach().float().to(wa.device)
+        base_norm = float(wa32.norm())
+        diff_norm = float((wb32 - wa32).norm())
+        m = _LAYER.search(name)
+        rows.append({
+            "name": name,
+            "module": name.rsplit(".", 1)[0],
+            "layer": int(m.group(1)) if m else None,
+            "group": group_of(name),
+            "shape": list(wa.shape),
+            "base_norm": base_norm,
+            "diff_norm": diff_norm,
+            "rel_change": diff_norm / base_norm if base_norm > 0 else None,
+        })
+    return rows
+
+
+def diff_summary(rows: list[dict]) -> list[dict]:
+    """Aggregate rows per (layer, group): sqrt(sum diff^2) / sqrt(sum base^2), in layer order."""
+    acc: dict[tuple, list[float]] = {}
+    for r in rows:
+        d, bn = acc.setdefault((r["layer"], r["group"]), [0.0, 0.0])
+        acc[(r["layer"], r["group"])] = [d + r["diff_norm"] ** 2, bn + r["base_norm"] ** 2]
+    out = []
+    for (layer, group), (d2, b2) in sorted(acc.items(), key=lambda kv: (_layer_key(kv[0][0]), GROUPS.index(kv[0][1]))):
+        out.append({"layer": layer, "group": group, "rel_change": math.sqrt(d2 / b2) if b2 > 0 else None})
+    return out
+
+
+def format_diff_table(rows: list[dict]) -> str:
+    """A layer x group table of relative change; the non-layer tensors (embeddings, final norm, head) first."""
+    summary = diff_summary(rows)
+    cols = [g for g in GROUPS if any(s["group"] == g for s in summary)]
+    layers = sorted({s["layer"] for s in summary}, key=_layer_key)
+    cell = {(s["layer"], s["group"]): s["rel_change"] for s in summary}
+    lines = ["layer  " + "".join(f"{c:>10}" for c in cols)]
+    for layer in layers:
+        label = "-" if layer is None else str(layer)
+        vals = "".join(f"{_fmt(cell[(layer, c)]) if (layer, c) in cell else '':>10}" for c in cols)
+        lines.append(f"{label:<7}{vals}")
+    return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def _layer_key(layer):
+    return -1 if layer is None else layer
+
+
+def _storage_key(t):
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))

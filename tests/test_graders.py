@@ -1,0 +1,170 @@
+"""lm-eval's own strict graders on hand-made outputs: every IFEval instruction family the shipped
+set uses passes a perfect output and fails a rule-breaking one; the GSM8K-CoT and BBH regex traps
+behave as documented in docs/evals.md. No model here: these pin the graders themselves."""
+
+import json
+
+import pytest
+
+from evals.nltk_offline import ensure_punkt_tab, seed_langdetect
+from evals.tasks import SHIPPED_TASKS, load_task_yaml
+
+ensure_punkt_tab()  # before lm-eval's IFEval modules are imported
+seed_langdetect(0)
+
+from lm_eval.tasks.ifeval import instructions_registry  # noqa: E402
+from lm_eval.tasks.ifeval.utils import process_results  # noqa: E402
+
+# instruction id -> (kwargs, perfect output, rule-breaking output)
+CASES = {
+    "change_case:english_lowercase": ({}, "i would like to borrow your ladder this weekend if you do not need it. thank you very much for your help.",
+                                      "I would like to borrow your ladder this weekend. Thank you very much for your help."),
+    "change_case:english_capital": ({}, "THE SUN RISES SLOWLY OVER THE CALM SEA. GOLDEN LIGHT SPREADS ACROSS THE WATER.",
+                                    "The sun rises slowly over the calm sea. Golden light spreads across the water."),
+    "change_case:capital_word_frequency": ({"capital_frequency": 3, "capital_relation": "less than"},
+                                           "Read more and learn more at your LOCAL library.", "READ MORE AND LEARN MORE AT YOUR LIBRARY."),
+    "punctuation:no_comma": ({}, "Bridges carry heavy loads every day so small cracks can grow into dangerous faults.",
+                             "Bridges carry heavy loads every day, so small cracks can grow into dangerous faults."),
+    "detectable_format:number_bullet_lists": ({"num_bullets": 3}, "* Wipe the counters daily.\n* Wash dishes after each meal.\n* Put food away promptly.",
+                                              "* Wipe the counters daily.\n* Wash dishes after each meal."),
+    "detectable_format:title": ({}, "<<Falling Leaves>>\nRed and gold they drift and fall.", "Falling Leaves\nRed and gold they drift and fall."),
+    "detectable_format:json_format": ({}, '```json\n{"name": "Ada", "age": 36, "colour": "green"}\n```', "Name: Ada. Age: 36. Colour: green."),
+    "detectable_format:number_highlighted_sections": ({"num_highlights": 2}, "I am *an experienced baker* and I can bring *fresh bread every morning* to your shop.",
+                                                      "I am an experienced baker and I can bring fresh bread every morning to your shop."),
+    "detectable_format:multiple_sections": ({"section_spliter": "Day", "num_sections": 2}, "Day 1\nVisit the old town.\nDay 2\nSee the museum.",
+                                            "Visit the old town first and see the museum after."),
+    "detectable_format:constrained_response": ({}, "My answer is yes.", "Yes, it is blue."),
+    "length_constraints:number_words": ({"num_words": 40, "relation": "less than"}, "A slow breakfast, a long walk and a good book.", " ".join(["word"] * 45)),
+    # "Dr." must not end a sentence: the broken output has 2 sentences only if Punkt's tables loaded.
+    "length_constraints:number_sentences": ({"num_sentences": 3, "relation": "at least"},
+                                            "Water evaporates from the sea. It forms clouds in the sky. Then it falls again as rain.",
+                                            "Dr. Smith studies the rain. It falls in spring."),
+    "length_constraints:number_paragraphs": ({"num_paragraphs": 2}, "Trains are fast.\n***\nThey connect cities.", "Trains are fast. They connect cities."),
+    "keywords:existence": ({"keywords": ["waterproof", "hood"]}, "A waterproof jacket with a large hood.", "A light jacket for spring."),
+    "keywords:forbidden_words": ({"forbidden_words": ["lion", "tiger"]}, "We saw giraffes and zebras.", "We saw a lion and two giraffes."),
+    "keywords:frequency": ({"keyword": "light", "frequency": 3, "relation": "at least"}, "The light shone. Its light was bright. We loved the light.",
+                           "The light shone over the sea."),
+    "keywords:letter_frequency": ({"letter": "z", "let_frequency": 2, "let_relation": "less than"}, "Gardening is relaxing.",
+                                  "Zinnias and zucchini grow in a lazy garden."),
+    "startend:end_checker": ({"end_phrase": "Is there anything else I can help with?"},
+                             "The market is full of noise and colour. Is there anything else I can help with?",
+                             "Is there anything else I can help with? The market is full of noise."),
+    "startend:quotation": ({}, '"Learn and grow together."', "Learn and grow together."),
+    "detectable_content:postscript": ({"postscript_marker": "P.S."}, "Thank you for everything.\nP.S. I will visit soon.", "Thank you for everything."),
+    "detectable_content:number_placeholders": ({"num_placeholders": 2}, "Join us at [address] on [date].", "Join us at the park on Sunday."),
+    "combination:repeat_prompt": ({"prompt_to_repeat": "Name a colour of the rainbow and say why you like it."},
+                                  "Name a colour of the rainbow and say why you like it. Blue, because it is calm.", "Blue, because it is calm."),
+    "combination:two_responses": ({}, "Whiskers\n******\nMittens", "Whiskers\n******\nWhiskers"),
+    "language:response_language": ({"language": "fr"}, "L'après-midi pluvieux est calme et gris. Nous restons à la maison et nous lisons des livres.",
+                                   "The rainy afternoon is calm and grey. We stay at home and read books."),
+}
+
+
+def _shipped_ifeval():
+    cfg = load_task_yaml(SHIPPED_TASKS["sinkstudy_ifeval"])
+    path = cfg["dataset_kwargs"]["data_files"]["train"]
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def _grade(instruction_id, kwargs, output, prompt="(prompt)"):
+    doc = {"key": 0, "prompt": prompt, "instruction_id_list": [instruction_id], "kwargs": [kwargs]}
+    return process_results(doc, [output])
+
+
+def test_every_shipped_family_has_a_case_and_valid_kwargs():
+    docs = _shipped_ifeval()
+    assert len(docs) == 40 and len({d["key"] for d in docs}) == 40
+    used = {i for d in docs for i in d["instruction_id_list"]}
+    assert used <= set(CASES), f"add grader cases for: {sorted(used - set(CASES))}"
+    for d in docs:
+        assert len(d["instruction_id_list"]) == len(d["kwargs"])
+        for iid, kw in zip(d["instruction_id_list"], d["kwargs"]):
+            instruction = instructions_registry.INSTRUCTION_DICT[iid](iid)
+            instruction.build_description(**kw)  # lm-eval rejects unknown or missing arguments here
+
+
+@pytest.mark.parametrize("instruction_id", sorted(CASES))
+def test_perfect_output_passes_and_broken_output_fails(instruction_id):
+    kwargs, perfect, broken = CASES[instruction_id]
+    good = _grade(instruction_id, kwargs, perfect)
+    assert good["prompt_level_strict_acc"] and good["inst_level_strict_acc"] == [True]
+    assert good["prompt_level_loose_acc"]
+    bad = _grade(instruction_id, kwargs, broken)
+    assert not bad["prompt_level_strict_acc"] and bad["inst_level_strict_acc"] == [False]
+    assert not bad["prompt_level_loose_acc"]
+
+
+def test_multi_instruction_prompt_is_all_or_nothing_at_prompt_level():
+    doc = next(d for d in _shipped_ifeval() if d["instruction_id_list"] == ["change_case:english_lowercase", "punctuation:no_comma"])
+    both = process_results(doc, ["the sky is grey and the wind is cold but the rain has stopped for now."])
+    one = process_results(doc, ["the sky is grey, the wind is cold, but the rain has stopped for now."])
+    assert both["prompt_level_strict_acc"] and both["inst_level_strict_acc"] == [True, True]
+    assert not one["prompt_level_strict_acc"] and one["inst_level_strict_acc"] == [True, False]
+
+
+def test_loose_accuracy_forgives_a_preamble_line_strict_does_not():
+    kwargs, perfect, _ = CASES["detectable_format:json_format"]
+    out = _grade("detectable_format:json_format", kwargs, "Sure, here it is:\n" + perfect)
+    assert not out["prompt_level_strict_acc"] and out["prompt_level_loose_acc"]
+
+
+# ----------------------------------------------------------------------------- GSM8K-CoT / BBH traps
+
+
+def _regex(pattern, text, group_select=0):
+    from lm_eval.filters.extraction import RegexFilter
+
+    return RegexFilter(regex_pattern=pattern, group_select=group_select).apply([[text]], [{}])[0][0]
+
+
+@pytest.fixture(scope="module")
+def gsm_filters():
+    cfg = load_task_yaml(SHIPPED_TASKS["sinkstudy_gsm"])
+    filters = {f["name"]: f["filter"][0] for f in cfg["filter_list"]}
+    # The shipped task must grade exactly like lm-eval's gsm8k_cot.
+    from lm_eval.tasks._yaml_loader import load_yaml
+    from evals.tasks import _lm_eval_tasks_dir
+
+    builtin = load_yaml(_lm_eval_tasks_dir() / "gsm8k" / "gsm8k-cot.yaml", resolve_func=False)
+    assert cfg["filter_list"] == builtin["filter_list"] and cfg["metric_list"] == builtin["metric_list"]
+    return filters
+
+
+@pytest.mark.parametrize("text, strict, flexible", [
+    ("3 + 5 = 8. The answer is 8.", "8", "8."),  # flexible keeps the period; exact_match strips it
+    ("The answer is 1,000.", "1,000", "1,000."),
+    # Trap: the pattern's final "." is unescaped, so without a period the last digit is eaten.
+    ("So the total is 18. The answer is 18", "1", "18"),
+    # Traps: a currency sign or lower case never match the strict pattern.
+    ("The answer is $18.", "[invalid]", "$18."),
+    ("the answer is 18.", "[invalid]", "18."),
+])
+def test_gsm8k_cot_strict_and_flexible_extraction(gsm_filters, text, strict, flexible):
+    s, f = gsm_filters["strict-match"], gsm_filters["flexible-extract"]
+    assert _regex(s["regex_pattern"], text) == strict
+    assert _regex(f["regex_pattern"], text, f.get("group_select", 0)) == flexible
+
+
+def test_gsm8k_cot_exact_match_ignores_commas_dollars_and_final_period(gsm_filters):
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+
+    cfg = load_task_yaml(SHIPPED_TASKS["sinkstudy_gsm"])
+    m = cfg["metric_list"][0]
+    kw = {k: m[k] for k in ("ignore_case", "ignore_punctuation", "regexes_to_ignore")}
+    def score(pred, ref):
+        return exact_match_hf_evaluate(predictions=[pred], references=[ref], **kw)["exact_match"]
+    assert score("1,000", "1000") == 1.0
+    assert score("$18.", "18") == 1.0  # flexible-extract's "$18." still scores
+    assert score("1", "18") == 0.0  # the strict trap above costs the point
+
+
+def test_bbh_get_answer_trap_drops_last_character_without_period():
+    from lm_eval.tasks._yaml_loader import load_yaml
+    from evals.tasks import _lm_eval_tasks_dir
+
+    cfg = load_yaml(_lm_eval_tasks_dir() / "bbh" / "cot_fewshot" / "_cot_fewshot_template_yaml", resolve_func=False)
+    pattern = cfg["filter_list"][0]["filter"][0]["regex_pattern"]
+    assert _regex(pattern, "Let's think step by step. So the answer is False.") == "False."[:-1]
+    assert _regex(pattern, "Let's think step by step. So the answer is False") == "Fals"
+    assert "Q" in cfg["generation_kwargs"]["until"]  # a bare "Q" stop string cuts any output at its first capital Q

@@ -1,0 +1,175 @@
+"""The lm-eval bridge end to end on a tiny model: shipped offline tasks through lm-eval's real
+graders, per-sample records re-graded independently, cache reuse, saved runs, the CLI, bad input,
+and the HFLM tie_weights trap. One evaluation per fixture, shared across assertions."""
+
+import json
+
+import pytest
+import torch
+
+from evals import lmeval
+from evals.lmeval import EvalRun, run_eval
+from evals.tasks import SHIPPED_TASKS, UnknownTaskError, load_task_yaml
+from experiments.cli import main as cli_main
+from sinkstudy import SinkstudyError
+from sinkstudy.tiny import tiny_causal_lm
+
+pytestmark = pytest.mark.slow
+LIMIT = 10
+SETTINGS = dict(limit=LIMIT, max_gen_toks=24, batch_size=5, progress=False)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("eval_cache")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    tiny_causal_lm("qwen2", seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory, model_dir, cache_dir):
+    """Both shipped task sets through `sinkstudy eval` on a checkpoint path."""
+    out = tmp_path_factory.mktemp("runs") / "base"
+    rc = cli_main(["eval", str(model_dir), "--tasks", "sinkstudy_ifeval,sinkstudy_gsm", "--limit", str(LIMIT),
+                   "--max-gen-toks", "24", "--batch-size", "5", "--out", str(out), "--cache-dir", str(cache_dir)])
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(cli_run):
+    return EvalRun.load(cli_run)
+
+
+def test_scores_have_lm_eval_keys_and_equal_the_mean_of_samples(run):
+    assert set(run.scores) == {"sinkstudy_ifeval", "sinkstudy_gsm"}
+    assert run.metrics("sinkstudy_ifeval") == ["prompt_level_strict_acc,none", "inst_level_strict_acc,none",
+                                               "prompt_level_loose_acc,none", "inst_level_loose_acc,none"]
+    assert run.metrics("sinkstudy_gsm") == ["exact_match,strict-match", "exact_match,flexible-extract"]
+    assert run.scores["sinkstudy_ifeval"]["inst_level_strict_acc_stderr,none"] is None  # lm-eval's "N/A"
+    for task in run.scores:
+        assert [s["doc_id"] for s in run.samples[task]] == list(range(LIMIT))
+        for metric in run.metrics(task):
+            vals = list(run.per_doc(task, metric).values())
+            flat = [float(x) for v in vals for x in (v if isinstance(v, list) else [v])]
+            assert run.scores[task][metric] == pytest.approx(sum(flat) / len(flat))
+    assert run.versions == {"sinkstudy_ifeval": 1.0, "sinkstudy_gsm": 1.0}
+    assert run.fingerprint.startswith("ckpt-sha256:")
+    assert run.provenance["model_fingerprints"] and run.provenance["versions"]["lm_eval"]
+
+
+def test_ifeval_samples_regrade_identically_with_lm_eval_graders(run):
+    from lm_eval.tasks.ifeval.utils import process_results
+
+    docs = [json.loads(line) for line in open(load_task_yaml(SHIPPED_TASKS["sinkstudy_ifeval"])["dataset_kwargs"]["data_files"]["train"])]
+    inst_total = 0
+    for s in run.samples["sinkstudy_ifeval"]:
+        doc = docs[s["doc_id"]]
+        assert doc["prompt"] in s["prompt"] and "<|assistant|>" in s["prompt"]  # chat template applied
+        again = process_results(doc, [s["output"]])
+        assert {f"{k},none": v for k, v in again.items()} == s["metrics"]
+        inst_total += len(s["metrics"]["inst_level_strict_acc,none"])
+    assert inst_total == sum(len(d["instruction_id_list"]) for d in docs[:LIMIT])
+    # A random tiny model still satisfies some instructions (e.g. forbidden words): the graders ran.
+    assert run.scores["sinkstudy_ifeval"]["inst_level_loose_acc,none"] > 0
+
+
+def test_gsm_samples_extract_with_the_strict_pattern(run):
+    import re
+
+    for s in run.samples["sinkstudy_gsm"]:
+        m = re.search(r"The answer is (\-?[0-9\.\,]+).", s["output"])
+        assert s["extracted"]["strict-match"] == (m.group(1) if m else "[invalid]")
+        assert s["metrics"]["exact_match,strict-match"] == float(s["extracted"]["strict-match"] == s["target"])
+        assert s["prompt"].rstrip().endswith("<|assistant|>") and s["target"].isdigit()
+
+
+def test_rerun_reuses_cache_and_out_dir_without_evaluating(run, cli_run, model_dir, cache_dir, monkeypatch, tmp_path):
+    def boom(*a, **k):
+        raise AssertionError("evaluated although cached")
+
+    monkeypatch.setattr(lmeval, "_evaluate", boom)
+    monkeypatch.setattr(lmeval, "_load_model", boom)
+    again = run_eval(model_dir, tasks="sinkstudy_gsm,sinkstudy_ifeval", cache_dir=cache_dir, out_dir=tmp_path / "again", **SETTINGS)
+    assert again.scores == run.scores and again.samples == run.samples
+    same_out = run_eval(model_dir, tasks="sinkstudy_ifeval,sinkstudy_gsm", cache_dir=tmp_path / "empty", out_dir=cli_run, **SETTINGS)
+    assert same_out.samples == run.samples
+    before = (cli_run / "results.json").read_text()
+    with pytest.raises(SinkstudyError, match="different eval run"):
+        run_eval(model_dir, tasks="sinkstudy_gsm", cache_dir=cache_dir, out_dir=cli_run, **SETTINGS)
+    assert (cli_run / "results.json").read_text() == before
+    # A setting that changes outputs changes the key: no reuse.
+    with pytest.raises(AssertionError, match="evaluated although cached"):
+        run_eval(model_dir, tasks="sinkstudy_gsm", cache_dir=cache_dir, **{**SETTINGS, "max_gen_toks": 25})
+
+
+def test_compare_cli_on_identical_runs(cli_run, tmp_path, capsys):
+    out_json = tmp_path / "cmp.json"
+    assert cli_main(["compare", str(cli_run), str(cli_run), "--n-boot", "200", "--json", str(out_json)]) == 0
+    table = capsys.readouterr().out
+    assert "prompt_level_strict_acc,none" in table and "exact_match,strict-match" in table
+    comps = json.loads(out_json.read_text())["comparisons"]
+    assert all(c["abs_diff"] == 0 for c in comps)
+    assert all(c["mcnemar_p"] in (1.0, None) for c in comps)
+
+
+def test_local_data_file_replaces_shipped_data(tokenizer, cache_dir, tmp_path, run):
+    from evals.stats import compare
+
+    data = tmp_path / "held_out.jsonl"
+    rows = [{"question": f"Ann has {a} pens and gets {b} more. How many pens does she have?", "answer": f"{a} + {b} = {a + b}. The answer is {a + b}.\n#### {a + b}"}
+            for a, b in [(2, 3), (10, 4), (7, 7)]]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = tiny_causal_lm("qwen2", seed=1)
+    got = run_eval(model, tokenizer, tasks=["sinkstudy_gsm"], data_files=[f"sinkstudy_gsm={data}"], cache_dir=cache_dir, **SETTINGS)
+    assert [s["target"] for s in got.samples["sinkstudy_gsm"]] == ["5", "14", "14"]
+    assert "Ann has 2 pens" in got.samples["sinkstudy_gsm"][0]["prompt"]
+    assert got.fingerprint.startswith("sd-sha256:")
+    with pytest.raises(SinkstudyError, match="disagree on the prompt"):
+        compare(run, got, "sinkstudy_gsm")
+
+
+def test_lm_head_only_change_survives_hflm_tie_weights(tokenizer, cache_dir):
+    from sinkstudy.provenance import model_fingerprint
+
+    model = tiny_causal_lm("qwen2", tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 1.5)  # an lm_head-only intervention
+    head = model.lm_head.weight.detach().clone()
+    fp = model_fingerprint(model)
+    run_eval(model, tokenizer, tasks="sinkstudy_ifeval", cache_dir=cache_dir, **{**SETTINGS, "limit": 2, "max_gen_toks": 4})
+    assert torch.equal(model.lm_head.weight, head) and not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    assert model_fingerprint(model) == fp and model.config.tie_word_embeddings is False
+
+
+def test_bad_input_fails_with_one_line_before_work(tokenizer, model_dir, tmp_path):
+    model = tiny_causal_lm("qwen2")
+    with pytest.raises(SinkstudyError, match="no tokenizer"):
+        run_eval(model, None, tasks="sinkstudy_gsm", cache_dir=tmp_path)
+    plain = tokenizer.__class__.from_pretrained(model_dir)
+    plain.chat_template = None
+    with pytest.raises(SinkstudyError, match="no chat template"):
+        run_eval(model, plain, tasks="sinkstudy_gsm", cache_dir=tmp_path)
+    with pytest.raises(SinkstudyError, match="TASK=PATH"):
+        run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files="sinkstudy_gsm", cache_dir=tmp_path)
+    with pytest.raises(SinkstudyError, match="not requested"):
+        run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files={"sinkstudy_ifeval": str(model_dir / "config.json")}, cache_dir=tmp_path)
+    with pytest.raises(SinkstudyError, match="vllm backend"):
+        run_eval(model, tokenizer, tasks="sinkstudy_gsm", backend="vllm", cache_dir=tmp_path)
+    existing = tmp_path / "not_a_run"
+    existing.mkdir()
+    with pytest.raises(SinkstudyError, match="already exists"):
+        run_eval(model, tokenizer, tasks="sinkstudy_gsm", out_dir=existing, cache_dir=tmp_path)
+    assert not list(tmp_path.glob("*.json"))  # nothing was evaluated or cached
+
+
+def test_unknown_task_lists_close_matches():
+    with pytest.raises(UnknownTaskError, match=r"unknown task 'gsm8k_cott'.*did you mean: .*gsm8k_cot"):
+        lmeval.resolve_tasks("sinkstudy_gsm,gsm8k_cott")
+    assert str(UnknownTaskError("x")).count("\n") == 0

@@ -1,0 +1,245 @@
+"""mergekit merges on tiny same-architecture pairs: each method's arithmetic on real tensors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sinkstudy import SinkstudyError
+
+
+def _save_model(model, tokenizer, path: Path) -> Path:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _perturbed(model, seed: int, scale: float = 0.05):
+    """A copy of `model` with every weight moved by seeded Gaussian noise (the 'VLM LM')."""
+    import copy
+
+    gen = torch.Generator().manual_seed(seed)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return other
+
+
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory, tokenizer):
+    """root (pretrained ancestor), base LLM = root + noise, VLM LM = root + other noise; on disk."""
+    from sinkstudy.tiny import tiny_causal_lm
+
+    d = tmp_path_factory.mktemp("merge_pair")
+    root = tiny_causal_lm("qwen2", seed=0)
+    base = _perturbed(root, 1)
+    vlm = _perturbed(root, 2)
+    return {name: _save_model(m, tokenizer, d / name) for name, m in (("root", root), ("base", base), ("vlm", vlm))}
+
+
+def _w(path: Path) -> dict:
+    return load_file(str(path / "model.safetensors"))
+
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+UP = "model.layers.1.mlp.up_proj.weight"
+EMB = "model.embed_tokens.weight"
+
+
+def test_linear_is_weighted_average(trio, tmp_path):
+    from interventions.merge import MERGEKIT_YAML, RESULT_JSON, run_mergekit_merge
+
+    out = run_mergekit_merge("linear", trio["base"], trio["vlm"], tmp_path / "m", weight=0.3, progress=False)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    assert set(m) == set(b)
+    for name in (Q, UP, EMB, "model.norm.weight"):
+        torch.testing.assert_close(m[name], 0.7 * b[name] + 0.3 * v[name], rtol=1e-5, atol=1e-6)
+    assert (out / MERGEKIT_YAML).is_file() and (out / RESULT_JSON).is_file()
+    assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file()
+
+
+def test_task_arithmetic_adds_scaled_delta(trio, tmp_path):
+    from interventions.merge import run_mergekit_merge
+
+    out = run_mergekit_merge("task_arithmetic", trio["base"], trio["vlm"], tmp_path / "m", weight=0.6, progress=False)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    for name in (Q, UP, EMB):
+        torch.testing.assert_close(m[name], b[name] + 0.6 * (v[name] - b[name]), rtol=1e-5, atol=1e-6)
+
+
+def test_task_arithmetic_with_root_adds_both_task_vectors(trio, tmp_path):
+    from interventions.merge import run_mergekit_merge
+
+    out = run_mergekit_merge("task_arithmetic", trio["base"], trio["vlm"], tmp_path / "m", weight=1.0, root=trio["root"], progress=False)
+    r, b, v, m = _w(trio["root"]), _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    torch.testing.assert_close(m[Q], r[Q] + (b[Q] - r[Q]) + (v[Q] - r[Q]), rtol=1e-5, atol=1e-6)
+
+
+def _trim(delta: torch.Tensor, density: float) -> torch.Tensor:
+    k = int(density * delta.numel())
+    thresh = delta.abs().flatten().sort(descending=True).values[k - 1]
+    return delta * (delta.abs() >= thresh)
+
+
+def test_ties_trims_to_density_and_elects_signs(trio, tmp_path):
+    from interventions.merge import run_mergekit_merge
+
+    density, w = 0.2, 0.8
+    out = run_mergekit_merge("ties", trio["base"], trio["vlm"], tmp_path / "m", weight=w, density=density,
+                             root=trio["root"], progress=False)
+    r, b, v, m = _w(trio["root"]), _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    for name in (Q, UP):
+        t1, t2 = w * _trim(b[name] - r[name], density), w * _trim(v[name] - r[name], density)
+        elected = torch.where(t1 + t2 >= 0, 1.0, -1.0)
+        expected = r[name] + t1 * (t1.sign() == elected) + t2 * (t2.sign() == elected)
+        torch.testing.assert_close(m[name], expected, rtol=1e-5, atol=1e-6)
+        # Conflicting signs happen on this pair, so the election is really exercised.
+        assert ((t1 * t2) < 0).any()
+    # Single task vector: TIES keeps exactly the top `density` share of the delta.
+    out1 = run_mergekit_merge("ties", trio["base"], trio["vlm"], tmp_path / "m1", weight=1.0, density=density, progress=False)
+    delta = _w(out1)[UP] - b[UP]
+    assert (delta != 0).sum().item() == int(density * delta.numel())
+
+
+def test_dare_rescales_kept_deltas(trio, tmp_path):
+    """DARE drops with prob 1-p and rescales the survivors; mergekit 0.1.5 rescales to the delta's
+    L1 norm, a factor equal to 1/p in expectation (checked), the same factor on every kept entry."""
+    from interventions.merge import run_mergekit_merge
+
+    p = 0.5
+    out = run_mergekit_merge("dare_linear", trio["base"], trio["vlm"], tmp_path / "m", weight=1.0, density=p, seed=3, progress=False)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    delta, merged = v[EMB] - b[EMB], m[EMB] - b[EMB]
+    kept = merged != 0
+    frac = kept.float().mean().item()
+    assert abs(frac - p) < 0.02  # 32768 Bernoulli(0.5) draws: sd 0.003
+    # One factor c for every kept entry: the L1 norm of the delta over that of the kept part.
+    c = delta.abs().sum() / delta[kept].abs().sum()
+    torch.testing.assert_close(merged[kept], c * delta[kept], rtol=0, atol=1e-6)
+    assert abs(c.item() - 1 / p) / (1 / p) < 0.03
+    # Seeded: same seed, same drops; another seed, other drops.
+    again = run_mergekit_merge("dare_linear", trio["base"], trio["vlm"], tmp_path / "m2", weight=1.0, density=p, seed=3, progress=False)
+    other = run_mergekit_merge("dare_linear", trio["base"], trio["vlm"], tmp_path / "m3", weight=1.0, density=p, seed=4, progress=False)
+    assert torch.equal(_w(again)[EMB], m[EMB])
+    assert not torch.equal(_w(other)[EMB], m[EMB])
+
+
+def test_emitted_yaml_reproduces_weights_through_mergekit_cli(trio, tmp_path):
+    from interventions.merge import MERGEKIT_YAML, run_mergekit_merge
+
+    out = run_mergekit_merge("dare_ties", trio["base"], trio["vlm"], tmp_path / "m", weight=0.7, density=0.5, seed=11, progress=False)
+    text = (out / MERGEKIT_YAML).read_text()
+    assert "--random-seed 11" in text
+    cli = Path(sys.executable).parent / "mergekit-yaml"
+    again = tmp_path / "again"
+    subprocess.run([str(cli), str(out / MERGEKIT_YAML), str(again), "--random-seed", "11", "--quiet"], check=True, capture_output=True)
+    ours, theirs = _w(out), _w(again)
+    assert set(ours) == set(theirs)
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+@pytest.mark.parametrize("method", ["slerp", "breadcrumbs", "dare_ties"])
+def test_other_methods_run_and_move_toward_vlm(trio, tmp_path, method):
+    from interventions.merge import run_mergekit_merge
+
+    density = None if method == "slerp" else 0.8
+    out = run_mergekit_merge(method, trio["base"], trio["vlm"], tmp_path / "m", weight=0.5, density=density, progress=False)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    assert (m[UP] - v[UP]).norm() < (b[UP] - v[UP]).norm()
+    assert not torch.equal(m[UP], b[UP])
+
+
+def test_selective_merge_leaves_unselected_untouched(trio, tmp_path):
+    from interventions.merge import run_mergekit_merge
+
+    out = run_mergekit_merge("linear", trio["base"], trio["vlm"], tmp_path / "m", weight=0.5, select="attn,layers:0-0", progress=False)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    changed = []
+    for name in b:
+        if name.startswith("model.layers.0.self_attn."):
+            torch.testing.assert_close(m[name], 0.5 * (b[name] + v[name]), rtol=1e-5, atol=1e-6)
+            changed.append(name)
+        else:
+            assert torch.equal(m[name], b[name]), name
+    assert len(changed) == 7  # q/k/v weight+bias and o_proj in Qwen2
+
+    out2 = run_mergekit_merge("task_arithmetic", trio["base"], trio["vlm"], tmp_path / "m2", weight=1.0, select="mlp", progress=False)
+    m2 = _w(out2)
+    for name in b:
+        if ".mlp." in name:
+            torch.testing.assert_close(m2[name], v[name], rtol=0, atol=1e-6)
+        else:
+            assert torch.equal(m2[name], b[name]), name
+
+
+def test_selection_parsing_and_filters():
+    from interventions.merge import MergeError, Selection
+
+    s = Selection.parse("mlp,layers:1-2")
+    assert s.filters() == ["layers.1.mlp", "layers.2.mlp"]
+    assert s.matches("model.layers.2.mlp.up_proj.weight") and not s.matches("model.layers.12.mlp.up_proj.weight")
+    assert Selection.parse("layers:3").filters() == ["layers.3."]
+    with pytest.raises(MergeError, match="bad selection"):
+        Selection.parse("heads")
+
+
+def test_mismatched_pair_gives_the_pair_loader_error(trio, tmp_path, tokenizer):
+    from interventions.pairs import PairMismatchError
+    from interventions.merge import run_mergekit_merge
+    from sinkstudy.tiny import tiny_causal_lm
+
+    other = _save_model(tiny_causal_lm("qwen2", intermediate_size=96), tokenizer, tmp_path / "other")
+    with pytest.raises(PairMismatchError) as err:
+        run_mergekit_merge("ties", trio["base"], other, tmp_path / "m", density=0.5, progress=False)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "m").exists()
+
+
+def test_bad_input_refused_before_work(trio, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from interventions.merge import MergeError, estimate_output_bytes, run_mergekit_merge
+
+    with pytest.raises(MergeError, match="no density"):
+        run_mergekit_merge("linear", trio["base"], trio["vlm"], tmp_path / "m", density=0.5)
+    with pytest.raises(MergeError, match="unknown mergekit method"):
+        run_mergekit_merge("nonsense", trio["base"], trio["vlm"], tmp_path / "m")
+    # The estimate is the base's tensor bytes (float32 here), from the safetensors headers.
+    n_params = sum(t.numel() for t in _w(trio["base"]).values())
+    assert estimate_output_bytes(trio["base"]) == 4 * n_params
+    assert estimate_output_bytes(trio["base"], "bfloat16") == 2 * n_params
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 1000, 1000))
+    with pytest.raises(MergeError, match="not enough disk"):
+        run_mergekit_merge("linear", trio["base"], trio["vlm"], tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    monkeypatch.undo()
+    existing = tmp_path / "exists"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("x")
+    with pytest.raises(SinkstudyError, match="already exists"):
+        run_mergekit_merge("linear", trio["base"], trio["vlm"], existing)
+    assert (existing / "keep.txt").read_text() == "x"
+
+
+def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer):
+    """A VLM checkpoint as `vlm`: its LM is extracted once into the cache, then merged."""
+    from tests.vlm_factories import save_tiny_vlm, tiny_base
+
+    from interventions.merge import run_mergekit_merge
+
+    base = _save_model(tiny_base("qwen2"), tokenizer, tmp_path / "base")
+    vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer)
+    cache = tmp_path / "cache"
+    out = run_mergekit_merge("linear", base, vlm, tmp_path / "m", weight=1.0, cache_dir=cache, progress=False)
+    (lm_dir,) = list(cache.iterdir())
+    lm, m = _w(lm_dir), _w(out)
+    assert set(m) == set(lm)
+    for name in m:
+        torch.testing.assert_close(m[name], lm[name], rtol=0, atol=1e-6)

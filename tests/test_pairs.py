@@ -1,0 +1,224 @@
+"""The pair loader: every supported VLM's language model extracted, saved, reloaded, and equal in logits."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from interventions.pairs import (
+    EXTRACTION_JSON, PairMismatchError, check_same_layout, extract_language_model, format_diff_table,
+    load_causal_lm, load_pair, save_causal_lm, weight_diff,
+)
+from sinkstudy import SinkstudyError
+from vlm_factories import BASE_VOCAB, EXTRA_VOCAB, VLM_TEXT_FAMILIES, save_tiny_vlm, tiny_base, tiny_vlm
+
+CASES = [(arch, fam) for arch, fams in VLM_TEXT_FAMILIES.items() for fam in fams]
+TARGET_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
+
+
+def _ids(seed=0, batch=2, length=12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(8, BASE_VOCAB, (batch, length), generator=g)
+    ids[:, 0] = 1  # BOS, as the tokenizer adds it
+    return ids
+
+
+def _save_base(path, family, tokenizer, **overrides):
+    model = tiny_base(family, **overrides)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("qwen_pair")
+    return _save_base(root / "base", "qwen2", tokenizer), save_tiny_vlm(root / "vlm", "qwen2_5_vl", tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("arch,family", CASES, ids=[f"{a}-{f}" for a, f in CASES])
+def test_extract_save_reload_matches_vlm_text_logits(tmp_path, tokenizer, arch, family):
+    vlm_dir = save_tiny_vlm(tmp_path / "vlm", arch, family, tokenizer=tokenizer)
+    base_dir = _save_base(tmp_path / "base", family, tokenizer)
+    pair = load_pair(base_dir, vlm_dir, attn_implementation="eager")
+    out = save_causal_lm(pair.vlm_lm, pair.tokenizer, tmp_path / "lm", extra={"report": pair.report.to_dict()})
+
+    lm = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32).eval()
+    vlm = tiny_vlm(arch, family)  # same seed: the VLM that was saved, never touched by extraction
+    assert type(lm).__name__ == TARGET_CLASS[family] == type(pair.base).__name__
+    assert set(lm.state_dict()) == set(pair.base.state_dict())  # same parameter names as the base
+    ids = _ids()
+    with torch.no_grad():
+        want = vlm(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        got = lm(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert want.shape[-1] >= BASE_VOCAB and got.shape[-1] == BASE_VOCAB
+    torch.testing.assert_close(got, want[..., :BASE_VOCAB], atol=1e-5, rtol=0)
+
+    # Vocabulary: the VLM-added rows are dropped and named; tying follows the weights (Gemma ties).
+    report = pair.report
+    assert report.dropped_rows == [BASE_VOCAB, BASE_VOCAB + EXTRA_VOCAB]
+    assert report.dropped_tokens == [f"<|vlm_{i}|>" for i in range(EXTRA_VOCAB)]
+    assert report.tied is (arch == "gemma3") is lm.config.tie_word_embeddings
+    assert json.loads((out / EXTRACTION_JSON).read_text())["provenance"]["model_fingerprint"].startswith("sd-sha256:")
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_mrope_text_positions_equal_1d_rope_under_left_padding(tokenizer, arch):
+    # M-RoPE restarts positions at the first real token, a causal LM counts the pads too; RoPE is
+    # relative, so the logits of real tokens still agree.
+    vlm = tiny_vlm(arch)
+    lm, _ = extract_language_model(vlm, tiny_base(VLM_TEXT_FAMILIES[arch][0]), attn_implementation="eager")
+    ids = _ids(seed=3)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    ids[0, :4] = 0
+    with torch.no_grad():
+        want = vlm(input_ids=ids, attention_mask=mask).logits[..., :BASE_VOCAB]
+        got = lm(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=0)
+
+
+def test_untied_flag_survives_tie_weights_like_hflm(tokenizer):
+    # lm-eval's HFLM calls tie_weights(): with a wrong "tied" flag it would overwrite lm_head.
+    lm, report = extract_language_model(tiny_vlm("internvl"), tiny_base("qwen2"))
+    head = lm.lm_head.weight.detach().clone()
+    lm.tie_weights()
+    assert not report.tied and torch.equal(lm.lm_head.weight, head)
+    assert not torch.equal(lm.lm_head.weight, lm.model.embed_tokens.weight)
+
+
+def test_vocab_padding_copies_base_rows():
+    base = tiny_base("llama", vocab_size=BASE_VOCAB + EXTRA_VOCAB + 4)
+    lm, report = extract_language_model(tiny_vlm("llava"), base)
+    assert report.padded_rows == 4 and report.pad_source == "base" and report.dropped_rows == []
+    assert torch.equal(lm.model.embed_tokens.weight[-4:], base.model.embed_tokens.weight[-4:])
+    assert torch.equal(lm.lm_head.weight[-4:], base.lm_head.weight[-4:])
+
+
+def test_load_causal_lm_keeps_all_rows_of_a_vlm_and_its_tokenizer(qwen_pair):
+    base_dir, vlm_dir = qwen_pair
+    lm, tok = load_causal_lm(vlm_dir)
+    assert type(lm).__name__ == "Qwen2ForCausalLM" and lm.config.vocab_size == BASE_VOCAB + EXTRA_VOCAB
+    assert len(tok) == BASE_VOCAB + EXTRA_VOCAB
+    base, base_tok = load_causal_lm(base_dir, dtype="bfloat16")
+    assert base.dtype == torch.bfloat16 and len(base_tok) == BASE_VOCAB
+
+
+def test_tokenizer_beside_a_qwen2_model_reloads_unchanged(qwen_pair, tokenizer):
+    # AutoTokenizer would force Qwen2Tokenizer here (other pre-tokenizer, one extra token).
+    text = "Hello world! The answer is 8.\n  def add(a, b): <|user|> x"
+    tok = load_pair(*qwen_pair).tokenizer
+    assert len(tok) == len(tokenizer) and tok(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+def test_already_extracted_dir_loads_as_pair(tmp_path, qwen_pair):
+    base_dir, vlm_dir = qwen_pair
+    pair = load_pair(base_dir, vlm_dir)
+    out = save_causal_lm(pair.vlm_lm, pair.tokenizer, tmp_path / "lm")
+    again = load_pair(base_dir, out)
+    assert not again.report.extracted and again.report.dropped_rows == []
+    for (name, a), b in zip(pair.vlm_lm.state_dict().items(), again.vlm_lm.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"hidden_size": 128}, r"model\.embed_tokens\.weight: base \(512, 128\) vs vlm \(512, 64\)"),
+    ({"num_hidden_layers": 3}, r"model\.layers\.2\.self_attn\.q_proj\.weight: base \(4, 16, 64\) vs vlm \(missing\)"),
+    ({"num_attention_heads": 8}, r"layers\.0\.self_attn\.q_proj\.weight: base \(8, 8, 64\) vs vlm \(4, 16, 64\)"),
+    ({"num_key_value_heads": 4}, r"layers\.0\.self_attn\.k_proj\.weight: base \(4, 16, 64\) vs vlm \(2, 16, 64\)"),
+])
+def test_mismatched_pair_fails_before_reading_weights(tmp_path, tokenizer, qwen_pair, overrides, match):
+    _, vlm_dir = qwen_pair
+    base_dir = _save_base(tmp_path / "base", "qwen2", tokenizer, **overrides)
+    (base_dir / "model.safetensors").unlink()  # proves no weights are read before the check
+    with pytest.raises(PairMismatchError, match=match) as info:
+        load_pair(base_dir, vlm_dir)
+    assert "\n" not in str(info.value)
+
+
+def test_family_mismatch_and_check_same_layout_on_models(qwen_pair, tmp_path, tokenizer):
+    _, vlm_dir = qwen_pair
+    llama_dir = _save_base(tmp_path / "llama", "llama", tokenizer)
+    with pytest.raises(PairMismatchError, match="qwen2_5_vl_text.*qwen2 but the base is llama"):
+        load_pair(llama_dir, vlm_dir)
+    check_same_layout(tiny_base("qwen2"), tiny_base("qwen2", seed=5))
+    check_same_layout(base_dir := qwen_pair[0], vlm_dir, ignore_vocab=True)  # paths; a VLM as its extracted LM
+    with pytest.raises(PairMismatchError, match=r"embed_tokens\.weight: base \(512, 64\) vs vlm \(520, 64\)"):
+        check_same_layout(base_dir, vlm_dir)
+    with pytest.raises(PairMismatchError, match=r"mlp\.gate_proj\.weight: base \(128, 64\) vs vlm \(96, 64\)"):
+        check_same_layout(tiny_base("qwen2"), tiny_base("qwen2", intermediate_size=96))
+
+
+def test_unknown_unsupported_and_missing_inputs(tmp_path, qwen_pair):
+    base_dir, _ = qwen_pair
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "internvl_chat"}))
+    with pytest.raises(SinkstudyError, match=r"unsupported architecture 'internvl_chat'.*-hf.*supported VLMs: .*Qwen2\.5-VL"):
+        load_pair(base_dir, unknown)
+    blip = tmp_path / "blip"
+    from transformers import Blip2Config
+
+    Blip2Config().save_pretrained(blip)
+    with pytest.raises(SinkstudyError, match=r"unsupported architecture 'blip-2'.*Molmo2"):
+        load_pair(base_dir, blip)
+    with pytest.raises(SinkstudyError, match="missing path: .*/nope does not exist"):
+        load_pair(base_dir, tmp_path / "nope")
+    with pytest.raises(SinkstudyError, match="has no config.json"):
+        load_causal_lm(tmp_path)
+
+
+def test_weight_diff_measures_a_known_change():
+    base = tiny_base("qwen3")
+    other = tiny_base("qwen3")
+    with torch.no_grad():
+        other.model.layers[1].self_attn.k_proj.weight.mul_(1.25)
+        other.model.layers[0].mlp.up_proj.weight.add_(1.0)
+    rows = {r["name"]: r for r in weight_diff(base, other)}
+    k = rows["model.layers.1.self_attn.k_proj.weight"]
+    assert k["group"] == "k" and k["layer"] == 1 and k["rel_change"] == pytest.approx(0.25, rel=1e-6)
+    up = base.model.layers[0].mlp.up_proj.weight
+    assert rows["model.layers.0.mlp.up_proj.weight"]["rel_change"] == pytest.approx(up.numel() ** 0.5 / float(up.detach().norm()), rel=1e-5)
+    assert rows["model.layers.0.self_attn.q_norm.weight"]["group"] == "norm"
+    assert rows["model.embed_tokens.weight"]["layer"] is None and rows["lm_head.weight"]["group"] == "lm_head"
+    changed = {n for n, r in rows.items() if r["rel_change"]}
+    assert changed == {"model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"}
+    table = format_diff_table(list(rows.values()))
+    assert table.splitlines()[0].split() == ["layer", "q", "k", "v", "o", "mlp", "norm", "embed", "lm_head"]
+    assert "0.2500" in table.splitlines()[3]  # layer 1 row
+
+
+def test_weight_diff_counts_tied_head_once():
+    base, other = tiny_base("gemma3_text"), tiny_base("gemma3_text", seed=2)
+    groups = [r["group"] for r in weight_diff(base, other)]
+    assert "embed" in groups and "lm_head" not in groups
+
+
+def test_cli_extract_and_diff(tmp_path, qwen_pair, capsys):
+    from experiments.cli import main
+
+    base_dir, vlm_dir = qwen_pair
+    out = tmp_path / "lm"
+    assert main(["pair", "extract", "--base", str(base_dir), "--vlm", str(vlm_dir), "--out", str(out)]) == 0
+    assert "dropped rows 512..519" in capsys.readouterr().out
+    lm = AutoModelForCausalLM.from_pretrained(out)
+    assert lm.config.vocab_size == BASE_VOCAB
+    before = (out / "model.safetensors").read_bytes()
+    assert main(["pair", "extract", "--base", str(base_dir), "--vlm", str(vlm_dir), "--out", str(out)]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert (out / "model.safetensors").read_bytes() == before
+    assert main(["pair", "extract", "--base", str(base_dir), "--vlm", str(vlm_dir), "--out", str(out), "--force"]) == 0
+
+    report = tmp_path / "diff.json"
+    assert main(["pair", "diff", "--base", str(base_dir), "--vlm", str(out), "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[-1] == f"wrote {report}" and "lm_head" in printed
+    data = json.loads(report.read_text())
+    assert data["provenance"]["extraction"]["extracted"] is False and data["provenance"]["base_fingerprint"]
+    # The CLI's numbers are the Python API's numbers.
+    pair = load_pair(base_dir, out)
+    expected = {r["name"]: r["rel_change"] for r in weight_diff(pair.base, pair.vlm_lm)}
+    assert {r["name"]: r["rel_change"] for r in data["rows"]} == pytest.approx(expected)
+    assert main(["pair", "diff", "--base", str(base_dir), "--vlm", str(out), "--json", str(report)]) == 2

@@ -1,0 +1,125 @@
+"""Paired statistics checked against scipy and hand-computed values."""
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from evals.lmeval import EvalRun
+from evals.stats import Comparison, compare, compare_runs, format_table, mcnemar_exact, paired, recovery, sink_correlation
+from sinkstudy import SinkstudyError
+
+
+def test_mcnemar_exact_matches_hand_computed_binomial():
+    # 6 prompts only base passes, 1 only other passes: p = 2 * P(X <= 1 | n=7, 1/2) = 2 * 8/128.
+    base = [1] * 6 + [0] * 1 + [1] * 3 + [0] * 2
+    other = [0] * 6 + [1] * 1 + [1] * 3 + [0] * 2
+    p, b, c = mcnemar_exact(base, other)
+    assert (b, c) == (6, 1)
+    assert p == pytest.approx(0.125)
+    assert mcnemar_exact([1, 0], [1, 0])[0] == 1.0  # no discordant pairs
+
+
+def test_compare_point_estimates_and_mcnemar():
+    base = np.array([1, 1, 1, 1, 0, 1, 1, 0, 1, 1])  # 0.8
+    other = np.array([1, 0, 1, 0, 0, 1, 0, 0, 1, 1])  # 0.5
+    c = compare(base, other, n_boot=2000)
+    assert (c.n, c.base, c.other) == (10, 0.8, 0.5)
+    assert c.abs_diff == pytest.approx(0.3)
+    assert c.rel_degradation == pytest.approx(0.3 / 0.8)
+    assert (c.base_only, c.other_only) == (3, 0)
+    assert c.mcnemar_p == pytest.approx(scipy.stats.binomtest(3, 3, 0.5).pvalue)
+    assert c.abs_ci[0] <= c.abs_diff <= c.abs_ci[1]
+    assert c.rel_ci[0] <= c.rel_degradation <= c.rel_ci[1]
+    # paired resampling: the difference can never be negative here (other never beats base)
+    assert c.abs_ci[0] >= 0
+
+
+def test_paired_bootstrap_ci_matches_scipy_bootstrap_for_a_mean_difference():
+    rng = np.random.default_rng(3)
+    base = rng.random(400) < 0.7
+    other = base & (rng.random(400) < 0.8)
+    c = compare(base, other, n_boot=4000, seed=1)
+    ref = scipy.stats.bootstrap((base.astype(float), other.astype(float)), lambda a, b, axis: a.mean(axis) - b.mean(axis),
+                                paired=True, n_resamples=4000, method="percentile", rng=np.random.default_rng(2))
+    # Different resamples, same distribution: the limits agree to Monte-Carlo error.
+    assert c.abs_ci[0] == pytest.approx(ref.confidence_interval.low, abs=0.006)
+    assert c.abs_ci[1] == pytest.approx(ref.confidence_interval.high, abs=0.006)
+    # and to the normal approximation of a paired difference
+    d = base.astype(float) - other.astype(float)
+    half = 1.96 * d.std(ddof=1) / np.sqrt(len(d))
+    assert c.abs_ci[1] - c.abs_ci[0] == pytest.approx(2 * half, rel=0.1)
+
+
+def test_instruction_level_lists_are_ratio_of_sums_and_skip_mcnemar():
+    base = [[True, True], [True, False, True], [False]]  # 4/6
+    other = [[True, False], [False, False, True], [False]]  # 2/6
+    c = compare(base, other, n_boot=500)
+    assert c.base == pytest.approx(4 / 6) and c.other == pytest.approx(2 / 6)
+    assert c.mcnemar_p is None and c.base_only is None
+
+
+def test_relative_degradation_undefined_when_base_scores_zero():
+    c = compare([0, 0, 0], [0, 1, 0], n_boot=200)
+    assert np.isnan(c.rel_degradation) and c.rel_undefined == 1.0 and all(np.isnan(c.rel_ci))
+
+
+def test_dicts_pair_on_keys_and_arrays_on_position():
+    c = compare({1: 1, 2: 0, 3: 1, 9: 1}, {3: 0, 2: 0, 1: 1}, n_boot=200)
+    assert c.n == 3 and c.base == pytest.approx(2 / 3) and c.other == pytest.approx(1 / 3)
+    with pytest.raises(SinkstudyError, match="no shared prompts"):
+        compare({1: 1}, {2: 1})
+
+
+def test_recovery_value_and_within_replicate_ci():
+    base = np.array([1] * 8 + [0] * 2)
+    vlm = np.array([1] * 4 + [0] * 6)
+    intervened = np.array([1] * 6 + [0] * 4)
+    r = recovery(base, vlm, intervened, n_boot=3000)
+    assert (r.base, r.vlm, r.intervened) == (0.8, 0.4, 0.6)
+    assert r.recovery == pytest.approx(0.5)
+    assert r.ci[0] <= 0.5 <= r.ci[1]
+    # Resampled prompts keep base >= intervened >= vlm prompt by prompt, so every defined replicate is in [0, 1].
+    assert 0 <= r.ci[0] and r.ci[1] <= 1
+    assert 0 <= r.undefined < 0.01
+    full = recovery(base, vlm, base, n_boot=500)
+    assert full.recovery == 1.0 and full.ci == (1.0, 1.0)
+
+
+def test_sink_correlation_matches_scipy_and_ci_brackets_estimate():
+    s = [0.2, 0.5, 0.9, 1.4, 2.0, 2.2]
+    rel = [0.01, 0.05, 0.04, 0.15, 0.30, 0.28]
+    c = sink_correlation(s, rel, n_boot=3000)
+    assert c.spearman == pytest.approx(scipy.stats.spearmanr(s, rel).statistic)
+    assert c.spearman_p == pytest.approx(scipy.stats.spearmanr(s, rel).pvalue)
+    assert c.pearson == pytest.approx(scipy.stats.pearsonr(s, rel).statistic)
+    assert c.spearman_ci[0] <= c.spearman <= c.spearman_ci[1] <= 1
+    assert c.pearson_ci[0] <= c.pearson <= c.pearson_ci[1] <= 1
+    comps = [compare([1, 1, 1, 1], [1] * k + [0] * (4 - k), n_boot=50) for k in (4, 3, 2, 1)]
+    assert sink_correlation([0.1, 0.2, 0.3, 0.4], comps, n_boot=200).spearman == pytest.approx(1.0)
+    with pytest.raises(SinkstudyError, match="at least 3"):
+        sink_correlation([1, 2], [0.1, 0.2])
+
+
+def _run(values, name, prompts=None):
+    samples = [{"doc_id": i, "doc_hash": (prompts or {}).get(i, f"h{i}"), "prompt": f"p{i}", "output": "", "target": "",
+                "extracted": {}, "metrics": {"exact_match,strict-match": float(v), "exact_match,flexible-extract": 1.0}}
+               for i, v in enumerate(values)]
+    score = float(np.mean(values))
+    return EvalRun(scores={"t": {"exact_match,strict-match": score, "exact_match_stderr,strict-match": 0.1,
+                                 "exact_match,flexible-extract": 1.0}},
+                   samples={"t": samples}, settings={}, fingerprint=name, model_name=name)
+
+
+def test_compare_runs_pairs_eval_runs_on_doc_id_and_checks_prompts():
+    a, b = _run([1, 1, 0, 1], "a"), _run([1, 0, 0, 0], "b")
+    comps = compare_runs(a, b, n_boot=200)
+    assert [(c.task, c.metric) for c in comps] == [("t", "exact_match,strict-match"), ("t", "exact_match,flexible-extract")]
+    assert comps[0].abs_diff == pytest.approx(0.5) and comps[1].abs_diff == 0
+    assert "exact_match,strict-match" in format_table(comps)
+    assert compare(a, b, "t", n_boot=50).metric == "exact_match,strict-match"  # headline metric by default
+    other_data = _run([1, 0, 0, 0], "c", prompts={2: "different"})
+    with pytest.raises(SinkstudyError, match="disagree on the prompt"):
+        compare(a, other_data, "t")
+    with pytest.raises(SinkstudyError, match="needs a task"):
+        paired(a, b)
+    assert isinstance(comps[0], Comparison)
