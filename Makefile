@@ -51,7 +51,7 @@ sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path)
 	$(SINKSTUDY) sink $(MODEL) $(if $(OUT),--out $(OUT)) $(ARGS)
 
 eval: $(STAMP) ## strict-grader evals of MODEL=... through lm-eval
-	$(SINKSTUDY) eval $(MODEL) $(if $(OUT),--out $(OUT)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+	$(SINKSTUDY) eval $(MODEL) $(if $(TASKS),--tasks $(TASKS)) $(if $(OUT),--out $(OUT)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
 
 compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DIR
 	$(SINKSTUDY) compare $(A) $(B) $(ARGS)
@@ -63,7 +63,7 @@ pair-diff: $(STAMP) ## per-module relative weight change between BASE=... and VL
 	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(ARGS)
 
 qknorm: $(STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
-	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(if $(OUT),--out $(OUT)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
 
 merge-linear: $(STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)

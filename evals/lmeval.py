@@ -27,12 +27,20 @@ from evals.tasks import SHIPPED_TASKS, TaskSpec, builtin_task_manager, empty_tas
 log = logging.getLogger(__name__)
 
 DEFAULT_TASKS = ("ifeval", "gsm8k_cot", "bbh_cot_fewshot")
+# The number each task is reported by (seed paper: IFEval prompt-level strict; GSM8K-CoT flexible-extract).
+HEADLINE_METRICS = {
+    "ifeval": "prompt_level_strict_acc,none",
+    "sinkstudy_ifeval": "prompt_level_strict_acc,none",
+    "gsm8k_cot": "exact_match,flexible-extract",
+    "sinkstudy_gsm": "exact_match,flexible-extract",
+    "bbh_cot_fewshot": "exact_match,get-answer",
+}
 OFFLINE_TASKS = tuple(SHIPPED_TASKS)
 BACKENDS = ("hf", "vllm")
 RESULTS_FILE = "results.json"
 SAMPLES_DIR = "samples"
 # Bumped when the cached record layout changes, so old cache entries are not misread.
-_RECORD_FORMAT = 1
+_RECORD_FORMAT = 2
 
 
 @dataclass
@@ -53,19 +61,29 @@ class EvalRun:
     versions: dict[str, Any] = field(default_factory=dict)
     cache_keys: dict[str, str] = field(default_factory=dict)
     higher_is_better: dict[str, dict[str, bool]] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)  # group -> its subtasks (e.g. BBH)
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def metrics(self, task: str) -> list[str]:
         """The metric keys of a task ("metric,filter"), stderr keys left out."""
         return [k for k in self.scores.get(task, {}) if "_stderr," not in k]
 
-    def per_doc(self, task: str, metric: str) -> dict[int, Any]:
-        """{doc_id: per-sample value} of one metric."""
-        if task not in self.samples:
-            raise SinkstudyError(f"run has no samples for task {task!r}; it has {', '.join(self.samples) or 'none'}")
-        out = {s["doc_id"]: s["metrics"][metric] for s in self.samples[task] if metric in s["metrics"]}
+    def docs(self, task: str) -> dict[Any, dict[str, Any]]:
+        """{key: sample} of a task; a group pools its subtasks' samples under "subtask/doc_id" keys."""
+        if task in self.samples:
+            return {s["doc_id"]: s for s in self.samples[task]}
+        if task in self.groups:
+            pooled = {}
+            for sub in self.groups[task]:
+                pooled.update({f"{sub}/{k}": s for k, s in self.docs(sub).items()})
+            return pooled
+        raise SinkstudyError(f"run has no samples for task {task!r}; it has {', '.join([*self.samples, *self.groups]) or 'none'}")
+
+    def per_doc(self, task: str, metric: str) -> dict[Any, Any]:
+        """{doc key: per-sample value} of one metric (doc_id; "subtask/doc_id" for a group)."""
+        out = {k: s["metrics"][metric] for k, s in self.docs(task).items() if metric in s["metrics"]}
         if not out:
-            raise SinkstudyError(f"task {task!r} has no metric {metric!r}; it has {', '.join(self.metrics(task))}")
+            raise SinkstudyError(f"task {task!r} has no per-sample metric {metric!r}; it has {', '.join(self.metrics(task))}")
         return out
 
     def save(self, path: str | os.PathLike, force: bool = False) -> Path:
@@ -87,7 +105,7 @@ class EvalRun:
             if not f.is_file():
                 raise SinkstudyError(f"eval run {path} is missing {f.relative_to(path)}")
             samples[task] = [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line]
-        fields = {k: header[k] for k in ("scores", "settings", "fingerprint", "model_name", "tasks", "versions", "cache_keys", "higher_is_better", "provenance")}
+        fields = {k: header.get(k) for k in ("scores", "settings", "fingerprint", "model_name", "tasks", "versions", "cache_keys", "higher_is_better", "groups", "provenance")}
         return cls(samples=samples, **fields)
 
     def _header(self) -> dict[str, Any]:
@@ -98,6 +116,7 @@ class EvalRun:
             "scores": self.scores,
             "versions": self.versions,
             "higher_is_better": self.higher_is_better,
+            "groups": self.groups,
             "settings": self.settings,
             "cache_keys": self.cache_keys,
             "sample_tasks": list(self.samples),
@@ -233,6 +252,7 @@ def run_eval(
         run.samples.update(rec["samples"])
         run.versions.update(rec["versions"])
         run.higher_is_better.update(rec["higher_is_better"])
+        run.groups.update(rec["groups"])
     if out_dir is not None:
         run.save(out_dir, force=force)
     return run
@@ -360,7 +380,7 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any])
     except (ConnectionError, OSError) as exc:
         names = ", ".join(s.name for s in specs if isinstance(s.spec, str))
         raise SinkstudyError(
-            f"lm-eval could not load data for {names or 'the tasks'} ({type(exc).__name__}); offline, pass a local "
+            f"lm-eval could not load data for {names or 'the tasks'} ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); offline, pass a local "
             f"file with --data TASK=FILE or use the shipped tasks {', '.join(OFFLINE_TASKS)}"
         ) from exc
     return {s.name: _record(res, s) for s in specs}
@@ -396,6 +416,7 @@ def _record(res: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
         "versions": {n: res["versions"].get(n) for n in names if n in res["versions"]},
         "higher_is_better": {n: res["higher_is_better"][n] for n in names if n in res.get("higher_is_better", {})},
         "n_samples": {n: res["n-samples"][n] for n in names if n in res.get("n-samples", {})},
+        "groups": {n: list(res["group_subtasks"][n]) for n in names if res.get("group_subtasks", {}).get(n)},
     }
 
 

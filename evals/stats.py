@@ -93,10 +93,12 @@ def _is_run(x) -> bool:
 
 
 def _default_metric(run, task: str) -> str:
+    from evals.lmeval import HEADLINE_METRICS
+
     metrics = run.metrics(task)
     if not metrics:
         raise SinkstudyError(f"run has no scores for task {task!r}")
-    return metrics[0]  # lm-eval lists the headline first (prompt-level strict, strict-match)
+    return HEADLINE_METRICS[task] if HEADLINE_METRICS.get(task) in metrics else metrics[0]
 
 
 def _as_keyed(x, task: str | None, metric: str | None) -> tuple[dict[Any, Any], dict[Any, str] | None]:
@@ -106,7 +108,7 @@ def _as_keyed(x, task: str | None, metric: str | None) -> tuple[dict[Any, Any], 
             raise SinkstudyError("comparing EvalRuns needs a task name")
         metric = metric or _default_metric(x, task)
         values = x.per_doc(task, metric)
-        hashes = {s["doc_id"]: s.get("doc_hash") for s in x.samples[task]}
+        hashes = {k: s.get("doc_hash") for k, s in x.docs(task).items()}
         return values, hashes
     if isinstance(x, Mapping):
         return dict(x), None
@@ -233,7 +235,9 @@ def compare(base, other, task: str | None = None, metric: str | None = None, *, 
 
 def compare_runs(base, other, tasks: Sequence[str] | None = None, **kwargs) -> list[Comparison]:
     """`compare` for every task and metric two EvalRuns share (their sample-level metrics)."""
-    tasks = list(tasks) if tasks is not None else [t for t in base.samples if t in other.samples]
+    if tasks is None:  # every scored task both runs hold samples for (a group pools its subtasks)
+        tasks = [t for t in base.scores if t in other.scores and _has_docs(base, t) and _has_docs(other, t)]
+    tasks = list(tasks)
     differing = [k for k in _COMPARABLE_SETTINGS if base.settings.get(k) != other.settings.get(k)]
     if differing:
         log.warning("the two runs differ in %s: differences mix model and setting effects", ", ".join(differing))
@@ -241,9 +245,13 @@ def compare_runs(base, other, tasks: Sequence[str] | None = None, **kwargs) -> l
         raise SinkstudyError("the two runs share no task with samples")
     out = []
     for task in tasks:
-        metrics = [m for m in base.metrics(task) if m in other.metrics(task) and any(m in s["metrics"] for s in base.samples.get(task, []))]
+        metrics = [m for m in base.metrics(task) if m in other.metrics(task) and any(m in s["metrics"] for s in base.docs(task).values())]
         out += [compare(base, other, task, m, **kwargs) for m in metrics]
     return out
+
+
+def _has_docs(run, task: str) -> bool:
+    return task in run.samples or task in run.groups
 
 
 def recovery(base, vlm, intervened, task: str | None = None, metric: str | None = None, *,

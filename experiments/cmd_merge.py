@@ -54,6 +54,7 @@ def _eval_args(p) -> None:
     p.add_argument("--limit", type=int, help="evaluate only the first N prompts of each task")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-gen-toks", type=int, default=256, help="generation cap per prompt (default 256)")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates for recovery CIs")
     p.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
     p.add_argument("--seed", type=int, default=0)
@@ -110,7 +111,7 @@ class Measure:
         nll = caption_nll(model, tokenizer, self.captions) if self.captions else None
         del model
         run = run_eval(path, tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
-                       out_dir=out / "eval" if out else None, seed=self.args.seed)
+                       max_gen_toks=self.args.max_gen_toks, out_dir=out / "eval" if out else None, seed=self.args.seed)
         return {"sink_strength": s.value, "sink_metric": s.metric, "caption_nll": nll, "run": run}
 
     def summary(self, point: dict[str, Any]) -> dict[str, Any]:

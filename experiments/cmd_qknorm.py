@@ -47,6 +47,8 @@ def default_out(args) -> str:
 
 
 def _validate(args) -> None:
+    from pathlib import Path
+
     from sinkstudy import SinkstudyError
     from sinkstudy.io import check_output_dir
 
@@ -56,6 +58,8 @@ def _validate(args) -> None:
         raise SinkstudyError(f"--limit must be positive, got {args.limit}")
     if not 0.0 <= args.alpha <= 1.0:
         raise SinkstudyError(f"--alpha must be in [0, 1], got {args.alpha}")
+    if args.train_texts and not Path(args.train_texts).is_file():
+        raise SinkstudyError(f"--train-texts file not found: {args.train_texts}")
     check_output_dir(args.out, args.force)
 
 
@@ -84,12 +88,6 @@ def _train_texts(args, tokenizer) -> list[str]:
     return [chat(tokenizer, u, a) if a is not None else u for u, a in training_records(DEMO_TRAIN_RECORDS, args.seed)]
 
 
-def _measure(model, tokenizer, texts) -> float:
-    from evals.sink import sink_strength
-
-    return float(sink_strength(model, tokenizer, texts=texts).value)
-
-
 def _precheck(args) -> None:
     """Refuse native / unsupported causal LMs from the config alone (a weightless meta model)."""
     import torch
@@ -114,7 +112,7 @@ def run_qknorm(args) -> dict:
 
     from interventions.pairs import load_causal_lm
     from interventions.qknorm import (
-        check_injectable, checkpoint_format, inject_qk_norm, mean_next_token_kl, qk_norm_kind, save_injected, trainable_filter,
+        check_injectable, checkpoint_format, init_report, inject_qk_norm, qk_norm_kind, save_injected, trainable_filter,
     )
     from interventions.training import train_causal_lm
     from sinkstudy import SinkstudyError
@@ -136,20 +134,13 @@ def run_qknorm(args) -> dict:
     if not native:
         inject_qk_norm(candidate, init=args.init, calibration_texts=calibration, tokenizer=tokenizer, alpha=args.alpha)
     arm = "native" if native else "injected"
-    s_orig = _measure(original, tokenizer, calibration)
-
-    def distance() -> dict:
-        s = _measure(candidate, tokenizer, calibration)
-        return {"mean_kl": mean_next_token_kl(original, candidate, tokenizer, calibration), "sink_strength": s,
-                "sink_strength_change": s - s_orig}
-
-    at_init = distance()
+    at_init = init_report(original, candidate, tokenizer, calibration)
     training, after = None, None
     if args.train_steps:
         training = train_causal_lm(candidate, tokenizer, train_texts, steps=args.train_steps, lr=args.lr,
                                    batch_size=args.batch_size, seq_len=args.seq_len,
                                    trainable=trainable_filter(args.trainable), seed=args.seed, desc=f"recovery ({args.trainable})")
-        after = distance()
+        after = init_report(original, candidate, tokenizer, calibration, sink_original=at_init["sink_strength_original"])
 
     with atomic_output_dir(args.out, force=args.force) as tmp:
         if native:
@@ -166,7 +157,6 @@ def run_qknorm(args) -> dict:
             "init": None if native else args.init,
             "alpha": args.alpha if args.init == "blend" and not native else None,
             "checkpoint_format": fmt,
-            "sink_strength_original": s_orig,
             "at_init": at_init,
             "training": None if training is None else {**training, "trainable": args.trainable,
                                                         "train_texts": args.train_texts or f"demo corpus ({DEMO_TRAIN_RECORDS} records)"},
@@ -202,8 +192,8 @@ def format_table(report: dict) -> str:
     arm, init, after = report["arm"], report["at_init"], report["after_training"]
     head = f"{'measure (calibration texts)':<34} {'original':>10} {'at init':>10} {'trained':>10}"
     lines = [f"QK-norm {arm} ({report['init'] or 'native'}) on {report['base']}", head, "-" * len(head),
-             f"{'Sink Strength':<34} {_f(report['sink_strength_original']):>10} {_f(init['sink_strength']):>10} "
-             f"{_f(after and after['sink_strength']):>10}",
+             f"{'Sink Strength':<34} {_f(init['sink_strength_original']):>10} {_f(init['sink_strength_injected']):>10} "
+             f"{_f(after and after['sink_strength_injected']):>10}",
              f"{'mean next-token KL vs original':<34} {_f(0.0):>10} {_f(init['mean_kl']):>10} {_f(after and after['mean_kl']):>10}"]
     if report["evals"]:
         evaluated = "trained" if after else "at init"

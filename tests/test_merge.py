@@ -1,7 +1,5 @@
 """mergekit merges on tiny same-architecture pairs: each method's arithmetic on real tensors."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -134,9 +132,11 @@ def test_emitted_yaml_reproduces_weights_through_mergekit_cli(trio, tmp_path):
     out = run_mergekit_merge("dare_ties", trio["base"], trio["vlm"], tmp_path / "m", weight=0.7, density=0.5, seed=11, progress=False)
     text = (out / MERGEKIT_YAML).read_text()
     assert "--random-seed 11" in text
-    cli = Path(sys.executable).parent / "mergekit-yaml"
+    # mergekit-yaml's own entry point (the console script's target), run in process to spare a start-up.
+    from mergekit.scripts.run_yaml import main as mergekit_yaml
+
     again = tmp_path / "again"
-    subprocess.run([str(cli), str(out / MERGEKIT_YAML), str(again), "--random-seed", "11", "--quiet"], check=True, capture_output=True)
+    mergekit_yaml([str(out / MERGEKIT_YAML), str(again), "--random-seed", "11", "--quiet"], standalone_mode=False)
     ours, theirs = _w(out), _w(again)
     assert set(ours) == set(theirs)
     for name in ours:
@@ -243,3 +243,59 @@ def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer):
     assert set(m) == set(lm)
     for name in m:
         torch.testing.assert_close(m[name], lm[name], rtol=0, atol=1e-6)
+
+
+def test_apply_intervention_reuses_finished_and_refuses_other_requests(trio, tmp_path):
+    from interventions.merge import MergeError, RESULT_JSON
+    from interventions.registry import apply_intervention, finished, list_interventions
+
+    kinds = list_interventions()
+    assert kinds["ties"] == "mergekit" and kinds["star"] == "spectral" and kinds["head_restore"].startswith("mitigation")
+    out = apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, tmp_path / "t", progress=False)
+    assert finished(out, "ties", {"weight": 1.0, "density": 0.2})
+    stamp = (out / RESULT_JSON).stat().st_mtime_ns
+    assert apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, out) == out
+    assert (out / RESULT_JSON).stat().st_mtime_ns == stamp  # reused, not redone
+    with pytest.raises(MergeError, match="another request"):
+        apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.5}, out)
+    with pytest.raises(MergeError, match="no parameter"):
+        apply_intervention("star", trio["base"], trio["vlm"], {"density": 0.5}, tmp_path / "s")
+    s = apply_intervention("tsv", trio["base"], trio["vlm"], {"alpha": 0.5}, tmp_path / "s", progress=False)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(s)
+    torch.testing.assert_close(m[UP], b[UP] + 0.5 * (v[UP] - b[UP]), rtol=0, atol=2e-5)
+
+
+def test_cli_merge_and_mitigate_list(trio, tmp_path, capsys):
+    from experiments.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["merge", "--method", "task_arithmetic", "--weight", "0.25", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]),
+                 "--out", str(out), "--no-eval", "--select", "mlp"]) == 0
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    torch.testing.assert_close(m[UP], b[UP] + 0.25 * (v[UP] - b[UP]), rtol=0, atol=1e-6)
+    assert torch.equal(m[Q], b[Q])
+    assert main(["mitigate", "--list"]) == 0
+    assert "head_restore" in capsys.readouterr().out
+    assert main(["merge", "--method", "ties", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--out", str(out), "--no-eval"]) == 2
+    assert "another request" in capsys.readouterr().err
+    assert main(["merge", "--method", "ties", "--param", "gama=0.1", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]),
+                 "--out", str(tmp_path / "x"), "--no-eval"]) == 2
+
+
+def test_sweep_configs_expand_and_pareto_front():
+    from experiments.cmd_merge import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
+
+    grid = load_sweep(DEFAULT_SWEEP_CONFIG)["points"]
+    assert len(grid) == 9 + 27 + 27
+    assert {p["density"] for p in grid if p["method"] == "ties"} == {0.2, 0.5, 0.8}
+    assert sorted({p["weight"] for p in grid if p["method"] == "linear"}) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    paper = {p["name"]: p for p in load_sweep(DEFAULT_SWEEP_CONFIG.parent / "paper_merges.yaml")["points"]}
+    assert paper["dare"] == {"name": "dare", "method": "dare_ties", "weight": 1.0, "density": 0.1}
+    assert paper["star"]["eta"] == 40 and paper["tsv"]["alpha"] == 1.0 and paper["ties"]["density"] == 0.2
+    assert paper["mix95"]["weight"] == 0.95 and paper["uniform"]["weight"] == 0.5
+
+    def row(name, rec, dist):
+        return {"name": name, "tasks": {"t": {"recovery": rec}}, "weight_distance_to_vlm": dist}
+
+    rows = [row("a", 0.5, 0.5), row("b", 0.4, 0.6), row("c", 0.9, 0.9), row("d", 0.1, 0.1)]
+    assert pareto_front(rows) == ["a", "c", "d"]

@@ -33,15 +33,28 @@ def _save_base(path, family, tokenizer, **overrides):
 
 
 @pytest.fixture(scope="module")
+def base_dirs(tmp_path_factory, tokenizer):
+    """family -> a saved tiny base (built once per module)."""
+    root, cache = tmp_path_factory.mktemp("bases"), {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = _save_base(root / family, family, tokenizer)
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
 def qwen_pair(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("qwen_pair")
     return _save_base(root / "base", "qwen2", tokenizer), save_tiny_vlm(root / "vlm", "qwen2_5_vl", tokenizer=tokenizer)
 
 
 @pytest.mark.parametrize("arch,family", CASES, ids=[f"{a}-{f}" for a, f in CASES])
-def test_extract_save_reload_matches_vlm_text_logits(tmp_path, tokenizer, arch, family):
+def test_extract_save_reload_matches_vlm_text_logits(tmp_path, tokenizer, base_dirs, arch, family):
     vlm_dir = save_tiny_vlm(tmp_path / "vlm", arch, family, tokenizer=tokenizer)
-    base_dir = _save_base(tmp_path / "base", family, tokenizer)
+    base_dir = base_dirs(family)
     pair = load_pair(base_dir, vlm_dir, attn_implementation="eager")
     out = save_causal_lm(pair.vlm_lm, pair.tokenizer, tmp_path / "lm", extra={"report": pair.report.to_dict()})
 
@@ -168,6 +181,8 @@ def test_unknown_unsupported_and_missing_inputs(tmp_path, qwen_pair):
         load_pair(base_dir, tmp_path / "nope")
     with pytest.raises(SinkstudyError, match="has no config.json"):
         load_causal_lm(tmp_path)
+    with pytest.raises(SinkstudyError, match="no-such-org/no-such-vlm': no such local path, and the hub could not"):
+        load_pair(base_dir, "no-such-org/no-such-vlm")  # offline in tests
 
 
 def test_weight_diff_measures_a_known_change():

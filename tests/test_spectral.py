@@ -7,6 +7,16 @@ from safetensors.torch import load_file
 from tests.test_merge import _perturbed, _save_model, _w
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Many tiny SVDs: with other jobs on the cores, OpenMP threads spin-wait on each call (measured
+    # ~100x slower at 2 threads under load); one thread is fastest for these sizes anyway.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _orthonormal(n: int, k: int, seed: int) -> torch.Tensor:
     q, _ = torch.linalg.qr(torch.randn(n, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
     return q[:, :k]

@@ -123,3 +123,19 @@ def test_compare_runs_pairs_eval_runs_on_doc_id_and_checks_prompts():
     with pytest.raises(SinkstudyError, match="needs a task"):
         paired(a, b)
     assert isinstance(comps[0], Comparison)
+
+
+def test_group_pools_subtask_samples_like_lm_eval_size_weighted_mean():
+    a1, a2 = _run([1, 1, 0], "a"), _run([1, 0], "a")
+    b1, b2 = _run([0, 1, 0], "b"), _run([0, 0], "b")
+
+    def group(r1, r2, name):
+        return EvalRun(scores={"g": {"exact_match,strict-match": None}, "t1": r1.scores["t"], "t2": r2.scores["t"]},
+                       samples={"t1": r1.samples["t"], "t2": r2.samples["t"]}, settings={}, fingerprint=name,
+                       groups={"g": ["t1", "t2"]})
+
+    a, b = group(a1, a2, "a"), group(b1, b2, "b")
+    assert sorted(a.per_doc("g", "exact_match,strict-match")) == ["t1/0", "t1/1", "t1/2", "t2/0", "t2/1"]
+    c = compare(a, b, "g", "exact_match,strict-match", n_boot=100)
+    assert (c.n, c.base, c.other) == (5, 0.6, 0.2) and (c.base_only, c.other_only) == (2, 0)
+    assert [x.task for x in compare_runs(a, b, n_boot=50)][::2] == ["g", "t1", "t2"]

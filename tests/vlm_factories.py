@@ -1,12 +1,14 @@
 """Tiny random VLMs built from configs (no hub), for tests across the suite.
 
 Every factory gives a float32, eval-mode, eager-attention model whose language model has the same
-shape as `sinkstudy.tiny.tiny_causal_lm(text_family)` except for a few extra vocabulary rows (VLMs
-add image/special tokens), so `extract_language_model(vlm, base=tiny_causal_lm(...))` works on it.
+shape as `tiny_base(text_family)` (= `sinkstudy.tiny.tiny_causal_lm(text_family)`, plus OLMo-3) except
+for a few extra vocabulary rows (VLMs add image/special tokens), so
+`extract_language_model(tiny_vlm(arch, fam), base=tiny_base(fam))` works.
 
     vlm = tiny_vlm("qwen2_5_vl")                       # text family qwen2
     vlm = tiny_vlm("llava", text_family="qwen3")       # LLaVA with a Qwen3 language model
-    path = save_tiny_vlm(tmp_path / "vlm", "gemma3")   # + a locally trained tokenizer
+    path = save_tiny_vlm(tmp_path / "vlm", "gemma3")   # + a locally trained tokenizer (+ its added tokens)
+    base = tiny_base("qwen2")                          # the matching base LLM
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def tiny_text_kwargs(text_family: str, vocab_size: int = BASE_VOCAB + EXTRA_VOCA
 
 
 def tiny_vlm_config(arch: str, text_family: str | None = None):
-    """The config of a tiny `arch` VLM (vision tower a few thousand parameters, 8x8 images)."""
+    """The config of a tiny `arch` VLM (vision tower ~10-30k parameters, 8x8 images)."""
     from transformers import AutoConfig
 
     if arch not in VLM_TEXT_FAMILIES:

@@ -149,6 +149,8 @@ def _sink_attention(module, query, key, value, attention_mask, scaling=None, dro
         if softcap is not None:
             raise SinkstudyError("softcapped attention needs an active sink capture")
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if attention_mask is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
+        raise SinkstudyError("bidirectional attention without a mask: the sink statistics assume a causal LM")
     want_output = softcap is not None  # SDPA has no softcap: the chunk loop computes the output then
     stats, out = _chunked_stats(query, key, value if want_output else None, attention_mask, scaling, softcap,
                                 kwargs.get("sliding_window"), cap)

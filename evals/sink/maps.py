@@ -232,10 +232,10 @@ def compute_sink_maps(
                                      skip_queries=skip, method=method)
         for row, n in enumerate(batch):
             offset = T - len(ids[n])
-            pos = torch.arange(max(skip, 0), len(ids[n]))
-            cols = pos + offset
+            pos = torch.arange(skip, len(ids[n]))
             if not len(pos):
                 continue
+            cols = pos + offset
             p_sink = torch.stack([ly["p_sink"][row][:, cols] for ly in layers])  # (L, H, q)
             kstar = torch.stack([ly["head_argmax"][row] for ly in layers])  # (L, H)
             on_argmax = torch.stack([ly["colsum"][row].gather(-1, ly["head_argmax"][row][:, None]).squeeze(-1) for ly in layers])

@@ -191,8 +191,8 @@ def gsm_example(rng: random.Random, split: Split) -> tuple[str, str, int]:
 
 
 def gsm_user_text(question: str) -> str:
-    """The user turn lm-eval's gsm8k_cot_zeroshot builds from a question."""
-    return f"Q: {question}\nA: Let's think step by step."
+    """The user turn lm-eval's gsm8k-cot (sinkstudy_gsm, zero-shot) builds from a question."""
+    return f"Q: {question}\nA:"
 
 
 def story(rng: random.Random, split: Split) -> str:

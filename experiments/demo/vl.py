@@ -61,8 +61,6 @@ def build_vlm(base, tokenizer, vision: dict):
 
 def _examples(tokenizer, images, labels, n_patches: int, seed: int):
     """(input_ids, labels) per image: a VQA/caption chat with the answer tokens as targets."""
-    import torch
-
     from experiments.demo.corpus import digit_caption
 
     rng = random.Random(seed)
@@ -163,9 +161,11 @@ def digit_accuracy(vlm, tokenizer, images, labels, n_patches: int) -> dict:
 def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, force: bool = False, progress: bool = True) -> dict:
     """Build the VLM from the base checkpoint, run both LLaVA stages, save it with its processor."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, CLIPImageProcessor, LlavaProcessor
+    from transformers import AutoModelForCausalLM, CLIPImageProcessor, LlavaProcessor
 
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    from interventions.pairs import load_tokenizer
+
+    tokenizer = load_tokenizer(base_dir)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     vlm = build_vlm(base, tokenizer, cfg["vision"])
     n_patches = vlm.config.image_seq_length

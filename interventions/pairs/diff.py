@@ -45,9 +45,7 @@ def weight_diff(base_model, other_model, *, progress: bool = False) -> list[dict
             continue  # tied in both: already counted under seen_a[ka]
         seen_a.setdefault(ka, name)
         seen_b.setdefault(kb, name)
-        wa32, wb32 = wa.detach().float(), wb.detach().float().to(wa.device)
-        base_norm = float(wa32.norm())
-        diff_norm = float((wb32 - wa32).norm())
+        base_norm, diff_norm = _norms(wa.detach(), wb.detach().to(wa.device))
         m = _LAYER.search(name)
         rows.append({
             "name": name,
@@ -60,6 +58,17 @@ def weight_diff(base_model, other_model, *, progress: bool = False) -> list[dict
             "rel_change": diff_norm / base_norm if base_norm > 0 else None,
         })
     return rows
+
+
+def _norms(wa, wb, chunk: int = 1 << 22) -> tuple[float, float]:
+    """(||W_a||, ||W_b - W_a||) in float64 sums over float32 chunks: no full-size float32 copies."""
+    a, b = wa.reshape(-1), wb.reshape(-1)
+    base2 = diff2 = 0.0
+    for i in range(0, a.numel(), chunk):
+        ca, cb = a[i:i + chunk].float(), b[i:i + chunk].float()
+        base2 += float(ca.double().square().sum())
+        diff2 += float((cb - ca).double().square().sum())
+    return math.sqrt(base2), math.sqrt(diff2)
 
 
 def diff_summary(rows: list[dict]) -> list[dict]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from interventions.pairs import archs
 from interventions.pairs.layout import PairMismatchError, check_same_layout
-from interventions.pairs.resolve import is_model, load_config, load_tokenizer, model_id
+from interventions.pairs.resolve import is_model, load_config, load_tokenizer, model_id, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +75,9 @@ def extract_language_model(vlm, base=None, *, dtype=None, device="cpu", attn_imp
     `base` (a path, config or loaded causal LM) fixes the target class and vocabulary size; when it is a
     loaded model its rows fill any vocabulary padding. The causal LM shares tensors with a passed VLM.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    dtype = dtype or torch.float32
+    dtype = resolve_dtype(dtype)
     base_config = _config_of(base) if base is not None else None
     vlm_config = vlm.config if is_model(vlm) else load_config(vlm)
     target_config, text_config = plan_target_config(vlm_config, base_config)  # fails before loading weights
@@ -96,8 +95,6 @@ def extract_language_model(vlm, base=None, *, dtype=None, device="cpu", attn_imp
         for k, v in decoder.state_dict().items()
     }
     state["lm_head.weight"] = model.get_output_embeddings().weight
-    source_tied = state["lm_head.weight"] is decoder.get_input_embeddings().weight or torch.equal(
-        state["lm_head.weight"], decoder.get_input_embeddings().weight)
 
     base_model = base if is_model(base) else None
     report = ExtractionReport(
@@ -108,7 +105,7 @@ def extract_language_model(vlm, base=None, *, dtype=None, device="cpu", attn_imp
         extracted=is_vlm,
     )
     align_vocab(state, target_config.vocab_size, base_model, report, vlm_tokenizer)
-    causal = _build(target_config, state, source_tied, dtype, attn_implementation, report, base_config)
+    causal = _build(target_config, state, dtype, attn_implementation, report, base_config)
     report.target_class = type(causal).__name__
     if text_config.model_type in ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text"):
         report.notes.append("M-RoPE -> 1D RoPE: identical for text-only input (three equal position streams)")
@@ -142,7 +139,7 @@ def align_vocab(state: dict, target_vocab: int, base_model, report: ExtractionRe
         report.dropped_tokens = [t for t in vlm_tokenizer.convert_ids_to_tokens(ids) if t is not None]
 
 
-def _build(config, state, source_tied, dtype, attn_implementation, report, base_config):
+def _build(config, state, dtype, attn_implementation, report, base_config):
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
@@ -157,8 +154,6 @@ def _build(config, state, source_tied, dtype, attn_implementation, report, base_
     report.tie_note = "tied (lm_head = embed_tokens)" if tied else "untied (own lm_head)"
     if base_tied is not None and base_tied != tied:
         report.tie_note += f"; the base is {'tied' if base_tied else 'untied'}: merges must treat lm_head explicitly"
-    if tied != source_tied:
-        report.tie_note += "; tying differs from the VLM's after vocabulary alignment"
     kwargs = {"dtype": dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation

@@ -10,7 +10,7 @@ from pathlib import Path
 from interventions.pairs import archs
 from interventions.pairs.extract import ExtractionReport, _try_tokenizer, extract_language_model
 from interventions.pairs.layout import check_same_layout
-from interventions.pairs.resolve import is_model, load_config, model_id
+from interventions.pairs.resolve import is_model, load_config, model_id, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -25,22 +25,6 @@ class ModelPair:
     base_id: str
     vlm_id: str
     report: ExtractionReport
-
-
-def resolve_dtype(dtype):
-    """torch dtype from None (float32), a torch.dtype, or a name like 'bfloat16'."""
-    import torch
-
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, str):
-        value = getattr(torch, dtype, None)
-        if not isinstance(value, torch.dtype):
-            from sinkstudy import SinkstudyError
-
-            raise SinkstudyError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
-        return value
-    return dtype
 
 
 def load_causal_lm(model_or_path, *, dtype=None, device="cpu", attn_implementation=None, tokenizer=None):

@@ -18,6 +18,20 @@ def model_id(obj) -> str:
     return os.fspath(obj)
 
 
+def resolve_dtype(dtype):
+    """torch dtype from None (float32), a torch.dtype, or a name like 'bfloat16'."""
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        value = getattr(torch, dtype, None)
+        if not isinstance(value, torch.dtype):
+            raise SinkstudyError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        return value
+    return dtype
+
+
 def _looks_like_path(name: str) -> bool:
     # Hub ids are "name" or "org/name"; anything else that does not exist is a missing local path.
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name

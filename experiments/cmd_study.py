@@ -1,0 +1,80 @@
+"""`sinkstudy run CONFIG`, `sinkstudy demo [--out DIR] [--quick]`, `sinkstudy paper [--dry-run] [--limit N]`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
+PAPER_CONFIG = CONFIG_DIR / "paper_six_pairs.yaml"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="run a study config (resumable: finished steps are reused)")
+    p.add_argument("config", help="study YAML, e.g. experiments/configs/demo.yaml")
+    _common(p)
+    p.set_defaults(func=cmd_run)
+
+    p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
+    p.add_argument("--quick", action="store_true", help="fewer steps, smaller models (what the test runs)")
+    p.add_argument("--config", default=str(DEMO_CONFIG), help=argparse.SUPPRESS)
+    _common(p, default_out="runs/demo")
+    p.set_defaults(func=cmd_demo)
+
+    p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (models, tasks, merges, disk, GPU memory) offline")
+    p.add_argument("--limit", type=float, default=None, help="evaluate only N prompts per task (allows a run without CUDA)")
+    p.add_argument("--config", default=str(PAPER_CONFIG), help="study YAML (default: %(default)s)")
+    _common(p)
+    p.set_defaults(func=cmd_paper)
+
+
+def _common(p, default_out: str | None = None) -> None:
+    p.add_argument("--out", default=default_out, help="output dir (default: the config's `out`)")
+    p.add_argument("--force", action="store_true", help="re-run every step instead of reusing finished ones")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _run(study, args) -> int:
+    from experiments.runner import run_study
+
+    res = run_study(study, force=args.force, progress=not args.quiet)
+    stages = ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items() if v)
+    print(f"sinkstudy: {study.name}: report {res['report']} (+ {Path(res['html']).name}); {res['steps']} steps, "
+          f"{res['reused']} reused, {res['seconds']:.0f}s" + (f" [{stages}]" if stages else ""))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from experiments.study import load_study
+
+    return _run(load_study(args.config, out=args.out), args)
+
+
+def cmd_demo(args) -> int:
+    import os
+
+    import yaml
+
+    from experiments.demo.build import quick_overrides
+    from experiments.study import load_study
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    overrides = quick_overrides(yaml.safe_load(Path(args.config).read_text())) if args.quick else None
+    return _run(load_study(args.config, out=args.out, overrides=overrides), args)
+
+
+def cmd_paper(args) -> int:
+    from experiments.paper import check_can_run, format_plan, plan
+    from experiments.study import load_study
+
+    overrides = {"evals": {"limit": args.limit}} if args.limit is not None else None
+    study = load_study(args.config, out=args.out, overrides=overrides)
+    if args.dry_run:
+        print(format_plan(plan(study)))
+        return 0
+    check_can_run(study, args.limit)
+    return _run(study, args)

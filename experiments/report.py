@@ -1,0 +1,323 @@
+"""report.md + report.html + plots from a study's summary.json.
+
+The document is built once as a list of blocks (heading, paragraph, bullet list, table, image)
+and rendered twice, to Markdown and to self-contained HTML (images as files beside it). The
+findings section states what the numbers show, including when they do not show the paper's
+effects; nothing in it is written by hand.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from sinkstudy.io import read_json, save_figure_atomic, write_text_atomic
+
+PAPER_SPEARMAN = 0.971
+
+
+# --------------------------------------------------------------------------- formatting
+
+def _f(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _ci(ci, digits: int = 3) -> str:
+    if not ci or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in ci):
+        return "n/a"
+    return f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _short(metric: str | None) -> str:
+    return (metric or "").replace(",none", "").replace("exact_match,", "em/")
+
+
+# --------------------------------------------------------------------------- blocks -> md / html
+
+def render_md(blocks: list[tuple]) -> str:
+    out = []
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            out.append("#" * b[1] + " " + b[2])
+        elif kind == "p":
+            out.append(b[1])
+        elif kind == "ul":
+            out.append("\n".join(f"- {x}" for x in b[1]))
+        elif kind == "table":
+            header, rows = b[1], b[2]
+            out.append("\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                                 + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]))
+        elif kind == "img":
+            out.append(f"![{b[2]}]({b[1]})")
+        elif kind == "code":
+            out.append("```\n" + b[1] + "\n```")
+    return "\n\n".join(out) + "\n"
+
+
+def render_html(blocks: list[tuple], title: str) -> str:
+    e = html.escape
+    body = []
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            body.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
+        elif kind == "p":
+            body.append(f"<p>{e(b[1])}</p>")
+        elif kind == "ul":
+            body.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in b[1]) + "</ul>")
+        elif kind == "table":
+            head = "".join(f"<th>{e(h)}</th>" for h in b[1])
+            rows = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+        elif kind == "img":
+            body.append(f'<figure><img src="{e(b[1])}" alt="{e(b[2])}"><figcaption>{e(b[2])}</figcaption></figure>')
+        elif kind == "code":
+            body.append(f"<pre>{e(b[1])}</pre>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
+             "table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}"
+             "th{background:#eee}td:first-child,th:first-child{text-align:left}img{max-width:100%}pre{background:#f5f5f5;padding:1em;overflow:auto}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{style}</style></head>"
+            f"<body>{''.join(body)}</body></html>\n")
+
+
+# --------------------------------------------------------------------------- plots
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_sink_maps(summary: dict, out: Path) -> dict[str, str]:
+    """One base-vs-VLM sink-mass figure per pair (evals.sink.plot_sink_shift)."""
+    from evals.sink import SinkMaps, plot_sink_shift
+
+    paths = {}
+    for p, entry in summary["pairs"].items():
+        m = entry["models"]
+        f = out / "plots" / f"sink_{p}.png"
+        plot_sink_shift(SinkMaps.from_json(m["base"]["sink_maps"]), SinkMaps.from_json(m["vlm"]["sink_maps"]), f,
+                        title=f"{p}: sink mass, base vs VLM LM")
+        paths[p] = f
+    return {p: os.path.relpath(f, out) for p, f in paths.items()}
+
+
+def plot_scatter(summary: dict, task: str, out: Path) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.2, 4))
+    for p, entry in summary["pairs"].items():
+        s = entry["models"]["base"]["sink_strength"]
+        d = entry["degradation"][task]
+        y = d["rel_degradation"]
+        if s is None or y is None or (isinstance(y, float) and math.isnan(y)):
+            continue
+        lo, hi = d["rel_ci"]
+        err = [[max(0.0, y - lo)], [max(0.0, hi - y)]] if lo is not None and hi is not None and not math.isnan(lo) else None
+        ax.errorbar([s], [y], yerr=err, fmt="o", capsize=3, color="tab:red" if entry.get("native_qk_norm") else "tab:blue")
+        ax.annotate(p, (s, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.axhline(0, color="grey", lw=0.7)
+    ax.set_xlabel("Sink Strength S of the base")
+    ax.set_ylabel(f"relative degradation, {task}")
+    ax.set_title("Sink Strength vs text-capability loss (red: native QK-norm)", fontsize=9)
+    fig.tight_layout()
+    f = out / "plots" / f"scatter_{task}.png"
+    try:
+        save_figure_atomic(fig, f, dpi=120)
+    finally:
+        plt.close(fig)
+    return os.path.relpath(f, out)
+
+
+def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
+    plt = _plt()
+    bars = []
+    for p, entry in summary["pairs"].items():
+        for name, per_task in entry["interventions"].items():
+            r = per_task[task]["recovery"]
+            bars.append((f"{p}\n{name}", r["recovery"], r["ci"]))
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5, 0.55 * len(bars) + 1.5), 4))
+    xs = range(len(bars))
+    vals = [b[1] if b[1] is not None and not math.isnan(b[1]) else 0.0 for b in bars]
+    errs = [[max(0.0, v - (b[2][0] if b[2][0] is not None and not math.isnan(b[2][0]) else v)) for v, b in zip(vals, bars)],
+            [max(0.0, (b[2][1] if b[2][1] is not None and not math.isnan(b[2][1]) else v) - v) for v, b in zip(vals, bars)]]
+    ax.bar(xs, vals, yerr=errs, capsize=2, color=["tab:grey" if b[1] is None or math.isnan(b[1]) else "tab:green" for b in bars])
+    ax.axhline(0, color="black", lw=0.7)
+    ax.axhline(1, color="grey", lw=0.7, ls="--")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([b[0] for b in bars], fontsize=6, rotation=60, ha="right")
+    ax.set_ylabel(f"recovery on {task}\n(0 = VLM LM, 1 = base)")
+    fig.tight_layout()
+    f = out / "plots" / f"recovery_{task}.png"
+    try:
+        save_figure_atomic(fig, f, dpi=120)
+    finally:
+        plt.close(fig)
+    return os.path.relpath(f, out)
+
+
+# --------------------------------------------------------------------------- content
+
+def _findings(summary: dict, study) -> list[str]:
+    tasks = summary["tasks"]
+    head = tasks[0]
+    out = []
+    for p, e in summary["pairs"].items():
+        d = e["degradation"][head]
+        lo, hi = d["abs_ci"]
+        sig = lo is not None and not math.isnan(lo) and (lo > 0 or hi < 0)
+        direction = "lost" if d["abs_diff"] > 0 else "gained" if d["abs_diff"] < 0 else "kept"
+        out.append(f"{p}: the VLM's LM {direction} {abs(d['abs_diff']):.3f} on {head} ({_short(d['metric'])}: "
+                   f"{d['base']:.3f} -> {d['other']:.3f}, 95% CI of the drop {_ci(d['abs_ci'])}, n={d['n']})"
+                   + ("" if sig else "; the interval includes 0, so this miniature does not establish a loss for this pair") + ".")
+    corr = summary.get("correlation", {}).get(head)
+    if corr:
+        lo, hi = corr["spearman_ci"]
+        out.append(f"Spearman rho(S, relative degradation on {head}) = {corr['spearman']:.3f} over {corr['n']} pairs "
+                   f"(bootstrap CI {_ci(corr['spearman_ci'])}); the paper reports {PAPER_SPEARMAN} over six 7-8B pairs. "
+                   + ("With this few points and this CI, the miniature neither confirms nor refutes the paper's relation."
+                      if lo is None or math.isnan(lo) or lo <= 0 <= hi else
+                      "The sign agrees with the paper." if corr["spearman"] > 0 else "The sign is opposite to the paper's."))
+    elif summary.get("correlation_note"):
+        out.append(summary["correlation_note"] + ".")
+    native = [e["degradation"][head]["rel_degradation"] for e in summary["pairs"].values() if e.get("native_qk_norm")]
+    plain = [e["degradation"][head]["rel_degradation"] for e in summary["pairs"].values() if e.get("native_qk_norm") is False]
+    if native and plain and all(x is not None for x in native + plain):
+        mn, mp = sum(native) / len(native), sum(plain) / len(plain)
+        out.append(f"Native QK-norm backbones lost {mn:.3f} (relative, mean) vs {mp:.3f} without: "
+                   + ("the direction the paper reports (QK-norm protects)." if mn < mp else "not the direction the paper reports."))
+    recovered = []
+    for p, e in summary["pairs"].items():
+        for name, per_task in e["interventions"].items():
+            r = per_task[head]["recovery"]
+            lo = r["ci"][0] if r["ci"] else None
+            if r["recovery"] is not None and lo is not None and not math.isnan(lo) and lo > 0:
+                recovered.append(f"{p}/{name} ({r['recovery']:.2f}, CI {_ci(r['ci'], 2)})")
+    out.append(("Interventions whose recovery CI on " + head + " excludes 0: " + ", ".join(recovered) + ". The paper found that no merge recovered IFEval.")
+               if recovered else f"No intervention's recovery CI on {head} excludes 0, as the paper found for its merges.")
+    return out
+
+
+def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
+    tasks = summary["tasks"]
+    title = study.report.get("title") or f"sinkstudy report: {study.name}"
+    b: list[tuple] = [("h", 1, title)]
+    b.append(("p", f"Pairs: {', '.join(summary['pairs'])}. Sink metric: {study.sink['metric']}. Strict evals through lm-eval: "
+                   f"{', '.join(tasks)} (chat template {'on' if study.evals['apply_chat_template'] else 'off'}, "
+                   f"max_gen_toks {study.evals['max_gen_toks']}, batch size {study.evals['batch_size']}). "
+                   f"Interventions: {', '.join(i['name'] for i in study.interventions) or 'none'}. "
+                   f"CIs: paired bootstrap over prompts ({study.evals['n_boot']} replicates, {study.evals['confidence']:.0%})."))
+    if study.report.get("notes"):
+        b.append(("p", study.report["notes"]))
+    b += [("h", 2, "Findings"), ("ul", _findings(summary, study))]
+
+    b.append(("h", 2, "Sink Strength and strict scores, base -> VLM LM"))
+    header = ["pair", "QK-norm", "S base", "S VLM LM"]
+    for t in tasks:
+        header += [f"{t} base", f"{t} VLM", f"{t} drop [95% CI]", f"{t} rel. drop", f"{t} McNemar p"]
+    has_pub = any(e.get("published") for e in summary["pairs"].values())
+    if has_pub:
+        header += ["paper S", "paper IFEval delta"]
+    rows = []
+    for p, e in summary["pairs"].items():
+        m = e["models"]
+        row = [p, {True: "native", False: "none"}.get(e.get("native_qk_norm"), "?"), _f(m["base"]["sink_strength"]), _f(m["vlm"]["sink_strength"])]
+        for t in tasks:
+            d = e["degradation"][t]
+            row += [_f(d["base"]), _f(d["other"]), f"{_f(d['abs_diff'])} {_ci(d['abs_ci'])}", _f(d["rel_degradation"]), _f(d["mcnemar_p"])]
+        if has_pub:
+            pub = e.get("published") or {}
+            row += [_f(pub.get("sink_strength"), 2), _f(pub.get("ifeval_delta"), 1)]
+        rows.append(row)
+    b.append(("table", header, rows))
+    b.append(("p", "Headline metrics: " + ", ".join(f"{t}: {_short(m)}" for t, m in summary["headline"].items())
+                   + ". drop = base - VLM (positive = capability lost); rel. drop = drop / base."))
+
+    if any(e["interventions"] for e in summary["pairs"].values()):
+        b.append(("h", 2, "Recovery per intervention"))
+        header = ["pair", "intervention", "method", "S"]
+        for t in tasks:
+            header += [f"{t} score", f"{t} recovery [95% CI]", f"{t} vs base"]
+        rows = []
+        for p, e in summary["pairs"].items():
+            for name, per_task in e["interventions"].items():
+                m = e["models"][name]
+                row = [p, name, m.get("method") or "", _f(m["sink_strength"])]
+                for t in tasks:
+                    r, c = per_task[t]["recovery"], per_task[t]["vs_base"]
+                    row += [_f(c["other"]), f"{_f(r['recovery'], 2)} {_ci(r['ci'], 2)}", f"{_f(-c['abs_diff'])} {_ci([-c['abs_ci'][1], -c['abs_ci'][0]] if c['abs_ci'][0] is not None else None)}"]
+                rows.append(row)
+        b.append(("table", header, rows))
+        b.append(("p", "recovery = (intervened - VLM LM) / (base - VLM LM): 0 = no better than the VLM's LM, 1 = back to the base; "
+                       "undefined (n/a) when base and VLM score the same. 'vs base' = intervened - base with its CI. "
+                       "qknorm rows are the injected base (text-only cost of the injection); qknorm-vl rows are the LM of a VLM "
+                       "trained from the injected base with the same VL recipe (the paper's experiment)."))
+
+    b.append(("h", 2, "Plots"))
+    for p, f in plot_sink_maps(summary, out).items():
+        b.append(("img", f, f"{p}: sink mass per layer and head, base / VLM LM / difference"))
+    for t in tasks:
+        b.append(("img", plot_scatter(summary, t, out), f"Sink Strength of the base vs relative degradation on {t}"))
+        rec = plot_recovery(summary, t, out)
+        if rec:
+            b.append(("img", rec, f"recovery per intervention on {t}, with 95% CIs"))
+
+    if study.build:
+        b += _build_blocks(study)
+    b += [("h", 2, "Caveats"), ("ul", [
+        "lm-eval's strict graders are kept as they are: GSM8K-CoT strict-match 'The answer is (\\-?[0-9\\.\\,]+).' has an "
+        "unescaped final '.', IFEval strict fails a one-line preamble that loose accepts (docs/evals.md).",
+        "Small prompt sets give wide intervals; read the CIs before the point estimates.",
+        "A rank correlation over few pairs is fragile: one pair moves it a lot.",
+    ])]
+    prov = (summary.get("provenance") or {})
+    b += [("h", 2, "Provenance"), ("p", f"config: {study.path}; output: {study.out}; seed: {study.seed}. "
+                                         "Every step's JSON under steps/ carries the config, seeds, package versions and model fingerprints."),
+          ("code", "\n".join(f"{k}: {v}" for k, v in (prov.get("versions") or {}).items())),
+          ("p", "seconds per stage in the run that wrote this report (0 = reused): "
+                + ", ".join(f"{k} {v}" for k, v in summary.get("timings", {}).items()))]
+    return b
+
+
+def _build_blocks(study) -> list[tuple]:
+    steps = study.out / "steps" / "build"
+    rows = []
+    for bb in study.build["backbones"]:
+        pre = read_json(steps / "pretrain" / f"{bb['name']}.json")["result"]
+        vl = read_json(steps / "vl" / f"{bb['name']}.json")["result"]
+        rows.append([bb["name"], bb["family"], f"{bb['num_hidden_layers']}x{bb['hidden_size']}", pre["params"], pre["steps"], pre["tokens"],
+                     _f(pre["final_loss"]), _f(vl["stages"]["stage1"]["final_loss"]), _f(vl["stages"]["stage2"]["final_loss"]),
+                     _f(vl["heldout"]["digit_accuracy"]), _f(vl["heldout"]["answer_ppl"], 2)])
+    corpus = read_json(steps / "corpus.json")["result"]
+    return [("h", 2, "How the miniature pairs were built"),
+            ("p", f"Corpus: {corpus['train_records']} procedurally generated records ({corpus['kinds']['chat']} chats with strict-format "
+                  f"instructions, arithmetic and plain requests; {corpus['kinds']['plain']} plain stories); held-out evals: "
+                  f"{corpus['heldout_ifeval']} IFEval-schema prompts and {corpus['heldout_gsm']} GSM-schema problems on entities the "
+                  "corpus never shows. Tokenizer: byte-level BPE trained on the corpus. VL adaptation: LLaVA "
+                  "(LlavaForConditionalGeneration, tiny CLIP tower) on scikit-learn's 8x8 digits, stage 1 vision+projector, "
+                  "stage 2 projector+LM, loss on answers only."),
+            ("table", ["backbone", "family", "layers x d", "params", "pretrain steps", "tokens", "pretrain loss", "VL stage-1 loss",
+                       "VL stage-2 loss", "held-out digit acc.", "answer ppl"], rows)]
+
+
+def write_report(study, summary: dict) -> Path:
+    """Write report.md, report.html and plots/ under the study's output dir; return report.md's path."""
+    from sinkstudy.provenance import provenance
+
+    out = Path(study.out)
+    summary = {**summary, "provenance": provenance()}
+    blocks = build_blocks(study, summary, out)
+    title = blocks[0][2]
+    md = write_text_atomic(out / "report.md", render_md(blocks))
+    write_text_atomic(out / "report.html", render_html(blocks, title))
+    return md
