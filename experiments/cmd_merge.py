@@ -99,20 +99,32 @@ class Measure:
                     for name, path in (("base", base), ("vlm", vlm_lm))}
 
     def measure(self, path, out: Path | None) -> dict[str, Any]:
+        """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out`."""
+        from evals.lmeval import run_eval
+        from sinkstudy.io import read_json, write_json_atomic
+
+        tokenizer = _tokenizer(self.base)
+        cached = out / "sink.json" if out else None
+        if cached and cached.is_file() and read_json(cached).get("captions") == self.args.captions:
+            sink = read_json(cached)
+        else:
+            sink = self._sink(path, tokenizer)
+            if cached:
+                write_json_atomic(cached, sink)
+        run = run_eval(path, tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
+                       max_gen_toks=self.args.max_gen_toks, out_dir=out / "eval" if out else None, seed=self.args.seed)
+        return {**sink, "run": run}
+
+    def _sink(self, path, tokenizer) -> dict[str, Any]:
         import torch
 
-        from evals.lmeval import run_eval
         from evals.sink import sink_strength
         from interventions.pairs import load_causal_lm
 
         model, _ = load_causal_lm(path, dtype=torch.float32)
-        tokenizer = _tokenizer(self.base)
         s = sink_strength(model, tokenizer, progress=False)
         nll = caption_nll(model, tokenizer, self.captions) if self.captions else None
-        del model
-        run = run_eval(path, tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
-                       max_gen_toks=self.args.max_gen_toks, out_dir=out / "eval" if out else None, seed=self.args.seed)
-        return {"sink_strength": s.value, "sink_metric": s.metric, "caption_nll": nll, "run": run}
+        return {"sink_strength": s.value, "sink_metric": s.metric, "caption_nll": nll, "captions": self.args.captions}
 
     def summary(self, point: dict[str, Any]) -> dict[str, Any]:
         """Scores, recovery with CI per task, and the VL-side proxies of one measured checkpoint."""
@@ -356,7 +368,10 @@ def text_recovery(row: dict[str, Any]) -> float:
 
 def pareto_front(rows: list[dict[str, Any]]) -> list[str]:
     """Names of points no other point beats on both: higher text recovery, closer to the VLM LM."""
+    import math
+
     pts = [(r["name"], text_recovery(r), r["weight_distance_to_vlm"]) for r in rows]
+    pts = [p for p in pts if math.isfinite(p[1])]  # recovery undefined (base == VLM score): off the front
     return [n for n, rec, d in pts
             if not any((r2 >= rec and d2 <= d) and (r2 > rec or d2 < d) for _, r2, d2 in pts)]
 

@@ -17,24 +17,26 @@ from sinkstudy import SinkstudyError
 
 BYTES_PER_PARAM = 2  # bf16 checkpoints and inference
 GPU_OVERHEAD = 1.25  # activations + KV cache at lm-eval batch sizes (rough; IFEval generates up to 1280 tokens)
-GB = 1e9
 
 
 def plan(study) -> dict[str, Any]:
     """Everything the study would do, with size estimates; reads nothing but the config."""
     models: dict[str, float | None] = {}
     pairs = []
-    per_pair_outputs = 1 + len(study.interventions)  # extracted VLM LM + one checkpoint per intervention
-    disk_outputs = 0.0
+    disk_outputs, written, peak_extra = 0.0, 0, 0.0
     largest_lm = largest_vlm = 0.0
     for p in study.pairs:
         pb = p.get("params_b") or {}
         for key, size in ((p["base"], pb.get("base")), (p["vlm"], pb.get("vlm")), (p.get("root"), pb.get("base"))):
             if key:
                 models[key] = size if size is not None else models.get(key)
+        # extracted VLM LM + one checkpoint per intervention (QK-norm only where the base lacks it)
+        outputs = 1 + sum(1 for i in study.interventions if i["method"] != "qknorm" or not p.get("native_qk_norm"))
+        written += outputs
         base_b = pb.get("base")
-        if base_b:
-            disk_outputs += per_pair_outputs * base_b * BYTES_PER_PARAM
+        if base_b:  # without keep_models only the extracted LM stays, plus one intervention at a time
+            disk_outputs += (outputs if study.keep_models else 1) * base_b * BYTES_PER_PARAM
+            peak_extra = max(peak_extra, 0 if study.keep_models else base_b * BYTES_PER_PARAM)
             largest_lm = max(largest_lm, base_b)
         largest_vlm = max(largest_vlm, pb.get("vlm") or 0.0)
         pairs.append({"name": p["name"], "base": p["base"], "vlm": p["vlm"], "root": p.get("root"),
@@ -52,13 +54,14 @@ def plan(study) -> dict[str, Any]:
         "interventions": study.interventions,
         "model": study.model,
         "estimates": {
-            "download_gb": disk_models / GB,
-            "outputs_gb": disk_outputs / GB,
-            "disk_gb": (disk_models + disk_outputs) / GB,
+            "download_gb": disk_models,  # billions of parameters x bytes = GB
+            "outputs_gb": disk_outputs,
+            "disk_gb": disk_models + disk_outputs + peak_extra,
+            "keep_models": study.keep_models,
             "gpu_gb": largest_lm * BYTES_PER_PARAM * GPU_OVERHEAD,
             "host_ram_gb": largest_vlm * BYTES_PER_PARAM,
             "distinct_models": len(models),
-            "checkpoints_written": per_pair_outputs * len(study.pairs),
+            "checkpoints_written": written,
             "models_without_size": unknown,
         },
         "out": str(study.out),
@@ -72,15 +75,15 @@ def format_plan(pl: dict[str, Any]) -> str:
     if pl["protocol"]:
         lines.append("protocol: " + "; ".join(f"{k}: {v}" for k, v in pl["protocol"].items()))
         lines.append("")
-    lines.append(f"{'pair':<24} {'base LLM':<30} {'VLM':<42} {'QK-norm':<8} {'params (B)':<12} paper S / IFEval delta")
+    lines.append(f"{'pair':<30} {'base LLM':<30} {'VLM':<42} {'QK-norm':<8} {'params (B)':<12} paper S / IFEval delta")
     for p in pl["pairs"]:
         pb, pub = p["params_b"], p["published"]
         qk = {True: "native", False: "none"}.get(p["native_qk_norm"], "?")
         sizes = f"{pb.get('base', '?')}/{pb.get('vlm', '?')}"
-        lines.append(f"{p['name']:<24} {p['base']:<30} {p['vlm']:<42} {qk:<8} {sizes:<12} "
+        lines.append(f"{p['name']:<30} {p['base']:<30} {p['vlm']:<42} {qk:<8} {sizes:<12} "
                      f"{pub.get('sink_strength', 'n/a')} / {pub.get('ifeval_delta', 'n/a')}")
         if p["root"]:
-            lines.append(f"{'':<24} root (task vectors): {p['root']}")
+            lines.append(f"{'':<30} root (task vectors): {p['root']}")
     lines += ["", f"tasks: {', '.join(t['names'])} (few-shot {t['num_fewshot'] if t['num_fewshot'] is not None else 'task default'}, "
                   f"chat template {'on' if t['apply_chat_template'] else 'off'}, limit {t['limit'] or 'none'}, "
                   f"max_gen_toks {t['max_gen_toks'] or 'task default'}, batch {t['batch_size']})",
@@ -89,7 +92,8 @@ def format_plan(pl: dict[str, Any]) -> str:
                                            for i in pl["interventions"]),
               f"models: dtype {pl['model']['dtype']}, device {pl['model']['device'] or 'cpu'}", "",
               f"estimated disk: {e['disk_gb']:.0f} GB = {e['download_gb']:.0f} GB downloads ({e['distinct_models']} distinct models) "
-              f"+ {e['outputs_gb']:.0f} GB written ({e['checkpoints_written']} LM checkpoints: extracted VLM LMs and intervention outputs)",
+              f"+ {e['disk_gb'] - e['download_gb']:.0f} GB written at peak ({e['checkpoints_written']} LM checkpoints: extracted VLM LMs and "
+              f"intervention outputs{'' if e['keep_models'] else ', each intervention deleted once measured (keep_models: false)'})",
               f"estimated GPU memory: {e['gpu_gb']:.0f} GB (largest LM in bf16 x {GPU_OVERHEAD} for activations and KV cache); "
               f"host RAM for extraction: {e['host_ram_gb']:.0f} GB (largest VLM in bf16)"]
     if e["models_without_size"]:

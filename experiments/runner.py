@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -51,6 +52,16 @@ class Runner:
     def path(self, step_id: str) -> Path:
         return self.out / "steps" / f"{step_id}.json"
 
+    def finished(self, step_id: str, spec: dict, deps: Sequence[str] = ()) -> bool:
+        """Whether `run` would reuse this step (its JSON holds the same key)."""
+        f = self.path(step_id)
+        if self.force or not f.is_file():
+            return False
+        try:
+            return json.loads(f.read_text(encoding="utf-8")).get("key") == self.key(spec, deps)
+        except ValueError:
+            return False
+
     def run(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str] = ()) -> dict:
         from sinkstudy.provenance import provenance
 
@@ -79,6 +90,10 @@ class Runner:
                               "seconds": round(seconds, 2), "result": result, "provenance": prov})
         self.log.append({"step": step_id, "reused": False, "seconds": round(seconds, 2)})
         return result
+
+    def force_step(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str] = ()) -> dict:
+        self.path(step_id).unlink(missing_ok=True)
+        return self.run(step_id, spec, fn, deps)
 
     def timings(self) -> dict[str, float]:
         """Seconds per stage (first path component of the step id after 'build/'), this run only."""
@@ -161,11 +176,15 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
             iv_deps += [f"{p}/sink/base", f"{p}/sink/vlm"]
         out_dir = models_dir / f"{p}-{name}"
         spec = {"method": iv["method"], "params": {k: v for k, v in params.items() if k != "sink_maps"}, "seed": study.seed}
-        runner.run(f"{p}/intervene/{name}", spec,
-                   lambda iv=iv, params=params, out_dir=out_dir: intervene_step(study, pair, iv, params, lm_dir, out_dir, runner.progress),
-                   deps=iv_deps)
-        results[name] = measure(runner, study, pair, name, str(out_dir), deps=[f"{p}/intervene/{name}"])
+        step = f"{p}/intervene/{name}"
+        make = lambda iv=iv, params=params, out_dir=out_dir: intervene_step(study, pair, iv, params, lm_dir, out_dir, runner.progress)  # noqa: E731
+        runner.run(step, spec, make, deps=iv_deps)
+        if not out_dir.exists() and not _measured(runner, study, pair, name, str(out_dir), step):
+            runner.force_step(step, spec, make, deps=iv_deps)  # deleted after an earlier run (keep_models: false)
+        results[name] = measure(runner, study, pair, name, str(out_dir), deps=[step])
         results[name]["method"] = iv["method"]
+        if not study.keep_models and out_dir.exists():
+            shutil.rmtree(out_dir)
     return results
 
 
@@ -180,6 +199,12 @@ def _needs_sink_maps(method: str) -> bool:
 
     m = list_mitigations().get(method)
     return bool(m and m.needs_sink_maps)
+
+
+def _measured(runner: Runner, study, pair: dict, label: str, path: str, dep: str) -> bool:
+    p = pair["name"]
+    return (runner.finished(f"{p}/sink/{label}", {"sink": study.sink, "path": path}, [dep])
+            and runner.finished(f"{p}/eval/{label}", {"evals": _eval_spec(study), "path": path}, [dep]))
 
 
 def measure(runner: Runner, study, pair: dict, label: str, path: str, deps: list[str]) -> dict:

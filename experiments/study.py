@@ -6,6 +6,7 @@ Schema (every key but `name` and `pairs`/`build` optional; unknown keys are erro
     name: demo                      # used for the default output dir runs/<name>
     out: runs/demo                  # results; "{out}" in any path below expands to it
     seed: 0
+    keep_models: true               # false: delete each intervention's checkpoint once measured
     build: {...}                    # the embedded demo only: build the pairs (experiments.demo)
     pairs:                          # derived from build.backbones when omitted
       - {name, base, vlm, root?, native_qk_norm?, params_b?: {base, vlm}, published?: {sink_strength, ifeval_delta}}
@@ -37,7 +38,7 @@ class StudyConfigError(SinkstudyError):
     pass
 
 
-TOP_KEYS = {"name", "out", "seed", "build", "pairs", "sink", "evals", "interventions", "model", "protocol", "report"}
+TOP_KEYS = {"name", "out", "seed", "keep_models", "build", "pairs", "sink", "evals", "interventions", "model", "protocol", "report"}
 PAIR_KEYS = {"name", "base", "vlm", "root", "native_qk_norm", "params_b", "published", "notes"}
 PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "source"}
 SINK_KEYS = {"metric", "texts", "params", "options"}
@@ -65,6 +66,7 @@ class Study:
     name: str
     out: Path
     seed: int
+    keep_models: bool
     build: dict | None
     pairs: list[dict]
     sink: dict
@@ -139,6 +141,9 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     name = _name(cfg.get("name"), f"{where}: name")
     out_dir = Path(out) if out is not None else Path(cfg.get("out") or f"runs/{name}")
     seed = _int(cfg.get("seed", 0), f"{where}: seed")
+    keep_models = cfg.get("keep_models", True)
+    if not isinstance(keep_models, bool):
+        _fail(f"{where}: keep_models", "must be true or false")
 
     build = cfg.get("build")
     if build is not None:
@@ -191,7 +196,7 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     if not isinstance(protocol, dict):
         _fail(f"{where}: protocol", "must be a mapping")
     report = _mapping(cfg.get("report"), f"{where}: report", REPORT_KEYS)
-    study = Study(path, copy.deepcopy(raw), name, out_dir, seed, build, pairs, sink, evals, interventions, model,
+    study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
                   protocol, dict(report))
     for p in study.pairs:
         for k in ("base", "vlm"):

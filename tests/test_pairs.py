@@ -191,7 +191,9 @@ def test_weight_diff_measures_a_known_change():
     with torch.no_grad():
         other.model.layers[1].self_attn.k_proj.weight.mul_(1.25)
         other.model.layers[0].mlp.up_proj.weight.add_(1.0)
+    before = {n: t.clone() for n, t in other.state_dict().items()}
     rows = {r["name"]: r for r in weight_diff(base, other)}
+    assert all(torch.equal(t, before[n]) for n, t in other.state_dict().items())  # read-only
     k = rows["model.layers.1.self_attn.k_proj.weight"]
     assert k["group"] == "k" and k["layer"] == 1 and k["rel_change"] == pytest.approx(0.25, rel=1e-6)
     up = base.model.layers[0].mlp.up_proj.weight

@@ -85,10 +85,10 @@ def validate_build(build, where: str) -> dict:
 
 
 def quick_overrides(raw: dict) -> dict:
-    """Overrides for `--quick`: QUICK plus every backbone shrunk (2 layers, d=64, the quick step count)."""
+    """Overrides for `--quick`: QUICK plus the first two backbones, shrunk (2 layers, d=64)."""
     from experiments.study import deep_merge
 
-    backbones = [{**b, **{k: v for k, v in QUICK_BACKBONE.items() if v is not None}} for b in (raw.get("build") or {}).get("backbones", [])]
+    backbones = [{**b, **{k: v for k, v in QUICK_BACKBONE.items() if v is not None}} for b in (raw.get("build") or {}).get("backbones", [])[:2]]
     for b in backbones:
         b.pop("steps", None)
         b["num_attention_heads"] = min(b.get("num_attention_heads", 4), 4)

@@ -39,6 +39,7 @@ class Mitigation:
     defaults: dict[str, Any] = field(default_factory=dict)
     needs_sink_maps: bool = False
     description: str = ""
+    validate: Callable[[dict[str, Any]], None] | None = None  # raises on bad config, before any loading
 
 
 _REGISTRY: dict[str, Mitigation] = {}
@@ -46,13 +47,17 @@ _LOADED = False
 
 
 def register_mitigation(name: str, *, defaults: Mapping[str, Any] | None = None, needs_sink_maps: bool = False,
-                        description: str | None = None):
-    """Decorator: register `fn(base, vlm_lm, sink_maps, config) -> model` under `name`."""
+                        description: str | None = None, validate: Callable[[dict[str, Any]], None] | None = None):
+    """Decorator: register `fn(base, vlm_lm, sink_maps, config) -> model` under `name`.
+
+    `validate(config)`, optional, raises a one-line error for bad values before anything loads.
+    """
     def wrap(fn):
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise MitigationError(f"mitigation {name!r} is already registered")
         doc = (fn.__doc__ or "").strip().splitlines()
-        _REGISTRY[name] = Mitigation(name, fn, dict(defaults or {}), needs_sink_maps, description or (doc[0] if doc else ""))
+        _REGISTRY[name] = Mitigation(name, fn, dict(defaults or {}), needs_sink_maps, description or (doc[0] if doc else ""),
+                                     validate)
         return fn
 
     return wrap
@@ -85,7 +90,10 @@ def resolve_config(mitigation: Mitigation, params: Mapping[str, Any] | None) -> 
     if unknown:
         raise MitigationError(f"mitigation {mitigation.name} has no parameter(s) {', '.join(sorted(unknown))}; "
                               f"it takes {', '.join(mitigation.defaults) or 'none'}")
-    return {**mitigation.defaults, **params}
+    config = {**mitigation.defaults, **params}
+    if mitigation.validate is not None:
+        mitigation.validate(config)
+    return config
 
 
 def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, progress: bool = True) -> dict[str, Any]:

@@ -103,7 +103,16 @@ def restore_heads(base, target, heads: Iterable[tuple[int, int]], *, scope: str 
     }
 
 
-@register_mitigation("head_restore", needs_sink_maps=True,
+def validate(config: dict[str, Any]) -> None:
+    if not isinstance(config["top_k"], int) or config["top_k"] < 1:
+        raise MitigationError(f"top_k must be a positive integer, got {config['top_k']!r}")
+    if config["scope"] not in SCOPES:
+        raise MitigationError(f"scope must be one of {', '.join(SCOPES)}, got {config['scope']!r}")
+    if config["kv"] not in KV_MODES:
+        raise MitigationError(f"kv must be one of {', '.join(KV_MODES)}, got {config['kv']!r}")
+
+
+@register_mitigation("head_restore", needs_sink_maps=True, validate=validate,
                      defaults={"top_k": 8, "scope": "qk", "kv": "group", "min_loss": 0.0})
 def head_restore(base, vlm_lm, sink_maps, config):
     """Restore the base's q/k (or whole attention) slices of the top-k heads whose sink mass the VLM lost."""

@@ -61,13 +61,15 @@ def weight_diff(base_model, other_model, *, progress: bool = False) -> list[dict
 
 
 def _norms(wa, wb, chunk: int = 1 << 22) -> tuple[float, float]:
-    """(||W_a||, ||W_b - W_a||) in float64 sums over float32 chunks: no full-size float32 copies."""
+    """(||W_a||, ||W_b - W_a||) from float32 chunks (torch sums pairwise): no full-size float32 copies."""
+    import torch
+
     a, b = wa.reshape(-1), wb.reshape(-1)
     base2 = diff2 = 0.0
     for i in range(0, a.numel(), chunk):
         ca, cb = a[i:i + chunk].float(), b[i:i + chunk].float()
-        base2 += float(ca.double().square().sum())
-        diff2 += float((cb - ca).double().square().sum())
+        base2 += float(torch.linalg.vector_norm(ca)) ** 2
+        diff2 += float(torch.linalg.vector_norm(cb - ca)) ** 2  # not in place: .float() may be a view
     return math.sqrt(base2), math.sqrt(diff2)
 
 
