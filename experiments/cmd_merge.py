@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
+# CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
+PAPER_DENSITY = {"ties": 0.2, "dare_ties": 0.1, "dare_linear": 0.1}
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent / "configs" / "merge_sweep.yaml"
 
 
@@ -19,7 +21,7 @@ def register(subparsers) -> None:
     _pair_args(m)
     m.add_argument("--method", required=True, choices=MERGEKIT_METHODS + SPECTRAL_METHODS)
     m.add_argument("--weight", type=float, help="linear/slerp: VLM share (default 0.5); task vectors: scale (default 1; STAR 1/T)")
-    m.add_argument("--density", type=float, help="kept fraction of each delta (ties, dare_*, breadcrumbs)")
+    m.add_argument("--density", type=float, help="kept fraction of each delta (ties: default 0.2, dare_*: 0.1, breadcrumbs)")
     m.add_argument("--eta", type=float, help="STAR: percent of the nuclear norm kept (default 40)")
     m.add_argument("--select", help="only these tensors: attn, mlp and/or layers:FIRST-LAST (e.g. attn,layers:0-7)")
     m.add_argument("--root", help="common pretrained ancestor: task vectors (base-root, vlm-root) merged onto it")
@@ -211,10 +213,13 @@ def _print_summary(name: str, summary: dict[str, Any]) -> None:
               f"recovery {_fmt(t['recovery'])} ({_fmt(t['ci'][0])}, {_fmt(t['ci'][1])})")
 
 
-def _measure_and_write(out: Path, base: str, vlm_lm: Path, args) -> dict[str, Any]:
+def _measure_and_write(out: Path, args) -> dict[str, Any]:
+    from interventions.merge import local_checkpoint, resolve_lm
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
+    base = local_checkpoint(args.base)
+    vlm_lm = resolve_lm(base, args.vlm)
     measure = Measure(base, vlm_lm, args, None)
     summary = measure.summary(measure.measure(out, out))
     summary["weight_distance_to_vlm"] = weight_distance(out, vlm_lm, base)
@@ -226,11 +231,12 @@ def _measure_and_write(out: Path, base: str, vlm_lm: Path, args) -> dict[str, An
 # --------------------------------------------------------------------------- commands
 
 def _out(args, default: str) -> Path:
-    return Path(args.out) if args.out else Path("runs") / "interventions" / default
+    import re
+
+    return Path(args.out) if args.out else Path("runs") / "interventions" / re.sub(r"[^A-Za-z0-9._-]+", "_", default)
 
 
 def run_merge(args) -> int:
-    from interventions.merge import resolve_lm
     from interventions.registry import apply_intervention
 
     params = parse_params(args.param)
@@ -241,16 +247,17 @@ def run_merge(args) -> int:
         params["weight"] = 0.5
     if args.weight is None and args.method not in ("linear", "slerp", "star"):
         params["weight"] = 1.0
+    if args.density is None and args.method in PAPER_DENSITY:
+        params["density"] = PAPER_DENSITY[args.method]
     tag = "-".join([args.method] + [f"{k}{v}" for k, v in sorted(params.items()) if k in ("weight", "density", "eta", "select")])
     out = apply_intervention(args.method, args.base, args.vlm, params, _out(args, tag), seed=args.seed, force=args.force)
     print(f"wrote {out}")
     if args.eval:
-        _measure_and_write(out, args.base, resolve_lm(args.base, args.vlm), args)
+        _measure_and_write(out, args)
     return 0
 
 
 def run_mitigate(args) -> int:
-    from interventions.merge import resolve_lm
     from interventions.registry import apply_intervention, list_interventions
     from sinkstudy import SinkstudyError
 
@@ -268,7 +275,7 @@ def run_mitigate(args) -> int:
     out = apply_intervention(args.name, args.base, args.vlm, params, _out(args, args.name), seed=args.seed, force=args.force)
     print(f"wrote {out}")
     if args.eval:
-        _measure_and_write(out, args.base, resolve_lm(args.base, args.vlm), args)
+        _measure_and_write(out, args)
     return 0
 
 
@@ -313,7 +320,7 @@ def run_sweep(args) -> int:
     """Each point: intervene (reused when finished), measure (reused via measure.json), summarise."""
     from tqdm.auto import tqdm
 
-    from interventions.merge import resolve_lm
+    from interventions.merge import local_checkpoint, resolve_lm
     from interventions.registry import apply_intervention, list_interventions
     from sinkstudy import SinkstudyError
     from sinkstudy.io import read_json, write_json_atomic, write_text_atomic
@@ -327,8 +334,9 @@ def run_sweep(args) -> int:
             raise SinkstudyError(f"sweep point {pt['name']}: unknown method {pt['method']!r}")
     out = Path(args.out) if args.out else Path("runs") / "merge-sweep" / Path(args.config).stem
     root = sweep.get("root")
-    vlm_lm = resolve_lm(args.base, args.vlm)
-    measure = Measure(args.base, vlm_lm, args, out / "reference")
+    base = local_checkpoint(args.base)
+    vlm_lm = resolve_lm(base, args.vlm)
+    measure = Measure(base, vlm_lm, args, out / "reference")
     rows = []
     for pt in tqdm(points, desc="merge sweep"):
         pdir = out / "points" / pt["name"]
@@ -337,11 +345,11 @@ def run_sweep(args) -> int:
         if done.is_file() and not args.force:
             row = read_json(done)
         else:
-            model_dir = apply_intervention(pt["method"], args.base, vlm_lm, params, pdir / "model",
+            model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model",
                                            seed=sweep.get("seed", args.seed), force=args.force, progress=False)
             row = {"name": pt["name"], "method": pt["method"], "params": params,
                    **measure.summary(measure.measure(model_dir, pdir)),
-                   "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, args.base)}
+                   "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base)}
             write_json_atomic(done, row)
             if not sweep.get("keep_models", True):
                 import shutil
@@ -366,12 +374,17 @@ def text_recovery(row: dict[str, Any]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def pareto_front(rows: list[dict[str, Any]]) -> list[str]:
-    """Names of points no other point beats on both: higher text recovery, closer to the VLM LM."""
+def _proxy(row: dict[str, Any], key: str):
+    return row[key] if key == "weight_distance_to_vlm" else (row.get(key) or {}).get("value")
+
+
+def pareto_front(rows: list[dict[str, Any]], key: str = "weight_distance_to_vlm") -> list[str]:
+    """Names of points no other point beats on both: higher text recovery, lower VL proxy `key`
+    (weight distance to the VLM LM, or caption NLL)."""
     import math
 
-    pts = [(r["name"], text_recovery(r), r["weight_distance_to_vlm"]) for r in rows]
-    pts = [p for p in pts if math.isfinite(p[1])]  # recovery undefined (base == VLM score): off the front
+    pts = [(r["name"], text_recovery(r), _proxy(r, key)) for r in rows]
+    pts = [p for p in pts if math.isfinite(p[1]) and p[2] is not None]  # undefined recovery: off the front
     return [n for n, rec, d in pts
             if not any((r2 >= rec and d2 <= d) and (r2 > rec or d2 < d) for _, r2, d2 in pts)]
 
@@ -403,15 +416,15 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path) -> None:
 
     with_ppl = any(r.get("caption_nll") for r in rows)
     fig, axes = plt.subplots(1, 2 if with_ppl else 1, figsize=(11 if with_ppl else 6, 4.5), squeeze=False)
-    front = set(pareto_front(rows))
     methods = sorted({r["method"] for r in rows})
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
     proxies = [("weight_distance_to_vlm", "weight distance to VLM LM (0 = VLM, 1 = base)")]
     if with_ppl:
         proxies.append(("caption_nll", "caption NLL, text-only (lower = closer to VLM)"))
     for ax, (key, label) in zip(axes[0], proxies):
+        front = set(pareto_front(rows, key))
         for r in rows:
-            x = r[key] if key == "weight_distance_to_vlm" else (r[key] or {}).get("value")
+            x = _proxy(r, key)
             if x is None:
                 continue
             ax.scatter(x, text_recovery(r), color=colors[r["method"]], edgecolor="black" if r["name"] in front else "none",

@@ -12,7 +12,7 @@ MAP_PNG = "sink_map.png"
 def register(subparsers) -> None:
     p = subparsers.add_parser("sink", help="sink maps and Sink Strength of a model (default: the paper's log-odds S)")
     p.add_argument("model", metavar="MODEL", help="causal LM or VLM: hub id or local path")
-    p.add_argument("--texts", metavar="FILE", help="calibration texts (.json/.jsonl/.txt one per line); default: the metric's shipped set")
+    p.add_argument("--texts", metavar="FILE", help="calibration texts: a file (.json/.jsonl/.txt one per line) or a shipped set (ifeval15, passages64); default: the metric's set")
     p.add_argument("--metric", default=None, help="logodds (default), mass, ratio@EPS (e.g. ratio@0.3), robustness")
     p.add_argument("--out", metavar="DIR", help=f"output dir for {RESULT_JSON} and {MAP_PNG} (default runs/sink/<model>-<metric>)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
@@ -33,13 +33,15 @@ def default_out(model: str, metric: str) -> Path:
 
 
 def run_sink(args) -> int:
-    from evals.sink import DEFAULT_METRIC, get_metric, load_texts_file
+    from evals.sink import DEFAULT_METRIC, get_metric
+    from evals.sink.calibration import resolve_texts
     from sinkstudy import SinkstudyError
     from sinkstudy.io import check_output_dir
 
     # Every input is checked before the model is loaded.
     spec = get_metric(args.metric or DEFAULT_METRIC)
-    texts = load_texts_file(args.texts) if args.texts else None
+    if args.texts:
+        resolve_texts(args.texts, spec.calibration)  # fail now on a missing or malformed file
     params = {k: v for k, v in (("last_layers", args.last_layers), ("argmax", args.argmax), ("noise_seed", args.noise_seed))
               if v is not None}
     stray = set(params) - set(spec.params)
@@ -55,20 +57,25 @@ def run_sink(args) -> int:
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=args.device)
     if tokenizer is None:
         raise SinkstudyError(f"no tokenizer found for {args.model}")
-    return _measure_and_write(args, spec, texts, params, model, tokenizer, out)
+    return _measure_and_write(args, spec, params, model, tokenizer, out)
 
 
-def _measure_and_write(args, spec, texts, params, model, tokenizer, out: Path) -> int:
+def _measure_and_write(args, spec, params, model, tokenizer, out: Path) -> int:
     from evals.sink import plot_sink_map, sink_strength
     from sinkstudy.io import atomic_output_dir, write_json_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
 
-    result = sink_strength(model, tokenizer, spec.name, texts if texts is not None else None, method=args.method,
+    result = sink_strength(model, tokenizer, spec.name, args.texts, method=args.method,
                            batch_size=args.batch_size, max_length=args.max_length, progress=True, **params)
     maps = result.maps
     print(f"sink mass per layer (position {maps.settings['sink_position']}, {len(maps.text_ids)} texts from "
           f"{maps.settings['calibration']}, queries from position {maps.settings['skip_queries']})")
     print(maps.format_table())
+    off = maps.off_sink_heads()
+    if off:
+        shown = ", ".join(f"L{layer}H{head}->{pos}" for layer, head, pos in off[:16])
+        print(f"heads whose most-attended key is not position {maps.settings['sink_position']}: {shown}"
+              + (f" ... ({len(off)} in all)" if len(off) > 16 else ""))
     print(f"Sink Strength [{result.metric}] = {result.value:.4f}")
     with atomic_output_dir(out, force=args.force) as tmp:
         write_json_atomic(tmp / RESULT_JSON, {

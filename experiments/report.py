@@ -21,16 +21,24 @@ PAPER_SPEARMAN = 0.971
 
 # --------------------------------------------------------------------------- formatting
 
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def _f(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if _nan(x):
         return "n/a"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+    return f"{(x or 0.0):.{digits}f}" if isinstance(x, float) else str(x)  # `or 0.0` turns -0.0 into 0.0
 
 
 def _ci(ci, digits: int = 3) -> str:
-    if not ci or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in ci):
-        return "n/a"
-    return f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    if not ci or any(_nan(v) for v in ci):
+        return ""
+    return f"[{(ci[0] or 0.0):.{digits}f}, {(ci[1] or 0.0):.{digits}f}]"
+
+
+def _with_ci(x, ci, digits: int = 3) -> str:
+    return f"{_f(x, digits)} {_ci(ci, digits)}".strip()
 
 
 def _short(metric: str | None) -> str:
@@ -175,24 +183,24 @@ def _findings(summary: dict, study) -> list[str]:
     for p, e in summary["pairs"].items():
         d = e["degradation"][head]
         lo, hi = d["abs_ci"]
-        sig = lo is not None and not math.isnan(lo) and (lo > 0 or hi < 0)
+        sig = not _nan(lo) and (lo > 0 or hi < 0)
         direction = "lost" if d["abs_diff"] > 0 else "gained" if d["abs_diff"] < 0 else "kept"
         out.append(f"{p}: the VLM's LM {direction} {abs(d['abs_diff']):.3f} on {head} ({_short(d['metric'])}: "
-                   f"{d['base']:.3f} -> {d['other']:.3f}, 95% CI of the drop {_ci(d['abs_ci'])}, n={d['n']})"
+                   f"{d['base']:.3f} -> {d['other']:.3f}, 95% CI of the drop {_ci(d['abs_ci']) or 'n/a'}, n={d['n']})"
                    + ("" if sig else "; the interval includes 0, so this miniature does not establish a loss for this pair") + ".")
     corr = summary.get("correlation", {}).get(head)
     if corr:
         lo, hi = corr["spearman_ci"]
-        out.append(f"Spearman rho(S, relative degradation on {head}) = {corr['spearman']:.3f} over {corr['n']} pairs "
-                   f"(bootstrap CI {_ci(corr['spearman_ci'])}); the paper reports {PAPER_SPEARMAN} over six 7-8B pairs. "
+        out.append(f"Spearman rho(S, relative degradation on {head}) = {_f(corr['spearman'])} over {corr['n']} pairs "
+                   f"(bootstrap CI {_ci(corr['spearman_ci']) or 'n/a'}); the paper reports {PAPER_SPEARMAN} over six 7-8B pairs. "
                    + ("With this few points and this CI, the miniature neither confirms nor refutes the paper's relation."
-                      if lo is None or math.isnan(lo) or lo <= 0 <= hi else
+                      if _nan(lo) or _nan(corr["spearman"]) or lo <= 0 <= hi else
                       "The sign agrees with the paper." if corr["spearman"] > 0 else "The sign is opposite to the paper's."))
     elif summary.get("correlation_note"):
         out.append(summary["correlation_note"] + ".")
     native = [e["degradation"][head]["rel_degradation"] for e in summary["pairs"].values() if e.get("native_qk_norm")]
     plain = [e["degradation"][head]["rel_degradation"] for e in summary["pairs"].values() if e.get("native_qk_norm") is False]
-    if native and plain and all(x is not None for x in native + plain):
+    if native and plain and not any(_nan(x) for x in native + plain):
         mn, mp = sum(native) / len(native), sum(plain) / len(plain)
         out.append(f"Native QK-norm backbones lost {mn:.3f} (relative, mean) vs {mp:.3f} without: "
                    + ("the direction the paper reports (QK-norm protects)." if mn < mp else "not the direction the paper reports."))
@@ -201,7 +209,7 @@ def _findings(summary: dict, study) -> list[str]:
         for name, per_task in e["interventions"].items():
             r = per_task[head]["recovery"]
             lo = r["ci"][0] if r["ci"] else None
-            if r["recovery"] is not None and lo is not None and not math.isnan(lo) and lo > 0:
+            if not _nan(r["recovery"]) and not _nan(lo) and lo > 0:
                 recovered.append(f"{p}/{name} ({r['recovery']:.2f}, CI {_ci(r['ci'], 2)})")
     out.append(("Interventions whose recovery CI on " + head + " excludes 0: " + ", ".join(recovered) + ". The paper found that no merge recovered IFEval.")
                if recovered else f"No intervention's recovery CI on {head} excludes 0, as the paper found for its merges.")
@@ -234,7 +242,7 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
         row = [p, {True: "native", False: "none"}.get(e.get("native_qk_norm"), "?"), _f(m["base"]["sink_strength"]), _f(m["vlm"]["sink_strength"])]
         for t in tasks:
             d = e["degradation"][t]
-            row += [_f(d["base"]), _f(d["other"]), f"{_f(d['abs_diff'])} {_ci(d['abs_ci'])}", _f(d["rel_degradation"]), _f(d["mcnemar_p"])]
+            row += [_f(d["base"]), _f(d["other"]), _with_ci(d["abs_diff"], d["abs_ci"]), _f(d["rel_degradation"]), _f(d["mcnemar_p"])]
         if has_pub:
             pub = e.get("published") or {}
             row += [_f(pub.get("sink_strength"), 2), _f(pub.get("ifeval_delta"), 1)]
@@ -255,7 +263,8 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
                 row = [p, name, m.get("method") or "", _f(m["sink_strength"])]
                 for t in tasks:
                     r, c = per_task[t]["recovery"], per_task[t]["vs_base"]
-                    row += [_f(c["other"]), f"{_f(r['recovery'], 2)} {_ci(r['ci'], 2)}", f"{_f(-c['abs_diff'])} {_ci([-c['abs_ci'][1], -c['abs_ci'][0]] if c['abs_ci'][0] is not None else None)}"]
+                    gain_ci = None if _nan(c["abs_ci"][0]) else [-c["abs_ci"][1], -c["abs_ci"][0]]
+                    row += [_f(c["other"]), _with_ci(r["recovery"], r["ci"], 2), _with_ci(-c["abs_diff"], gain_ci)]
                 rows.append(row)
         b.append(("table", header, rows))
         b.append(("p", "recovery = (intervened - VLM LM) / (base - VLM LM): 0 = no better than the VLM's LM, 1 = back to the base; "

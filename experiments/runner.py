@@ -132,14 +132,16 @@ def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
 
 def _check_inputs(study) -> None:
     """Fail before any work when a local input the study does not build is missing."""
+    if study.build is not None:
+        return
     for pair in study.pairs:
-        for k in ("base", "vlm"):
-            p = pair[k]
-            local = p.startswith((".", "/", "~")) or os.sep in p and Path(p).parts[0] in ("runs",) or Path(p).exists()
-            if study.build is None and local and not Path(p).exists():
+        for k in ("base", "vlm", "root"):
+            p = pair.get(k)
+            # A hub id is "org/name": a path with more parts, or starting with . / ~, must exist here.
+            if p and not Path(p).exists() and (p.startswith((".", "/", "~")) or p.count("/") > 1):
                 raise SinkstudyError(f"pair {pair['name']}: {k} {p} does not exist")
     for task, f in study.evals["data_files"].items():
-        if study.build is None and not Path(f).is_file():
+        if not Path(f).is_file():
             raise SinkstudyError(f"evals.data_files.{task}: {f} does not exist")
 
 

@@ -24,7 +24,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sinkstudy import SinkstudyError
 
@@ -32,9 +32,7 @@ LOG = logging.getLogger(__name__)
 
 # mergekit 0.1.5 names (mergekit/merge_methods/registry.py).
 MERGEKIT_METHODS = ("linear", "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties")
-_TASK_VECTOR_METHODS = frozenset(MERGEKIT_METHODS) - {"linear", "slerp"}
 _SPARSE_METHODS = frozenset({"ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties"})
-_RANDOM_METHODS = frozenset({"dare_ties", "dare_linear"})
 # Extra mergekit parameters a user may pass through (`--param key=value`).
 _PASSTHROUGH = {"gamma", "lambda", "normalize", "rescale", "int8_mask"}
 
@@ -175,14 +173,33 @@ def is_vlm_checkpoint(path: str | os.PathLike) -> bool:
     return "vision_config" in cfg or any("ConditionalGeneration" in a for a in cfg.get("architectures") or [])
 
 
+_SNAPSHOT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+def local_checkpoint(ref: str | os.PathLike) -> Path:
+    """A local checkpoint dir for a path or a hub id (downloaded once into the HF cache: weights,
+    configs and tokenizer files only). Offline or unknown ids fail with one line."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        return path
+    name = os.fspath(ref)
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise MergeError(f"checkpoint {name} does not exist (and is not a hub id of the form org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=_SNAPSHOT_PATTERNS))
+    except Exception as exc:  # hub errors come in many classes; the user needs the first line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise MergeError(f"cannot fetch {name} from the hub (offline? HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {first}") from None
+
+
 def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
     once by the pair loader (base's class, vocabulary and tokenizer) into a cache keyed by its hash."""
     from sinkstudy.provenance import model_fingerprint
 
-    vlm = Path(vlm)
-    if not vlm.exists():
-        raise MergeError(f"VLM checkpoint {vlm} does not exist (merges need local checkpoints)")
+    vlm = local_checkpoint(vlm)
     if not is_vlm_checkpoint(vlm):
         return vlm
     cache_root = Path(cache_dir) if cache_dir else Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "vlm_lm"
@@ -193,7 +210,7 @@ def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str |
         from interventions.pairs import extract_language_model, save_causal_lm
 
         LOG.info("extracting the language model of %s into %s", vlm, target)
-        lm, report = extract_language_model(vlm, base)
+        lm, _report = extract_language_model(vlm, base)
         save_causal_lm(lm, AutoTokenizer.from_pretrained(base), target, force=True, extra={"source": str(vlm)})
     return target
 
@@ -211,6 +228,22 @@ def check_pair(base: str | os.PathLike, vlm_lm: str | os.PathLike, root: str | o
 
 
 # --------------------------------------------------------------------------- mergekit config
+
+def validate_merge_args(method: str, weight: float, density: float | None, select, params: dict | None) -> Selection | None:
+    """Method, ranges and parameter names; returns the parsed selection. Cheap: runs first."""
+    if method not in MERGEKIT_METHODS:
+        raise MergeError(f"unknown mergekit method {method!r}; choose from {', '.join(MERGEKIT_METHODS)}")
+    if not 0.0 <= weight <= (1.0 if method in ("linear", "slerp") else 10.0):
+        raise MergeError(f"weight {weight} out of range for {method}")
+    if density is not None and not 0.0 < density <= 1.0:
+        raise MergeError(f"density must be in (0, 1], got {density}")
+    if density is not None and method not in _SPARSE_METHODS:
+        raise MergeError(f"{method} has no density parameter")
+    unknown = set(params or {}) - _PASSTHROUGH
+    if unknown:
+        raise MergeError(f"unknown merge parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_PASSTHROUGH))}")
+    return Selection.parse(select) if isinstance(select, str) or select is None else select
+
 
 def merge_config(
     method: str,
@@ -230,19 +263,8 @@ def merge_config(
     `out_dtype` (default: the base's stored dtype). Unselected tensors get the VLM weight 0 (and
     density 1), which leaves them exactly the base's.
     """
-    if method not in MERGEKIT_METHODS:
-        raise MergeError(f"unknown mergekit method {method!r}; choose from {', '.join(MERGEKIT_METHODS)}")
-    if not 0.0 <= weight <= (1.0 if method in ("linear", "slerp") else 10.0):
-        raise MergeError(f"weight {weight} out of range for {method}")
-    if density is not None and not 0.0 < density <= 1.0:
-        raise MergeError(f"density must be in (0, 1], got {density}")
-    if density is not None and method not in _SPARSE_METHODS:
-        raise MergeError(f"{method} has no density parameter")
-    selection = Selection.parse(select) if isinstance(select, str) or select is None else select
+    selection = validate_merge_args(method, weight, density, select, params)
     params = dict(params or {})
-    unknown = set(params) - _PASSTHROUGH
-    if unknown:
-        raise MergeError(f"unknown merge parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_PASSTHROUGH))}")
     base_s, vlm_s = str(Path(base).resolve()), str(Path(vlm).resolve())
     cfg: dict[str, Any] = {"merge_method": method, "dtype": "float32", "out_dtype": out_dtype or checkpoint_dtype(base)}
 
@@ -315,7 +337,10 @@ def run_mergekit_merge(
     """
     from sinkstudy.io import atomic_output_dir, check_output_dir
 
+    validate_merge_args(method, weight, density, select, params)
     out_dir = check_output_dir(out_dir, force)
+    base_in, vlm_in = base, vlm
+    base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
     vlm_lm = resolve_lm(base, vlm, cache_dir)
     check_pair(base, vlm_lm, root)
     cfg = merge_config(method, base, vlm_lm, weight=weight, density=density, select=select, root=root, params=params)
@@ -323,7 +348,7 @@ def run_mergekit_merge(
     text = config_yaml(cfg, seed)
     with atomic_output_dir(out_dir, force) as tmp:
         _run_mergekit(cfg, text, tmp, seed, progress)
-        write_result(tmp, method=method, base=base, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
+        write_result(tmp, method=method, base=base_in, vlm=vlm_in, vlm_lm=vlm_lm, root=root, seed=seed,
                      settings={"weight": weight, "density": density, "select": str(select or "") or None, **(params or {})},
                      extra={"mergekit_config": cfg})
     return out_dir
@@ -359,9 +384,9 @@ def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, setti
     })
 
 
-def copy_side_files(src: str | os.PathLike, dst: Path, skip: Callable[[Path], bool] | None = None) -> None:
-    """Copy config, generation config and tokenizer files of a checkpoint (not its weights)."""
+def copy_side_files(src: str | os.PathLike, dst: Path) -> None:
+    """Copy config, generation config and tokenizer files of a checkpoint (not its weights or results)."""
     for f in Path(src).iterdir():
-        if f.is_file() and f.suffix not in (".safetensors", ".bin", ".pt") and not f.name.endswith(".index.json"):
-            if skip is None or not skip(f):
-                shutil.copy2(f, dst / f.name)
+        if (f.is_file() and f.suffix not in (".safetensors", ".bin", ".pt") and not f.name.endswith(".index.json")
+                and f.name not in (RESULT_JSON, MERGEKIT_YAML)):
+            shutil.copy2(f, dst / f.name)

@@ -68,16 +68,17 @@ class QKRMSNorm(nn.Module):
             return normed
         return (1.0 - self.alpha) * x + self.alpha * normed
 
+    def projection_hook(self, module, inputs, output: torch.Tensor) -> torch.Tensor:
+        """Forward hook for q_proj / k_proj: normalise each head of the flat projection output.
+
+        A bound method, so `copy.deepcopy(model)` re-binds it to the copy's own norm (a closure would
+        keep pointing at the original's).
+        """
+        shape = output.shape
+        return self(output.view(*shape[:-1], -1, self.weight.shape[0])).view(shape)
+
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, alpha={self.alpha}"
-
-
-def _per_head_hook(norm: QKRMSNorm, head_dim: int) -> Callable:
-    def hook(module, inputs, output):
-        shape = output.shape
-        return norm(output.view(*shape[:-1], -1, head_dim)).view(shape)
-
-    return hook
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def _attach(model, attns, *, alpha: float, gains=None) -> None:
             if gains is not None:
                 norm.weight.data.copy_(gains[i][which].to(norm.weight.dtype))
             attn.add_module("q_norm" if which == 0 else "k_norm", norm)
-            proj.register_forward_hook(_per_head_hook(norm, attn.head_dim))
+            proj.register_forward_hook(norm.projection_hook)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ low-rank, norm-preserving version of the VLM's change (lambda = 1 by default).
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,11 @@ from interventions.merge import (
     check_pair,
     copy_side_files,
     estimate_output_bytes,
+    local_checkpoint,
     resolve_lm,
     weight_files,
     write_result,
 )
-
-LOG = logging.getLogger(__name__)
 
 SPECTRAL_METHODS = ("tsv", "star")
 SHARD_BYTES = 4 * 1024**3
@@ -206,6 +204,8 @@ def run_spectral_merge(
         raise MergeError(f"k_fraction must be in (0, 1], got {k_fraction}")
     selection = Selection.parse(select) if isinstance(select, str) or select is None else select
     out_dir = check_output_dir(out_dir, force)
+    base_in = base
+    base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
     vlm_lm = resolve_lm(base, vlm, cache_dir)
     check_pair(base, vlm_lm, root)
     check_disk_space(out_dir, estimate_output_bytes(base))
@@ -231,7 +231,7 @@ def run_spectral_merge(
             writer.add(name, merged.to("cpu", b.dtype))
         writer.close()
         copy_side_files(base, tmp)
-        write_result(tmp, method=method, base=base, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
+        write_result(tmp, method=method, base=base_in, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
                      settings={"weight": weight, "eta": eta if method == "star" else None,
                                "k_fraction": k_fraction if method == "tsv" else None,
                                "select": str(selection) if selection else None, "device": device})

@@ -38,6 +38,7 @@ def atomic_output_dir(path: str | os.PathLike, force: bool = False) -> Iterator[
     path = check_output_dir(path, force)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would make shared results unreadable
     try:
         yield tmp
     except BaseException:
@@ -52,6 +53,12 @@ def atomic_output_dir(path: str | os.PathLike, force: bool = False) -> Iterator[
         os.replace(tmp, path)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,6 +66,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

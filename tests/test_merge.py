@@ -210,6 +210,12 @@ def test_bad_input_refused_before_work(trio, tmp_path, monkeypatch):
         run_mergekit_merge("linear", trio["base"], trio["vlm"], tmp_path / "m", density=0.5)
     with pytest.raises(MergeError, match="unknown mergekit method"):
         run_mergekit_merge("nonsense", trio["base"], trio["vlm"], tmp_path / "m")
+    with pytest.raises(MergeError, match="does not exist"):
+        run_mergekit_merge("linear", tmp_path / "missing", trio["vlm"], tmp_path / "m")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(MergeError, match="cannot fetch no-such-org/no-such-model from the hub") as err:
+        run_mergekit_merge("linear", trio["base"], "no-such-org/no-such-model", tmp_path / "m")
+    assert "\n" not in str(err.value)
     # The estimate is the base's tensor bytes (float32 here), from the safetensors headers.
     n_params = sum(t.numel() for t in _w(trio["base"]).values())
     assert estimate_output_bytes(trio["base"]) == 4 * n_params
@@ -297,5 +303,21 @@ def test_sweep_configs_expand_and_pareto_front():
     def row(name, rec, dist):
         return {"name": name, "tasks": {"t": {"recovery": rec}}, "weight_distance_to_vlm": dist}
 
-    rows = [row("a", 0.5, 0.5), row("b", 0.4, 0.6), row("c", 0.9, 0.9), row("d", 0.1, 0.1)]
-    assert pareto_front(rows) == ["a", "c", "d"]
+    rows = [row("a", 0.5, 0.5), row("b", 0.4, 0.6), row("c", 0.9, 0.9), row("d", 0.1, 0.1), row("e", None, 0.0)]
+    assert pareto_front(rows) == ["a", "c", "d"]  # e: recovery undefined, off the front
+
+
+def test_sweep_summary_table_and_plot(tmp_path):
+    from experiments.cmd_merge import format_sweep, plot_pareto
+
+    def row(name, method, rec, dist, nll):
+        return {"name": name, "method": method, "weight_distance_to_vlm": dist, "caption_nll": {"value": nll},
+                "sink_strength": {"value": 1.0, "base": 1.2, "vlm": 0.4},
+                "tasks": {"t": {"recovery": rec, "ci": [None if rec is None else rec - 0.1, None if rec is None else rec + 0.1]}}}
+
+    rows = [row("lin", "linear", 0.3, 0.5, 2.0), row("ties", "ties", None, 0.2, 2.5), row("star", "star", 0.6, 0.7, 1.9)]
+    table = format_sweep(rows)
+    assert "| lin | 1.000 | 0.30 [0.20, 0.40] | 0.500 |" in table and "n/a [n/a, n/a]" in table
+    assert "Pareto front (recovery vs distance to VLM LM): lin, star" in table
+    plot_pareto(rows, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000

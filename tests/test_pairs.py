@@ -102,6 +102,12 @@ def test_untied_flag_survives_tie_weights_like_hflm(tokenizer):
     assert not torch.equal(lm.lm_head.weight, lm.model.embed_tokens.weight)
 
 
+def test_load_pair_of_loaded_models_follows_the_base_dtype():
+    pair = load_pair(tiny_base("qwen2").to(torch.bfloat16), tiny_vlm("qwen2_5_vl"))
+    assert pair.vlm_lm.dtype == torch.bfloat16 and pair.tokenizer is None
+    assert pair.report.source_arch == "Qwen2_5_VLForConditionalGeneration" and pair.report.extracted
+
+
 def test_vocab_padding_copies_base_rows():
     base = tiny_base("llama", vocab_size=BASE_VOCAB + EXTRA_VOCAB + 4)
     lm, report = extract_language_model(tiny_vlm("llava"), base)

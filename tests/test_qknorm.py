@@ -63,6 +63,16 @@ def test_adds_two_norms_per_layer_before_rope(family, tokenizer):
     assert torch.allclose(rms, torch.ones_like(rms), atol=1e-3)
 
 
+def test_deepcopy_of_injected_model_uses_its_own_norms(tokenizer):
+    model = inject(tiny_causal_lm("llama", vocab_size=len(tokenizer)), tokenizer, "identity-gain")
+    before = logits(model, tokenizer)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.model.layers[0].self_attn.q_norm.weight.mul_(3.0)
+    assert torch.equal(logits(model, tokenizer), before)
+    assert not torch.allclose(logits(twin, tokenizer), before, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_scale_preserving_stays_under_kl_bound_identity_does_not(family, tokenizer):
     base = tiny_causal_lm(family, vocab_size=len(tokenizer))

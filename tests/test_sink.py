@@ -19,7 +19,7 @@ FAMILIES = {
     "mistral": {"sliding_window": 6},
     "qwen2": {},
     "qwen3": {},
-    "gemma3_text": {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]},
+    "gemma3_text": {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
     "olmo2": {},
 }
 TEXTS = ["The cat sat on the mat and looked at the bird.", "def add(a, b):\n    return a + b\n",
@@ -47,12 +47,12 @@ def test_fast_matches_eager_with_left_padding(family):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.manual_seed(0)
-        cfg = AutoConfig.for_model("gemma2", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        cfg = AutoConfig.for_model("gemma2", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, attn_logit_softcapping=2.0,
                                    sliding_window=5, query_pre_attn_scalar=16)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     else:
-        model = tiny_causal_lm(family, **FAMILIES[family])
+        model = tiny_causal_lm(family, num_hidden_layers=3, **FAMILIES[family])
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(8, 500, (3, 19), generator=gen)
     mask = torch.ones_like(ids)
@@ -62,7 +62,10 @@ def test_fast_matches_eager_with_left_padding(family):
     fast = capture_layer_stats(model, input_ids=ids, attention_mask=mask, method="fast", chunk_elems=300)
     eager = capture_layer_stats(model, input_ids=ids, attention_mask=mask, method="eager")
     assert model.config._attn_implementation == "eager"  # restored after the fast pass
+    offsets = (mask == 0).sum(-1, keepdim=True)
+    counted = mask.bool() & (torch.arange(19)[None] - offsets >= 1)  # default skip_queries=1
     for lf, le in zip(fast, eager):
+        assert torch.equal(~torch.isnan(lf["p_sink"]), counted[:, None, :].expand_as(lf["p_sink"]))
         for key in ("p_sink", "logodds_head", "logodds_query", "colsum"):
             _assert_close(lf[key], le[key])
         assert torch.equal(lf["head_argmax"], le["head_argmax"])
@@ -73,7 +76,7 @@ def test_fast_matches_eager_with_left_padding(family):
 
 
 def test_batched_fast_equals_unbatched_eager(tokenizer):
-    model = tiny_causal_lm("qwen3")
+    model = tiny_causal_lm("qwen3", num_hidden_layers=3)
     kw = dict(metric="mass", progress=False, max_length=40)
     fast = compute_sink_maps(model, tokenizer, TEXTS, batch_size=3, **kw)
     eager = compute_sink_maps(model, tokenizer, TEXTS, batch_size=1, method="eager", **kw)
@@ -238,3 +241,11 @@ def test_cli_default_logodds_on_shipped_prompts(tiny_model_dir, tmp_path, capsys
     result = json.loads((out / "sink.json").read_text())
     assert result["metric"] == "logodds" and result["maps"]["settings"]["calibration"] == "ifeval15"
     assert len(result["maps"]["text_ids"]) == 15 and result["details"]["params"]["last_layers"] == 10
+
+
+def test_bench_case_reports_time_and_memory():
+    from evals.sink.bench import run_case
+
+    for method in ("fast", "eager"):
+        res = run_case(method, 48, repeat=1)
+        assert res["method"] == method and res["time_s"] > 0 and res["peak_mib"] >= 0

@@ -179,7 +179,7 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
     k = _repeat_kv(k.float(), H)
     if v is not None:
         v = _repeat_kv(v.float(), H)
-        out = torch.empty(B, H, T, v.shape[-1])
+        out = torch.empty(B, H, T, v.shape[-1], device=q.device)
     dev = q.device
     lse = torch.empty(B, H, T, device=dev)
     p_sink = torch.empty(B, H, T, device=dev)
@@ -194,11 +194,11 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
         logits = torch.matmul(q[:, :, a:b], k[:, :, lo:b].transpose(-1, -2)).mul_(scaling)
         if softcap is not None:
             logits.div_(softcap).tanh_().mul_(softcap)
-        if mask is None:
-            allowed = torch.arange(lo, b, device=dev)[None, :] <= torch.arange(a, b, device=dev)[:, None]
+        if mask is None:  # causal: only the diagonal block (keys a..b-1) has masked entries
+            future = torch.ones(b - a, b - a, dtype=torch.bool, device=dev).triu_(1)
+            logits[..., a - lo:].masked_fill_(future, float("-inf"))
         else:
-            allowed = mask[:, :, a:b, lo:b]
-        logits.masked_fill_(~allowed, float("-inf"))
+            logits.masked_fill_(~mask[:, :, a:b, lo:b], float("-inf"))
         m = logits.amax(-1, keepdim=True)
         m.masked_fill_(m == float("-inf"), 0.0)  # fully masked (padding) rows: keep them finite
         e = logits.sub_(m).exp_()
@@ -212,7 +212,8 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
         w = torch.where(valid[:, None, a:b], 1.0 / s, 0.0)
         colsum[:, :, lo:b] += torch.matmul(w.unsqueeze(-2), e).squeeze(-2).double()
         if v is not None:
-            out[:, :, a:b] = torch.matmul(e, v[:, :, lo:b]) / s.unsqueeze(-1)
+            # Fully masked (padding) rows get 0, not 0/0: NaN would leak into real rows' values.
+            out[:, :, a:b] = torch.matmul(e, v[:, :, lo:b]) / s.masked_fill(s == 0, 1.0).unsqueeze(-1)
     head_argmax = colsum.argmax(-1)  # (B, H)
     k_star = k.gather(2, head_argmax[:, :, None, None].expand(B, H, 1, k.shape[-1]))
     l_star = (q * k_star).sum(-1) * scaling

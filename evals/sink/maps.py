@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,6 +81,12 @@ class SinkMaps:
             rows.append(row)
         return rows
 
+    def off_sink_heads(self) -> list[tuple[int, int, int]]:
+        """(layer, head, position) of heads whose most-attended key is usually not the sink position."""
+        mode = self.argmax_mode
+        off = (mode != self.settings["sink_position"]).nonzero().tolist()
+        return [(layer, head, int(mode[layer, head])) for layer, head in off]
+
     def format_table(self, eps: float = TABLE_EPS) -> str:
         rows = self.layer_table(eps)
         cols = list(rows[0])
@@ -104,6 +109,7 @@ class SinkMaps:
             "mass": _rounded(self.mass),
             "mass_per_text": _rounded(self.mass_per_text),
             "argmax_key": self.argmax_key.tolist(),
+            "argmax_mode": self.argmax_mode.tolist(),
             "argmax_mass": _rounded(self.argmax_mass),
             "layer_table": self.layer_table(),
             "logodds_omitted": not keep,

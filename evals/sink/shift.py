@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 
 from sinkstudy import SinkstudyError
 from evals.sink.maps import SinkMaps

@@ -31,14 +31,15 @@ FAMILIES = ("qwen2", "qwen3", "llama")
 # `sinkstudy demo --quick`: the same pipeline, smaller everywhere (the end-to-end test runs this).
 QUICK = {
     "build": {
-        "corpus": {"train_records": 1500, "heldout_ifeval": 12, "heldout_gsm": 8},
+        "corpus": {"train_records": 1500, "heldout_ifeval": 10, "heldout_gsm": 6},
         "tokenizer": {"vocab_size": 512},
         "pretrain": {"steps": 30, "batch_size": 8, "seq_len": 128},
         "vl": {"heldout_images": 20, "stage1": {"steps": 6, "batch_size": 8}, "stage2": {"steps": 8, "batch_size": 8}},
     },
-    "evals": {"max_gen_toks": 32, "n_boot": 200},
+    "evals": {"max_gen_toks": 24, "n_boot": 200},
 }
 QUICK_BACKBONE = {"hidden_size": 64, "num_hidden_layers": 2, "steps": None}
+QUICK_QKNORM_STEPS = 10
 
 
 def validate_build(build, where: str) -> dict:
@@ -93,7 +94,9 @@ def quick_overrides(raw: dict) -> dict:
         b.pop("steps", None)
         b["num_attention_heads"] = min(b.get("num_attention_heads", 4), 4)
         b["num_key_value_heads"] = min(b.get("num_key_value_heads", 2), 2)
-    return deep_merge(QUICK, {"build": {"backbones": backbones}})
+    interventions = [dict(i, params={**i.get("params", {}), "train_steps": min(i["params"].get("train_steps", 0), QUICK_QKNORM_STEPS)})
+                     if i.get("method") == "qknorm" and i.get("params") else i for i in raw.get("interventions") or []]
+    return deep_merge(QUICK, {"build": {"backbones": backbones}, "interventions": interventions})
 
 
 # --------------------------------------------------------------------------- the build steps

@@ -161,7 +161,8 @@ def digit_accuracy(vlm, tokenizer, images, labels, n_patches: int) -> dict:
 def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, force: bool = False, progress: bool = True) -> dict:
     """Build the VLM from the base checkpoint, run both LLaVA stages, save it with its processor."""
     import torch
-    from transformers import AutoModelForCausalLM, CLIPImageProcessor, LlavaProcessor
+    from transformers import AutoModelForCausalLM, LlavaProcessor
+    from transformers import CLIPImageProcessorPil as CLIPImageProcessor  # no torchvision needed
 
     from interventions.pairs import load_tokenizer
 

@@ -111,7 +111,7 @@ def _sink_maps_arg(sink_maps: Mapping[str, Any]) -> dict[str, Any]:
 
     out = dict(sink_maps)
     for k in ("base", "vlm"):
-        if isinstance(out.get(k), (str, os.PathLike)):
+        if isinstance(out.get(k), (str, os.PathLike, dict)):  # JSON file or its loaded content
             out[k] = SinkMaps.from_json(out[k])
     if "shift" not in out:
         if not (isinstance(out.get("base"), SinkMaps) and isinstance(out.get("vlm"), SinkMaps)):
@@ -142,18 +142,19 @@ def run_mitigation(
     """
     import torch
 
-    from interventions.merge import check_disk_space, check_pair, estimate_output_bytes, resolve_lm, write_result
+    from interventions.merge import check_disk_space, check_pair, estimate_output_bytes, local_checkpoint, resolve_lm, write_result
     from interventions.pairs import load_causal_lm
     from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
 
     mitigation = get_mitigation(name)
     config = resolve_config(mitigation, params)
     out_dir = check_output_dir(out_dir, force)
-    vlm_lm = resolve_lm(base, vlm, cache_dir)
-    check_pair(base, vlm_lm)
+    base_dir = local_checkpoint(base)
+    vlm_lm = resolve_lm(base_dir, vlm, cache_dir)
+    check_pair(base_dir, vlm_lm)
     check_disk_space(out_dir, estimate_output_bytes(vlm_lm))
     torch.manual_seed(seed)
-    base_model, tokenizer = load_causal_lm(base, dtype=torch.float32)
+    base_model, tokenizer = load_causal_lm(base_dir, dtype=torch.float32)
     vlm_model, _ = load_causal_lm(vlm_lm, dtype=torch.float32)
     maps = None
     if mitigation.needs_sink_maps:

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from typing import Any
 
 from interventions.pairs import archs
 from interventions.pairs.layout import PairMismatchError, check_same_layout
-from interventions.pairs.resolve import is_model, load_config, load_tokenizer, model_id, resolve_dtype
-
-log = logging.getLogger(__name__)
+from interventions.pairs.resolve import is_model, load_config, model_id, resolve_dtype, try_load_tokenizer
 
 
 @dataclasses.dataclass
@@ -88,7 +85,7 @@ def extract_language_model(vlm, base=None, *, dtype=None, device="cpu", attn_imp
         auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
         model = auto.from_pretrained(os.fspath(vlm), dtype=dtype)
         if vlm_tokenizer is None:
-            vlm_tokenizer = _try_tokenizer(os.fspath(vlm))
+            vlm_tokenizer = try_load_tokenizer(os.fspath(vlm))
     decoder = model.get_decoder()
     state = {
         "model." + archs.rename_text_keys(text_config, target_config.model_type, k): v
@@ -180,11 +177,3 @@ def _config_of(obj):
     if hasattr(obj, "model_type"):
         return obj
     return load_config(obj)
-
-
-def _try_tokenizer(path):
-    try:
-        return load_tokenizer(path)
-    except (OSError, ValueError, TypeError) as exc:
-        log.debug("no tokenizer at %s: %s", path, exc)
-        return None

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 from interventions.pairs import archs
-from interventions.pairs.extract import ExtractionReport, _try_tokenizer, extract_language_model
+from interventions.pairs.extract import ExtractionReport, extract_language_model
 from interventions.pairs.layout import check_same_layout
-from interventions.pairs.resolve import is_model, load_config, model_id, resolve_dtype
+from interventions.pairs.resolve import is_model, load_config, model_id, resolve_dtype, try_load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def load_causal_lm(model_or_path, *, dtype=None, device="cpu", attn_implementati
         kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForCausalLM.from_pretrained(os.fspath(model_or_path), dtype=dtype, **kwargs).to(device).eval()
     if tokenizer is None and not is_model(model_or_path):
-        tokenizer = _try_tokenizer(os.fspath(model_or_path))
+        tokenizer = try_load_tokenizer(os.fspath(model_or_path))
         if tokenizer is None:
             log.warning("no tokenizer found at %s", model_or_path)
     return model, tokenizer
@@ -57,7 +57,8 @@ def load_pair(base, vlm, *, dtype=None, device="cpu", attn_implementation=None, 
     """Load the base LLM and the VLM's language model in the base's class and vocabulary.
 
     `vlm` may be a VLM or an already-extracted causal LM (then only aligned and checked). Layouts are
-    compared on configs before any weights are read; a mismatch raises PairMismatchError.
+    compared on configs before any weights are read; a mismatch raises PairMismatchError. `dtype`
+    applies to models loaded here; a passed-in base keeps its dtype and the VLM's LM follows it.
     """
     from interventions.pairs.extract import plan_target_config
 
@@ -71,7 +72,8 @@ def load_pair(base, vlm, *, dtype=None, device="cpu", attn_implementation=None, 
     plan_target_config(vlm_config, base_config)  # layout check, no weights yet
     base_model, base_tok = load_causal_lm(base, dtype=dtype, device="cpu", attn_implementation=attn_implementation,
                                           tokenizer=tokenizer)
-    vlm_lm, report = extract_language_model(vlm, base_model, dtype=dtype, device="cpu",
+    # The pair shares one dtype: a passed-in base keeps its own, and the VLM's LM follows it.
+    vlm_lm, report = extract_language_model(vlm, base_model, dtype=base_model.dtype, device="cpu",
                                             attn_implementation=attn_implementation)
     check_same_layout(base_model, vlm_lm)
     return ModelPair(base=base_model.to(device), vlm_lm=vlm_lm.to(device), tokenizer=base_tok,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from sinkstudy import SinkstudyError
+
+log = logging.getLogger(__name__)
 
 
 def is_model(obj) -> bool:
@@ -106,3 +109,12 @@ def load_tokenizer(path):
     if declared in _GENERIC_TOKENIZERS:
         return PreTrainedTokenizerFast.from_pretrained(os.fspath(path))
     return AutoTokenizer.from_pretrained(os.fspath(path))
+
+
+def try_load_tokenizer(path):
+    """load_tokenizer(path), or None where there is no loadable tokenizer."""
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError, TypeError) as exc:
+        log.debug("no tokenizer at %s: %s", path, exc)
+        return None

@@ -1,0 +1,102 @@
+"""The embedded demo: generated data that lm-eval's own graders accept, a LLaVA built around a
+backbone, and the reduced demo end to end (report, plots, tables; a rerun reuses every step; a
+changed intervention re-runs only its own steps)."""
+
+import random
+
+import pytest
+
+from experiments.demo import corpus
+
+
+def test_heldout_reference_answers_pass_lm_eval_graders():
+    from evals.nltk_offline import ensure_punkt_tab
+
+    ensure_punkt_tab()
+    from lm_eval.tasks.ifeval import utils
+
+    _, held = corpus._splits()
+    rng = random.Random(3)
+    ids = set()
+    for key in range(200):
+        rec, resp = corpus.ifeval_example(rng, held, key)
+        ids.update(rec["instruction_id_list"])
+        inp = utils.InputExample(key=key, instruction_id_list=rec["instruction_id_list"], prompt=rec["prompt"], kwargs=rec["kwargs"])
+        assert utils.test_instruction_following_strict(inp, resp).follow_all_instructions, (rec, resp)
+    assert ids == set(corpus.INSTRUCTIONS)
+    # ...and a response that ignores the instruction fails it (the graders are not vacuous here).
+    rec = {"instruction_id_list": ["change_case:english_capital"], "kwargs": [{}], "prompt": "Tell me about the owl."}
+    inp = utils.InputExample(key=0, prompt=rec["prompt"], instruction_id_list=rec["instruction_id_list"], kwargs=rec["kwargs"])
+    assert not utils.test_instruction_following_strict(inp, "The owl is white.").follow_all_instructions
+
+
+def test_heldout_prompts_use_unseen_entities():
+    train, held = corpus._splits()
+    assert not {t[0] for t in train.things} & {t[0] for t in held.things}
+    assert not set(train.names) & set(held.names)
+    ifeval, gsm = corpus.heldout_prompts(30, 20, seed=0)
+    train_text = " ".join(u + " " + (a or "") for u, a in corpus.training_records(2000, seed=0))
+    assert all(rec["prompt"] not in train_text for rec in ifeval)
+    assert all(g["answer"].split("#### ")[-1].isdigit() and "The answer is" in g["answer"] for g in gsm)
+
+
+def test_llava_built_around_backbone_keeps_its_text_function(tokenizer):
+    import torch
+
+    from experiments.demo.vl import build_vlm
+    from sinkstudy.tiny import tiny_causal_lm
+
+    base = tiny_causal_lm("qwen3", vocab_size=len(tokenizer))
+    vlm = build_vlm(base, tokenizer, {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 8, "patch_size": 2})
+    assert vlm.config.image_seq_length == 16 and vlm.config.text_config.model_type == "qwen3"
+    ids = tokenizer(["The answer is 8."], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(vlm(input_ids=ids).logits, base(input_ids=ids).logits, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
+    from experiments.cli import main
+    from experiments.demo.build import quick_overrides
+    from experiments.runner import run_study
+    from experiments.study import load_study
+    from experiments.cmd_study import DEMO_CONFIG
+    import yaml
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--quiet", "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("sinkstudy: demo: report ") and str(out / "report.md") in line
+
+    report = (out / "report.md").read_text()
+    for section in ("## Findings", "## Sink Strength and strict scores", "## Recovery per intervention", "## Plots",
+                    "## How the miniature pairs were built", "## Provenance"):
+        assert section in report
+    for pair in ("qwen3", "qwen2"):
+        assert f"| {pair} |" in report
+        assert (out / "plots" / f"sink_{pair}.png").stat().st_size > 1000
+    for name in ("linear", "ties", "dare", "head_restore", "qknorm", "qknorm-vl"):
+        assert f"| {name} |" in report
+    for plot in ("scatter_sinkstudy_ifeval.png", "recovery_sinkstudy_ifeval.png", "recovery_sinkstudy_gsm.png"):
+        assert (out / "plots" / plot).is_file()
+    html = (out / "report.html").read_text()
+    assert html.count("<table>") == report.count("\n|---") and 'src="plots/sink_qwen3.png"' in html
+
+    # Every step JSON carries provenance with the config and model fingerprints.
+    import json
+
+    step = json.loads((out / "steps" / "qwen2" / "eval" / "vlm.json").read_text())
+    prov = step["provenance"]
+    assert prov["config"]["content"]["name"] == "demo" and prov["versions"]["lm_eval"]
+    assert any(v.startswith("ckpt-sha256:") for v in prov["model_fingerprints"].values())
+    assert json.loads((out / "steps" / "qwen2" / "intervene" / "ties.json").read_text())["provenance"]["seeds"]["study"] == 0
+
+    # A rerun reuses every step; a changed intervention re-runs only its own steps.
+    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    again = run_study(load_study(DEMO_CONFIG, out=out, overrides=quick_overrides(raw)), progress=False)
+    assert again["reused"] == again["steps"]
+    changed = quick_overrides(raw)
+    changed["interventions"] = [dict(i, params={**i["params"], "density": 0.3}) if i["name"] == "ties" else i
+                                for i in raw["interventions"]]
+    third = run_study(load_study(DEMO_CONFIG, out=out, overrides=changed), progress=False)
+    assert third["steps"] - third["reused"] == 2 * 3  # per pair: intervene, sink and eval of ties

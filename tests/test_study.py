@@ -1,0 +1,141 @@
+"""Study configs: validation errors are one line and raised before any work; the shipped configs
+validate; the paper dry run prints all six pairs offline; the paper run refuses without CUDA."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.study import StudyConfigError, deep_merge, load_study, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "experiments" / "configs"
+
+MINIMAL = {
+    "name": "t",
+    "pairs": [{"name": "p", "base": "some/base", "vlm": "some/vlm"}],
+    "evals": {"tasks": ["sinkstudy_ifeval"]},
+    "interventions": [{"name": "lin", "method": "linear", "params": {"weight": 0.5}}],
+}
+
+
+def _err(raw) -> str:
+    with pytest.raises(StudyConfigError) as exc:
+        validate(raw)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_minimal_config_fills_defaults():
+    s = validate(MINIMAL)
+    assert s.out == Path("runs/t")
+    assert s.sink["metric"] == "logodds"
+    assert s.evals["batch_size"] == 8 and s.evals["apply_chat_template"] is True
+    assert s.interventions[0]["params"] == {"weight": 0.5}
+    assert s.keep_models is True
+
+
+@pytest.mark.parametrize("patch, needle", [
+    ({"colour": 1}, "unknown key(s) colour"),
+    ({"name": "bad name!"}, "name"),
+    ({"pairs": []}, "pairs must be a non-empty list"),
+    ({"pairs": [{"name": "p", "base": "b"}]}, "vlm must be a hub id or a path"),
+    ({"pairs": [{"name": "p", "base": "b", "vlm": "v", "published": {"S": 1}}]}, "unknown key(s) S"),
+    ({"evals": {"tasks": ["x"], "batch_size": 0}}, "evals.batch_size: must be an integer >= 1"),
+    ({"evals": {"tasks": ["x"], "data_files": {"y": "f.jsonl"}}}, "names task(s) not in tasks: y"),
+    ({"evals": {"tasks": ["x"], "limit": -3}}, "evals.limit"),
+    ({"sink": {"metric": "nope"}}, "unknown sink metric 'nope'"),
+    ({"interventions": [{"name": "m", "method": "frobnicate"}]}, "unknown method 'frobnicate'"),
+    ({"interventions": [{"name": "base", "method": "linear"}]}, "reserved"),
+    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"vl": True}}]}, "needs the demo's build section"),
+    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"gain": 2}}]}, "qknorm has no parameter(s) gain"),
+    ({"model": {"dtype": "int4"}}, "model.dtype"),
+    ({"keep_models": "yes"}, "keep_models"),
+])
+def test_validation_errors_are_one_line(patch, needle):
+    assert needle in _err({**MINIMAL, **patch})
+
+
+def test_build_section_errors():
+    bad = {"name": "d", "build": {"backbones": [{"name": "a", "family": "gpt2", "hidden_size": 64, "num_hidden_layers": 2,
+                                                "num_attention_heads": 4}]}}
+    assert "family: must be one of" in _err(bad)
+    bad["build"]["backbones"][0].update(family="qwen2", hidden_size=66)
+    assert "not divisible" in _err(bad)
+    assert "unknown key(s) steps_" in _err({"name": "d", "build": {"pretrain": {"steps_": 3}, "backbones": []}})
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: [unclosed\n")
+    with pytest.raises(StudyConfigError, match="not valid YAML"):
+        load_study(f)
+    with pytest.raises(StudyConfigError, match="does not exist"):
+        load_study(tmp_path / "missing.yaml")
+
+
+def test_cli_reports_config_error_in_one_line(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({**MINIMAL, "evals": {"tasks": ["x"], "batch_size": "big"}}))
+    r = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(f), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "evals.batch_size" in r.stderr
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_shipped_configs_validate():
+    demo = load_study(CONFIGS / "demo.yaml")
+    assert [p["name"] for p in demo.pairs] == ["qwen3", "qwen2", "qwen2-s1"]
+    assert demo.pairs[0]["native_qk_norm"] is True and demo.pairs[1]["native_qk_norm"] is False
+    assert demo.evals["data_files"]["sinkstudy_ifeval"] == "runs/demo/data/heldout_ifeval.jsonl"
+    template = load_study(CONFIGS / "real_pairs_template.yaml")
+    assert {p["vlm"] for p in template.pairs} >= {"Qwen/Qwen2.5-VL-7B-Instruct", "llava-hf/llava-1.5-7b-hf"}
+    paper = load_study(CONFIGS / "paper_six_pairs.yaml")
+    assert len(paper.pairs) == 6
+    # The merge grid comes from the merge module's file: seven methods, the paper's parameters.
+    grid = {i["name"]: i for i in paper.interventions}
+    assert grid["star"]["params"] == {"eta": 40} and grid["dare"]["params"]["density"] == 0.1
+    assert {p["published"]["ifeval_delta"] for p in paper.pairs} == {-5.4, -1.8, -9.6, -8.9, -7.9, -18.7}
+
+
+def test_deep_merge_keeps_siblings():
+    assert deep_merge({"a": {"b": 1, "c": 2}, "l": [1]}, {"a": {"b": 3}, "l": [2]}) == {"a": {"b": 3, "c": 2}, "l": [2]}
+
+
+def test_paper_dry_run_prints_all_six_pairs_offline():
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "experiments.cli", "paper", "--dry-run"], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for vlm in ("Qwen/Qwen3-VL-8B-Instruct", "OpenGVLab/InternVL3_5-8B-HF", "Qwen/Qwen2.5-VL-7B-Instruct",
+                "OpenGVLab/InternVL3-8B-hf", "llava-hf/llava-onevision-qwen2-7b-ov-hf", "allenai/Molmo2-O-7B"):
+        assert vlm in r.stdout
+    for needle in ("ifeval, gsm8k_cot", "tsv", "star", "ties", "dare_ties", "estimated disk", "estimated GPU memory", "-18.7"):
+        assert needle in r.stdout
+
+
+def test_paper_plan_estimates_follow_parameter_counts():
+    from experiments.paper import BYTES_PER_PARAM, GPU_OVERHEAD, plan
+
+    study = load_study(CONFIGS / "paper_six_pairs.yaml")
+    e = plan(study)["estimates"]
+    assert e["gpu_gb"] == pytest.approx(8.2 * BYTES_PER_PARAM * GPU_OVERHEAD)  # largest base LLM: Qwen3-8B
+    sizes = {}
+    for p in study.pairs:
+        sizes[p["base"]], sizes[p["vlm"]] = p["params_b"]["base"], p["params_b"]["vlm"]
+        if p.get("root"):
+            sizes[p["root"]] = p["params_b"]["base"]
+    assert e["download_gb"] == pytest.approx(sum(sizes.values()) * BYTES_PER_PARAM)
+
+
+def test_paper_refuses_without_cuda_unless_limited():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = subprocess.run([sys.executable, "-m", "experiments.cli", "paper"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "--limit" in r.stderr
