@@ -96,11 +96,10 @@ class Runner:
         return self.run(step_id, spec, fn, deps)
 
     def timings(self) -> dict[str, float]:
-        """Seconds per stage (first path component of the step id after 'build/'), this run only."""
+        """Seconds per stage (the second component of the step id), this run only."""
         out: dict[str, float] = {}
         for e in self.log:
-            parts = e["step"].split("/")
-            stage = parts[1] if parts[0] == "build" else parts[-1].split(":")[0] if len(parts) < 2 else parts[1]
+            stage = e["step"].split("/")[1]  # build/<stage>/... or <pair>/<stage>/...
             out[stage] = round(out.get(stage, 0.0) + e["seconds"], 2)
         return out
 
@@ -276,7 +275,9 @@ def eval_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
 
     ev = study.evals
     out_dir = study.out / "evals" / pair["name"] / label
-    run = run_eval(path, _load_tokenizer(pair["base"]), tasks=ev["tasks"], limit=ev["limit"], batch_size=ev["batch_size"],
+    # A path is fingerprinted by its files (cheap); other dtypes (bf16 7B models) are loaded here.
+    model = path if study.model["dtype"] == "float32" else _load(path, study)[0]
+    run = run_eval(model, _load_tokenizer(pair["base"]), tasks=ev["tasks"], limit=ev["limit"], batch_size=ev["batch_size"],
                    apply_chat_template=ev["apply_chat_template"], max_gen_toks=ev["max_gen_toks"], num_fewshot=ev["num_fewshot"],
                    data_files=ev["data_files"] or None, out_dir=out_dir, force=True, device=study.model["device"],
                    seed=study.seed, progress=progress)

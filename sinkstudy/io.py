@@ -87,6 +87,7 @@ def save_figure_atomic(fig, path: str | os.PathLike, **kwargs) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, **kwargs)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

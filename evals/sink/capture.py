@@ -26,7 +26,10 @@ from sinkstudy import SinkstudyError
 IMPL_NAME = "sinkstudy_sink"
 # float32 probabilities cannot resolve 1 - a below 2**-24; beyond that a log-odds is noise.
 LOGODDS_CAP = 24 * math.log(2.0)
-_CHUNK_ELEMS = 1 << 20  # logits per chunk: 4 MiB of float32
+# Logits per query chunk: 4 MiB of float32 on CPU (cache-friendly, measured in bench.py); on an
+# accelerator 128 MiB, so a long sequence is a few kernels per layer rather than hundreds.
+_CPU_CHUNK = 1 << 20
+_ACCEL_CHUNK = 1 << 25
 _ACTIVE: dict[int, "_Capture"] = {}  # id(attention module) -> capture in progress
 _REGISTERED = False
 
@@ -37,7 +40,7 @@ class _Capture:
     sink_index: torch.Tensor  # (B,) absolute key index of the sink in each row
     valid: torch.Tensor  # (B, T) bool: real token and relative position >= skip_queries
     results: dict[int, dict[str, torch.Tensor]]
-    chunk_elems: int = _CHUNK_ELEMS
+    chunk_elems: int
 
 
 def attention_layers(model) -> list[torch.nn.Module]:
@@ -57,7 +60,7 @@ def capture_layer_stats(
     sink_position: int = 0,
     skip_queries: int = 1,
     method: str = "fast",
-    chunk_elems: int = _CHUNK_ELEMS,
+    chunk_elems: int | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Run one batch (left padded) and return per-layer sink statistics.
 
@@ -78,7 +81,7 @@ def capture_layer_stats(
         sink_index=offsets + sink_position,
         valid=valid,
         results={},
-        chunk_elems=chunk_elems,
+        chunk_elems=chunk_elems or (_CPU_CHUNK if attention_mask.device.type == "cpu" else _ACCEL_CHUNK),
     )
     inputs = dict(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(),
                   position_ids=position_ids, use_cache=False)
