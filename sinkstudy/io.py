@@ -59,20 +59,27 @@ def _umask() -> int:
     return mask
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside `path` (same suffix); on success it replaces `path` in one rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
@@ -81,19 +88,9 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
 
 def save_figure_atomic(fig, path: str | os.PathLike, **kwargs) -> Path:
     """Save a matplotlib figure atomically (format taken from the suffix)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:
         fig.savefig(tmp, **kwargs)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return Path(path)
 
 
 def read_json(path: str | os.PathLike) -> Any:

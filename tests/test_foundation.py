@@ -66,3 +66,18 @@ def test_provenance_lists_versions():
 def test_cli_help_lists_commands():
     out = subprocess.run([sys.executable, "-m", "experiments.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "sinkstudy" in out.stdout
+
+
+def test_failed_atomic_write_keeps_old_file_and_no_temp(tmp_path):
+    from sinkstudy.io import write_text_atomic
+
+    from sinkstudy.io import atomic_file
+
+    target = write_text_atomic(tmp_path / "a.json", "old")
+    with pytest.raises(RuntimeError):
+        with atomic_file(target) as tmp:
+            tmp.write_text("half-written")
+            raise RuntimeError("interrupted")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    assert target.stat().st_mode & 0o044  # readable by group/others under the default umask

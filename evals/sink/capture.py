@@ -24,8 +24,9 @@ import torch
 from sinkstudy import SinkstudyError
 
 IMPL_NAME = "sinkstudy_sink"
-# float32 probabilities cannot resolve 1 - a below 2**-24; beyond that a log-odds is noise.
-LOGODDS_CAP = 24 * math.log(2.0)
+# Beyond ~87 the other keys' float32 probabilities underflow and the log-odds is infinite; the
+# clip keeps results finite (and JSON strict) far above any value a median could reach.
+LOGODDS_CAP = 80.0
 # Logits per query chunk: 4 MiB of float32 on CPU (cache-friendly, measured in bench.py); on an
 # accelerator 128 MiB, so a long sequence is a few kernels per layer rather than hundreds.
 _CPU_CHUNK = 1 << 20
@@ -184,9 +185,9 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
         v = _repeat_kv(v.float(), H)
         out = torch.empty(B, H, T, v.shape[-1], device=q.device)
     dev = q.device
-    lse = torch.empty(B, H, T, device=dev)
-    p_sink = torch.empty(B, H, T, device=dev)
-    s_all = torch.empty(B, H, T, device=dev)
+    lse = torch.empty(B, H, T, dtype=torch.float64, device=dev)
+    p_sink = torch.empty(B, H, T, dtype=torch.float64, device=dev)
+    s_all = torch.empty(B, H, T, dtype=torch.float64, device=dev)  # sum of exp(l - max): float64 keeps s - 1 exact
     colsum = torch.zeros(B, H, T, dtype=torch.float64, device=dev)
     valid = cap.valid.to(dev)
     sink_idx = cap.sink_index.to(dev)
@@ -205,18 +206,18 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
         m = logits.amax(-1, keepdim=True)
         m.masked_fill_(m == float("-inf"), 0.0)  # fully masked (padding) rows: keep them finite
         e = logits.sub_(m).exp_()
-        s = e.sum(-1)
+        s = e.sum(-1, dtype=torch.float64)
         lse[:, :, a:b] = m.squeeze(-1) + s.log()
         s_all[:, :, a:b] = s
         col = (sink_idx - lo).view(B, 1, 1, 1)
         in_chunk = (col >= 0) & (col < b - lo)  # else the sink is outside this chunk's keys: p = 0
         e_sink = e.gather(-1, col.clamp(0, b - lo - 1).expand(B, H, b - a, 1)).squeeze(-1)
         p_sink[:, :, a:b] = torch.where(in_chunk.view(B, 1, 1), e_sink, 0.0) / s
-        w = torch.where(valid[:, None, a:b], 1.0 / s, 0.0)
+        w = torch.where(valid[:, None, a:b], 1.0 / s, 0.0).float()
         colsum[:, :, lo:b] += torch.matmul(w.unsqueeze(-2), e).squeeze(-2).double()
         if v is not None:
             # Fully masked (padding) rows get 0, not 0/0: NaN would leak into real rows' values.
-            out[:, :, a:b] = torch.matmul(e, v[:, :, lo:b]) / s.masked_fill(s == 0, 1.0).unsqueeze(-1)
+            out[:, :, a:b] = torch.matmul(e, v[:, :, lo:b]) / s.masked_fill(s == 0, 1.0).float().unsqueeze(-1)
     head_argmax = colsum.argmax(-1)  # (B, H)
     k_star = k.gather(2, head_argmax[:, :, None, None].expand(B, H, 1, k.shape[-1]))
     l_star = (q * k_star).sum(-1) * scaling
@@ -226,18 +227,17 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
         visible = head_argmax[:, :, None] <= torch.arange(T, device=dev)[None, None, :]
     else:
         visible = mask.expand(B, H, T, T).gather(-1, head_argmax[:, :, None, None].expand(B, H, T, 1)).squeeze(-1)
-    log_a = (l_star - lse).double()
-    lo_head = torch.where(visible, _logodds_from_log(log_a), float("nan"))
-    # Per-query argmax: the max term of s is exp(0) = 1, so a = 1/s and 1 - a = (s - 1)/s.
-    lo_query = -torch.log(s_all.double() - 1.0)
-    stats = _finish(p_sink.double(), lo_head, lo_query, colsum, head_argmax, valid)
+    # Per-query argmax: the max term of s is exp(0) = 1, so a = 1/s and 1 - a = (s - 1)/s, exact
+    # even for a near 1. The head's key, once it holds over half the mass, is that maximum too;
+    # below that 1 - a >= 1/2 and computing it from a loses nothing.
+    lo_query = -torch.log(s_all - 1.0)
+    log_a = l_star.double() - lse
+    lo_head = torch.where(log_a > -math.log(2.0), lo_query, log_a - torch.log(-torch.expm1(log_a)))
+    lo_head = torch.where(visible, lo_head, float("nan"))
+    stats = _finish(p_sink, lo_head, lo_query, colsum, head_argmax, valid)
     if v is not None:
         return stats, out.to(out_dtype).transpose(1, 2).contiguous()
     return stats, None
-
-
-def _logodds_from_log(log_a: torch.Tensor) -> torch.Tensor:
-    return log_a - torch.log(-torch.expm1(log_a))
 
 
 def _finish(p_sink, lo_head, lo_query, colsum, head_argmax, valid) -> dict[str, torch.Tensor]:
