@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 
 def _common(p, default_out: str | None = None) -> None:
-    p.add_argument("--out", default=default_out, help="output dir (default: the config's `out`)")
+    p.add_argument("--out", default=default_out, help=f"output dir (default: {default_out or 'the config’s `out`'})")
     p.add_argument("--force", action="store_true", help="re-run every step instead of reusing finished ones")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 

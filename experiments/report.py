@@ -45,6 +45,15 @@ def _short(metric: str | None) -> str:
     return (metric or "").replace(",none", "").replace("exact_match,", "em/")
 
 
+def _cell(text: str) -> str:
+    """Model text inside a table cell: one line, escapes visible."""
+    return repr(text)[1:-1]
+
+
+def _pass(v) -> str:
+    return "pass" if v else "fail"
+
+
 # --------------------------------------------------------------------------- blocks -> md / html
 
 def render_md(blocks: list[tuple]) -> str:
@@ -60,7 +69,7 @@ def render_md(blocks: list[tuple]) -> str:
         elif kind == "table":
             header, rows = b[1], b[2]
             out.append("\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                                 + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]))
+                                 + ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]))
         elif kind == "img":
             out.append(f"![{b[2]}]({b[1]})")
         elif kind == "code":
@@ -159,7 +168,10 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
     vals = [b[1] if b[1] is not None and not math.isnan(b[1]) else 0.0 for b in bars]
     errs = [[max(0.0, v - (b[2][0] if b[2][0] is not None and not math.isnan(b[2][0]) else v)) for v, b in zip(vals, bars)],
             [max(0.0, (b[2][1] if b[2][1] is not None and not math.isnan(b[2][1]) else v) - v) for v, b in zip(vals, bars)]]
-    ax.bar(xs, vals, yerr=errs, capsize=2, color=["tab:grey" if b[1] is None or math.isnan(b[1]) else "tab:green" for b in bars])
+    ax.bar(xs, vals, yerr=errs, capsize=2, color="tab:green")
+    for x, b in zip(xs, bars):
+        if _nan(b[1]):  # base and VLM scored the same: recovery is undefined
+            ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, color="grey")
     ax.axhline(0, color="black", lw=0.7)
     ax.axhline(1, color="grey", lw=0.7, ls="--")
     ax.set_xticks(list(xs))
@@ -271,6 +283,13 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
                        "undefined (n/a) when base and VLM score the same. 'vs base' = intervened - base with its CI. "
                        "qknorm rows are the injected base (text-only cost of the injection); qknorm-vl rows are the LM of a VLM "
                        "trained from the injected base with the same VL recipe (the paper's experiment)."))
+
+    examples = [(p, x) for p, e in summary["pairs"].items() for x in e.get("examples") or []]
+    if examples:
+        b.append(("h", 2, f"Example outputs on {tasks[0]} (prompts the base passes and the VLM LM fails, where any)"))
+        b.append(("table", ["pair", "doc", "prompt", "base output", "VLM LM output"],
+                  [[p, x["doc_id"], _cell(x["prompt"]), f"{_cell(x['base'])} ({_pass(x['base_pass'])})", f"{_cell(x['vlm'])} ({_pass(x['vlm_pass'])})"]
+                   for p, x in examples]))
 
     b.append(("h", 2, "Plots"))
     for p, f in plot_sink_maps(summary, out).items():

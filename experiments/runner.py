@@ -62,13 +62,15 @@ class Runner:
         except ValueError:
             return False
 
-    def run(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str] = ()) -> dict:
+    def run(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str] = (), outputs: Path | None = None) -> dict:
+        """Reuse the finished step with this key, or run `fn` and record it. A step whose `outputs`
+        (a checkpoint dir it writes) has gone is run again."""
         from sinkstudy.provenance import provenance
 
         key = self.key(spec, deps)
         self.keys[step_id] = key
         f = self.path(step_id)
-        if f.is_file() and not self.force:
+        if f.is_file() and not self.force and (outputs is None or Path(outputs).exists()):
             try:
                 done = json.loads(f.read_text(encoding="utf-8"))
             except ValueError:
@@ -93,6 +95,7 @@ class Runner:
 
     def force_step(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str] = ()) -> dict:
         self.path(step_id).unlink(missing_ok=True)
+        self.log = [e for e in self.log if e["step"] != step_id]
         return self.run(step_id, spec, fn, deps)
 
     def timings(self) -> dict[str, float]:
@@ -156,7 +159,7 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
     models_dir = runner.out / "models"
     lm_dir = models_dir / f"{p}-vlm-lm"
     model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"]}
-    runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study), deps=deps)
+    runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study), deps=deps, outputs=lm_dir)
     models: dict[str, dict] = {"base": {"path": pair["base"], "step": deps[0] if deps else None},
                                "vlm": {"path": str(lm_dir), "step": f"{p}/extract"}}
     results: dict[str, dict] = {}
@@ -179,7 +182,7 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
         spec = {"method": iv["method"], "params": {k: v for k, v in params.items() if k != "sink_maps"}, "seed": study.seed}
         step = f"{p}/intervene/{name}"
         make = lambda iv=iv, params=params, out_dir=out_dir: intervene_step(study, pair, iv, params, lm_dir, out_dir, runner.progress)  # noqa: E731
-        runner.run(step, spec, make, deps=iv_deps)
+        runner.run(step, spec, make, deps=iv_deps, outputs=out_dir if study.keep_models else None)
         if not out_dir.exists() and not _measured(runner, study, pair, name, str(out_dir), step):
             runner.force_step(step, spec, make, deps=iv_deps)  # deleted after an earlier run (keep_models: false)
         results[name] = measure(runner, study, pair, name, str(out_dir), deps=[step])
@@ -314,16 +317,18 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
     models = runner.out / "models"
     base_out = models / f"{p}-{name}-base"
     runner.run(f"{p}/intervene/{name}", {"qknorm": params, "seed": study.seed},
-               lambda: qknorm_step(study, pair, params, base_out, runner.progress), deps=deps)
+               lambda: qknorm_step(study, pair, params, base_out, runner.progress), deps=deps, outputs=base_out)
     out = {f"{name}": {**measure(runner, study, pair, name, str(base_out), deps=[f"{p}/intervene/{name}"]), "method": "qknorm"}}
     if params["vl"]:
         from experiments.demo.build import vl_step
 
         vlm_out, lm_out = models / f"{p}-{name}-vlm", models / f"{p}-{name}-vlm-lm"
         runner.run(f"{p}/intervene/{name}-vl", {"vl": study.build["vl"]},
-                   lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress), deps=[f"{p}/intervene/{name}"])
+                   lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress), deps=[f"{p}/intervene/{name}"],
+                   outputs=vlm_out)
         qk_pair = {**pair, "base": str(base_out), "vlm": str(vlm_out)}
-        runner.run(f"{p}/intervene/{name}-vl-extract", {}, lambda: extract_step(qk_pair, lm_out, study), deps=[f"{p}/intervene/{name}-vl"])
+        runner.run(f"{p}/intervene/{name}-vl-extract", {}, lambda: extract_step(qk_pair, lm_out, study),
+                   deps=[f"{p}/intervene/{name}-vl"], outputs=lm_out)
         out[f"{name}-vl"] = {**measure(runner, study, pair, f"{name}-vl", str(lm_out), deps=[f"{p}/intervene/{name}-vl-extract"]),
                              "method": "qknorm+vl"}
     return out
@@ -370,6 +375,21 @@ def _recovery_texts(study, tok) -> list[str]:
 
 # --------------------------------------------------------------------------- statistics
 
+def _examples(base, vlm, task: str, metric: str | None, n: int = 2, width: int = 240) -> list[dict]:
+    """Up to `n` prompts the base passes and the VLM LM fails (else the first ones), outputs cut to `width`."""
+    if metric is None:
+        return []
+    try:
+        b, v = base.docs(task), vlm.docs(task)
+    except SinkstudyError:  # a run without samples
+        return []
+    ids = [d for d in b if d in v]
+    lost = [d for d in ids if b[d]["metrics"].get(metric) and not v[d]["metrics"].get(metric)]
+    cut = lambda t: t if len(t) <= width else t[:width] + "..."  # noqa: E731
+    return [{"doc_id": d, "prompt": cut(b[d]["prompt"]), "base": cut(b[d]["output"]), "vlm": cut(v[d]["output"]),
+             "base_pass": b[d]["metrics"].get(metric), "vlm_pass": v[d]["metrics"].get(metric)} for d in (lost or ids)[:n]]
+
+
 def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
     """Paired degradation (base -> VLM LM) with CIs, recovery per intervention, Sink Strength vs
     relative degradation (Spearman) across pairs, and the published figures beside ours."""
@@ -394,6 +414,7 @@ def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
             entry["interventions"][label] = {
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
                        "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict()} for task in ev["tasks"]}
+        entry["examples"] = _examples(runs["base"], runs["vlm"], ev["tasks"][0], out["headline"].get(ev["tasks"][0]))
         pair_cfg = next(x for x in study.pairs if x["name"] == p)
         entry["published"] = pair_cfg.get("published")
         entry["native_qk_norm"] = pair_cfg.get("native_qk_norm")

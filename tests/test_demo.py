@@ -56,12 +56,15 @@ def test_llava_built_around_backbone_keeps_its_text_function(tokenizer):
 
 @pytest.mark.slow
 def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
+    import json
+
+    import yaml
+
     from experiments.cli import main
+    from experiments.cmd_study import DEMO_CONFIG
     from experiments.demo.build import quick_overrides
     from experiments.runner import run_study
     from experiments.study import load_study
-    from experiments.cmd_study import DEMO_CONFIG
-    import yaml
 
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--quiet", "--out", str(out)]) == 0
@@ -83,8 +86,6 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     assert html.count("<table>") == report.count("\n|---") and 'src="plots/sink_qwen3.png"' in html
 
     # Every step JSON carries provenance with the config and model fingerprints.
-    import json
-
     step = json.loads((out / "steps" / "qwen2" / "eval" / "vlm.json").read_text())
     prov = step["provenance"]
     assert prov["config"]["content"]["name"] == "demo" and prov["versions"]["lm_eval"]
@@ -97,6 +98,6 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     assert again["reused"] == again["steps"]
     changed = quick_overrides(raw)
     changed["interventions"] = [dict(i, params={**i["params"], "density": 0.3}) if i["name"] == "ties" else i
-                                for i in raw["interventions"]]
+                                for i in changed["interventions"]]
     third = run_study(load_study(DEMO_CONFIG, out=out, overrides=changed), progress=False)
     assert third["steps"] - third["reused"] == 2 * 3  # per pair: intervene, sink and eval of ties

@@ -249,3 +249,19 @@ def test_bench_case_reports_time_and_memory():
     for method in ("fast", "eager"):
         res = run_case(method, 48, repeat=1)
         assert res["method"] == method and res["time_s"] > 0 and res["peak_mib"] >= 0
+
+
+def test_sharp_sinks_keep_logodds_precision():
+    # Scaled q/k make attention nearly one-hot: log-odds near 10, where 1 - a ~ 1e-5 in float32.
+    model = tiny_causal_lm("llama")
+    for layer in model.model.layers:
+        layer.self_attn.q_proj.weight.data *= 10
+        layer.self_attn.k_proj.weight.data *= 10
+    ids = torch.randint(8, 500, (1, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    fast = capture_layer_stats(model, input_ids=ids, attention_mask=mask)
+    eager = capture_layer_stats(model, input_ids=ids, attention_mask=mask, method="eager")
+    assert max(float(ly["logodds_query"].nan_to_num().max()) for ly in eager) > 8
+    for lf, le in zip(fast, eager):
+        for key in ("logodds_head", "logodds_query"):
+            _assert_close(lf[key] / (1 + le[key].abs()), le[key] / (1 + le[key].abs()))

@@ -139,3 +139,45 @@ def test_paper_refuses_without_cuda_unless_limited():
         pytest.skip("this machine has CUDA")
     r = subprocess.run([sys.executable, "-m", "experiments.cli", "paper"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "--limit" in r.stderr
+
+
+def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path):
+    import json
+
+    from experiments.runner import Runner
+
+    study = validate({**MINIMAL, "out": str(tmp_path)})
+    calls = []
+
+    def step(name, value):
+        def fn():
+            calls.append(name)
+            (tmp_path / name).mkdir(exist_ok=True)
+            return {"value": value}
+        return fn
+
+    def run_all(a_value, b_spec):
+        r = Runner(study, progress=False)
+        r.run("p/a/x", {"v": a_value}, step("a", a_value), outputs=tmp_path / "a")
+        r.run("p/b/x", b_spec, step("b", 0), deps=["p/a/x"])
+        r.run("p/c/x", {}, step("c", 0), deps=["p/b/x"])
+        return r
+
+    run_all(1, {"k": 1})
+    assert calls == ["a", "b", "c"]
+    saved = json.loads((tmp_path / "steps" / "p" / "b" / "x.json").read_text())
+    assert saved["key"] and saved["provenance"]["config"]["content"]["name"] == "t" and saved["provenance"]["seeds"] == {"study": 0}
+    calls.clear()
+    r = run_all(1, {"k": 1})
+    assert calls == [] and all(e["reused"] for e in r.log)
+    run_all(1, {"k": 2})  # b's settings changed: b and what reads it re-run, a is reused
+    assert calls == ["b", "c"]
+    calls.clear()
+    run_all(2, {"k": 2})  # the first step changed: everything downstream re-runs
+    assert calls == ["a", "b", "c"]
+    calls.clear()
+    (tmp_path / "a").rmdir()  # a step whose output has gone runs again; its unchanged key keeps b and c
+    run_all(2, {"k": 2})
+    assert calls == ["a"]
+    with pytest.raises(Exception, match="did not run"):
+        Runner(study).run("p/d/x", {}, step("d", 0), deps=["p/zzz/x"])

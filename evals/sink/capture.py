@@ -24,12 +24,12 @@ import torch
 from sinkstudy import SinkstudyError
 
 IMPL_NAME = "sinkstudy_sink"
-# Beyond ~87 the other keys' float32 probabilities underflow and the log-odds is infinite; the
-# clip keeps results finite (and JSON strict) far above any value a median could reach.
+# Past ~87 the other keys' float32 probabilities underflow and a log-odds turns infinite; the clip
+# keeps results (and JSON) finite, far above any value a median could reach.
 LOGODDS_CAP = 80.0
-# Logits per query chunk: 4 MiB of float32 on CPU (cache-friendly, measured in bench.py); on an
+# Logits per query chunk: 2 MiB of float32 on CPU (cache-friendly, measured in bench.py); on an
 # accelerator 128 MiB, so a long sequence is a few kernels per layer rather than hundreds.
-_CPU_CHUNK = 1 << 20
+_CPU_CHUNK = 1 << 19
 _ACCEL_CHUNK = 1 << 25
 _ACTIVE: dict[int, "_Capture"] = {}  # id(attention module) -> capture in progress
 _REGISTERED = False
@@ -187,7 +187,7 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
     dev = q.device
     lse = torch.empty(B, H, T, dtype=torch.float64, device=dev)
     p_sink = torch.empty(B, H, T, dtype=torch.float64, device=dev)
-    s_all = torch.empty(B, H, T, dtype=torch.float64, device=dev)  # sum of exp(l - max): float64 keeps s - 1 exact
+    others = torch.empty(B, H, T, dtype=torch.float64, device=dev)  # sum of exp(l - max) over all keys but the max
     colsum = torch.zeros(B, H, T, dtype=torch.float64, device=dev)
     valid = cap.valid.to(dev)
     sink_idx = cap.sink_index.to(dev)
@@ -203,12 +203,16 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
             logits[..., a - lo:].masked_fill_(future, float("-inf"))
         else:
             logits.masked_fill_(~mask[:, :, a:b, lo:b], float("-inf"))
-        m = logits.amax(-1, keepdim=True)
-        m.masked_fill_(m == float("-inf"), 0.0)  # fully masked (padding) rows: keep them finite
+        m, top = logits.max(-1, keepdim=True)
+        live = m > float("-inf")  # False on fully masked (padding) rows
+        m.masked_fill_(~live, 0.0)
         e = logits.sub_(m).exp_()
-        s = e.sum(-1, dtype=torch.float64)
+        # The max term is exactly 1: summing the rest without it keeps 1 - a = rest / s exact as a -> 1.
+        rest = e.scatter_(-1, top, 0.0).sum(-1).double()
+        e.scatter_(-1, top, live.float())
+        s = torch.where(live.squeeze(-1), 1.0 + rest, 0.0)
+        others[:, :, a:b] = rest
         lse[:, :, a:b] = m.squeeze(-1) + s.log()
-        s_all[:, :, a:b] = s
         col = (sink_idx - lo).view(B, 1, 1, 1)
         in_chunk = (col >= 0) & (col < b - lo)  # else the sink is outside this chunk's keys: p = 0
         e_sink = e.gather(-1, col.clamp(0, b - lo - 1).expand(B, H, b - a, 1)).squeeze(-1)
@@ -227,10 +231,9 @@ def _chunked_stats(q, k, v, mask, scaling, softcap, sliding_window, cap: _Captur
         visible = head_argmax[:, :, None] <= torch.arange(T, device=dev)[None, None, :]
     else:
         visible = mask.expand(B, H, T, T).gather(-1, head_argmax[:, :, None, None].expand(B, H, T, 1)).squeeze(-1)
-    # Per-query argmax: the max term of s is exp(0) = 1, so a = 1/s and 1 - a = (s - 1)/s, exact
-    # even for a near 1. The head's key, once it holds over half the mass, is that maximum too;
-    # below that 1 - a >= 1/2 and computing it from a loses nothing.
-    lo_query = -torch.log(s_all - 1.0)
+    # Per-query argmax: a = 1/s and 1 - a = rest/s, so log-odds = -log(rest). The head's key, once
+    # it holds over half the mass, is that maximum too; below that 1 - a >= 1/2 is safe from a.
+    lo_query = -torch.log(others)
     log_a = l_star.double() - lse
     lo_head = torch.where(log_a > -math.log(2.0), lo_query, log_a - torch.log(-torch.expm1(log_a)))
     lo_head = torch.where(visible, lo_head, float("nan"))

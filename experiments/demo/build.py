@@ -13,15 +13,15 @@ from pathlib import Path
 from sinkstudy import SinkstudyError
 
 DEFAULTS = {
-    "corpus": {"train_records": 6000, "heldout_ifeval": 60, "heldout_gsm": 40, "seed": 0},
+    "corpus": {"train_records": 6000, "heldout_ifeval": 48, "heldout_gsm": 32, "seed": 0},
     "tokenizer": {"vocab_size": 1024},
-    "pretrain": {"steps": 400, "lr": 3e-3, "batch_size": 16, "seq_len": 160},
+    "pretrain": {"steps": 300, "lr": 3e-3, "batch_size": 16, "seq_len": 160},
     "backbones": [],
     "vl": {
         "seed": 0, "heldout_images": 200,
         "vision": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 8, "patch_size": 2},
-        "stage1": {"steps": 60, "lr": 1e-3, "batch_size": 16},
-        "stage2": {"steps": 120, "lr": 2e-4, "batch_size": 16},
+        "stage1": {"steps": 40, "lr": 1e-3, "batch_size": 16},
+        "stage2": {"steps": 100, "lr": 2e-4, "batch_size": 16},
     },
 }
 BACKBONE_KEYS = {"name", "family", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -105,17 +105,18 @@ def run_build(runner, build: dict) -> dict[str, str]:
     """Run (or reuse) every build step; returns {backbone name: step id of its VLM} for deps."""
     out = runner.out
     data, models = out / "data", out / "models"
-    runner.run("build/corpus", {"corpus": build["corpus"]}, lambda: make_corpus(data, build["corpus"]))
+    runner.run("build/corpus", {"corpus": build["corpus"]}, lambda: make_corpus(data, build["corpus"]), outputs=data / "train.jsonl")
     runner.run("build/tokenizer", {"tokenizer": build["tokenizer"]}, lambda: make_tokenizer(data, models / "tokenizer", build["tokenizer"]),
-               deps=["build/corpus"])
+               deps=["build/corpus"], outputs=models / "tokenizer")
     done = {}
     for b in build["backbones"]:
         train = {**build["pretrain"], **({"steps": b["steps"]} if b.get("steps") else {})}
         runner.run(f"build/pretrain/{b['name']}", {"backbone": b, "pretrain": train},
-                   lambda b=b, train=train: pretrain_step(data, models, b, train, runner.progress), deps=["build/tokenizer"])
+                   lambda b=b, train=train: pretrain_step(data, models, b, train, runner.progress), deps=["build/tokenizer"],
+                   outputs=models / f"{b['name']}-base")
         runner.run(f"build/vl/{b['name']}", {"vl": build["vl"]},
                    lambda b=b: vl_step(models / f"{b['name']}-base", models / f"{b['name']}-vlm", build["vl"], runner.progress),
-                   deps=[f"build/pretrain/{b['name']}"])
+                   deps=[f"build/pretrain/{b['name']}"], outputs=models / f"{b['name']}-vlm")
         done[b["name"]] = f"build/vl/{b['name']}"
     return done
 
