@@ -9,11 +9,12 @@ from __future__ import annotations
 
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 DEMO_TRAIN_RECORDS = 2000
+# Copies of interventions.qknorm's tuples (a test keeps them equal): importing it pulls in torch.
+INIT_MODES = ("identity-gain", "scale-preserving", "blend")
+TRAINABLE_MODES = ("gains", "attention", "all")
 
 
 def register(subparsers) -> None:
-    from interventions.qknorm import INIT_MODES, TRAINABLE_MODES
-
     p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original")
     p.add_argument("base", metavar="BASE", help="base LLM: hub id or local path (Llama, Mistral, Qwen2, Gemma, Gemma2)")
     p.add_argument("--init", default="scale-preserving", choices=INIT_MODES, help="gain initialisation (default scale-preserving)")

@@ -368,7 +368,8 @@ def _save_qwen3_sibling(model, out: Path) -> None:
         sibling = Qwen3ForCausalLM(config)
     for name, p in sibling.state_dict().items():
         if name.endswith("o_proj.bias") and name not in state:
-            state[name] = torch.zeros(p.shape, dtype=state[name.replace("bias", "weight")].dtype)
+            weight = state[name.replace("bias", "weight")]
+            state[name] = torch.zeros(p.shape, dtype=weight.dtype, device=weight.device)
     missing, unexpected = sibling.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:

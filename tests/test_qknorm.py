@@ -158,6 +158,13 @@ def test_training_gains_only_changes_only_gains(tokenizer):
         assert changed == name.endswith(("q_norm.weight", "k_norm.weight")), name
 
 
+def test_cli_choices_match_the_library():
+    import interventions.qknorm as lib
+    from experiments import cmd_qknorm
+
+    assert (cmd_qknorm.INIT_MODES, cmd_qknorm.TRAINABLE_MODES) == (lib.INIT_MODES, lib.TRAINABLE_MODES)
+
+
 @pytest.mark.slow
 def test_cli_end_to_end_on_tiny_qwen2(tokenizer, tmp_path, monkeypatch, capsys):
     from experiments.cli import main
