@@ -7,6 +7,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine the thread
+# pool's spin-waits made single forwards tens of times slower.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,12 @@ def test_hooks_checkpoint_reloads_identical(kind, tokenizer, tmp_path):
     loaded = load_injected(tmp_path / "ckpt", attn_implementation="eager")
     assert type(loaded) is type(model) and qk_norm_kind(loaded) == "injected"
     assert torch.equal(logits(loaded, tokenizer), logits(model, tokenizer))
+    # The one loader every module uses must re-attach the norms too, not drop them silently.
+    from interventions.pairs import load_causal_lm
+
+    via_pairs, _ = load_causal_lm(tmp_path / "ckpt", attn_implementation="eager")
+    assert qk_norm_kind(via_pairs) == "injected"
+    assert torch.equal(logits(via_pairs, tokenizer), logits(model, tokenizer))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "olmo2", "gemma3_text"])

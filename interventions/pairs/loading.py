@@ -44,8 +44,12 @@ def load_causal_lm(model_or_path, *, dtype=None, device="cpu", attn_implementati
     else:
         from transformers import AutoModelForCausalLM
 
+        from interventions import qknorm  # lazy: qknorm itself loads through this module
+
         kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        model = AutoModelForCausalLM.from_pretrained(os.fspath(model_or_path), dtype=dtype, **kwargs).to(device).eval()
+        # An injected checkpoint in the hooks format needs its norms re-attached after loading.
+        load = qknorm.load_injected if qknorm.is_injected_checkpoint(model_or_path) else AutoModelForCausalLM.from_pretrained
+        model = load(os.fspath(model_or_path), dtype=dtype, **kwargs).to(device).eval()
     if tokenizer is None and not is_model(model_or_path):
         tokenizer = try_load_tokenizer(os.fspath(model_or_path))
         if tokenizer is None:
