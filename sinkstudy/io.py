@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -83,7 +84,21 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    """Strict JSON: NaN/inf (e.g. a relative change over a zero base score) are stored as null."""
+    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False)
+    return write_text_atomic(path, text + "\n")
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return _finite(obj.tolist())
+    return obj
 
 
 def save_figure_atomic(fig, path: str | os.PathLike, **kwargs) -> Path:

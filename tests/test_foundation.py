@@ -81,3 +81,11 @@ def test_failed_atomic_write_keeps_old_file_and_no_temp(tmp_path):
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
     assert target.stat().st_mode & 0o044  # readable by group/others under the default umask
+
+
+def test_json_is_strict_nan_becomes_null(tmp_path):
+    import numpy as np
+
+    path = write_json_atomic(tmp_path / "r.json", {"rel": float("nan"), "arr": np.array([1.0, np.inf]), "ok": 0.5})
+    assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) == {
+        "rel": None, "arr": [1.0, None], "ok": 0.5}
