@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import logging
 import os
 import shutil
@@ -375,6 +376,10 @@ def _recovery_texts(study, tok) -> list[str]:
 
 # --------------------------------------------------------------------------- statistics
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def _examples(base, vlm, task: str, metric: str | None, n: int = 2, width: int = 240) -> list[dict]:
     """Up to `n` prompts the base passes and the VLM LM fails (else the first ones), outputs cut to `width`."""
     if metric is None:
@@ -419,12 +424,15 @@ def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
         entry["published"] = pair_cfg.get("published")
         entry["native_qk_norm"] = pair_cfg.get("native_qk_norm")
         out["pairs"][p] = entry
-    if len(pairs) >= 3:
-        s = [out["pairs"][p]["models"]["base"]["sink_strength"] for p in pairs]
-        for task in ev["tasks"]:
-            deg = [out["pairs"][p]["degradation"][task]["rel_degradation"] for p in pairs]
-            if all(d is not None for d in deg):
-                out["correlation"][task] = sink_correlation(s, deg, **kw).as_dict()
-    else:
-        out["correlation_note"] = f"{len(pairs)} pair(s): a rank correlation needs at least 3"
+    s = [out["pairs"][p]["models"]["base"]["sink_strength"] for p in pairs]
+    notes = []
+    for task in ev["tasks"]:
+        deg = [out["pairs"][p]["degradation"][task]["rel_degradation"] for p in pairs]
+        finite = [(a, b) for a, b in zip(s, deg) if _finite(a) and _finite(b)]
+        if len(finite) >= 3:
+            out["correlation"][task] = sink_correlation(*zip(*finite), **kw).as_dict()
+        else:  # relative degradation is undefined where the base scores 0
+            notes.append(f"{task}: {len(finite)} pair(s) with a defined S and relative degradation; a rank correlation needs at least 3")
+    if notes:
+        out["correlation_note"] = "; ".join(notes)
     return out

@@ -18,6 +18,12 @@ from pathlib import Path
 from sinkstudy.io import atomic_output_dir
 
 IMAGE_TOKEN = "<|image|>"
+# Parameter-name prefixes each stage may train.
+TRAINABLE = {
+    "vision+projector": ("model.vision_tower.", "model.multi_modal_projector."),
+    "projector+lm": ("model.multi_modal_projector.", "model.language_model.", "lm_head."),
+    "all": ("model.", "lm_head."),
+}
 
 
 def digits_split(n_heldout: int, seed: int):
@@ -102,8 +108,7 @@ def train_stage(vlm, examples, *, trainable: str, steps: int, lr: float, batch_s
     import torch
     from tqdm.auto import tqdm
 
-    select = {"vision+projector": ("model.vision_tower.", "model.multi_modal_projector."),
-              "projector+lm": ("model.multi_modal_projector.", "model.language_model.", "lm_head.")}[trainable]
+    select = TRAINABLE[trainable]
     params = []
     for name, p in vlm.named_parameters():
         p.requires_grad_(name.startswith(select))
@@ -173,9 +178,9 @@ def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, force: bool = False, p
     (tr_img, tr_lab), (ho_img, ho_lab) = digits_split(cfg["heldout_images"], cfg["seed"])
     examples = _examples(tokenizer, tr_img, tr_lab, n_patches, cfg["seed"])
     stages = {}
-    for key, trainable in (("stage1", "vision+projector"), ("stage2", "projector+lm")):
+    for key, default in (("stage1", "vision+projector"), ("stage2", "projector+lm")):
         s = cfg[key]
-        stages[key] = train_stage(vlm, examples, trainable=trainable, steps=s["steps"], lr=s["lr"], batch_size=s["batch_size"],
+        stages[key] = train_stage(vlm, examples, trainable=s.get("trainable", default), steps=s["steps"], lr=s["lr"], batch_size=s["batch_size"],
                                   seed=cfg["seed"], pad_id=tokenizer.pad_token_id, progress=progress, desc=f"VL {key} {base_dir.name}")
     heldout = digit_accuracy(vlm, tokenizer, ho_img, ho_lab, n_patches)
     processor = LlavaProcessor(
