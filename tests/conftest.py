@@ -1,10 +1,16 @@
 """Shared fixtures: everything offline, tiny and built locally."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Hermetic: eval results, fingerprints and nltk tables cached by one run must not serve another.
+os.environ["SINKSTUDY_CACHE"] = tempfile.mkdtemp(prefix="sinkstudy-test-cache-")
+atexit.register(shutil.rmtree, os.environ["SINKSTUDY_CACHE"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
