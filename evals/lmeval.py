@@ -295,10 +295,10 @@ def _is_processor(obj) -> bool:
 
 
 def _load_tokenizer(path):
-    from transformers import AutoTokenizer
+    from interventions.pairs import load_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(os.fspath(path))
+        return load_tokenizer(os.fspath(path))
     except (OSError, ValueError) as exc:
         raise SinkstudyError(f"no tokenizer could be loaded from {path}: {str(exc).splitlines()[0]}") from exc
 

@@ -288,8 +288,9 @@ def sink_correlation(sink_strengths: Sequence[float], degradations: Sequence[flo
     y = np.asarray([d.rel_degradation if isinstance(d, Comparison) else d for d in degradations], dtype=float)
     if x.shape != y.shape or x.ndim != 1:
         raise SinkstudyError(f"need one sink strength per degradation, got {x.shape} and {y.shape}")
-    if len(x) < 3 or not (np.isfinite(x).all() and np.isfinite(y).all()):
-        raise SinkstudyError(f"correlation needs at least 3 pairs with finite values, got {len(x)}")
+    finite = int((np.isfinite(x) & np.isfinite(y)).sum())
+    if len(x) < 3 or finite < len(x):
+        raise SinkstudyError(f"correlation needs at least 3 pairs, all finite; got {len(x)} pairs, {finite} finite")
     rho = spearmanr(x, y)
     r = pearsonr(x, y)
 

@@ -103,9 +103,10 @@ class Measure:
     def measure(self, path, out: Path | None) -> dict[str, Any]:
         """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out`."""
         from evals.lmeval import run_eval
+        from interventions.pairs import load_tokenizer
         from sinkstudy.io import read_json, write_json_atomic
 
-        tokenizer = _tokenizer(self.base)
+        tokenizer = load_tokenizer(self.base)
         cached = out / "sink.json" if out else None
         if cached and cached.is_file() and read_json(cached).get("captions") == self.args.captions:
             sink = read_json(cached)
@@ -154,12 +155,6 @@ def _finite(x):
 
 def _fmt(x, spec: str = ".2f") -> str:
     return "n/a" if x is None else format(x, spec)
-
-
-def _tokenizer(path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 def _read_captions(path: str) -> list[str]:

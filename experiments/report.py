@@ -166,7 +166,7 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
     for p, entry in summary["pairs"].items():
         for name, per_task in entry["interventions"].items():
             r = per_task[task]["recovery"]
-            bars.append((f"{p}\n{name}", r["recovery"], r["ci"]))
+            bars.append((f"{p}\n{name}", r["recovery"], r["ci"], _lost(entry["degradation"][task])))
     if not bars:
         return None
     fig, ax = plt.subplots(figsize=(max(5, 0.55 * len(bars) + 1.5), 4))
@@ -174,7 +174,13 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
     vals = [b[1] if b[1] is not None and not math.isnan(b[1]) else 0.0 for b in bars]
     errs = [[max(0.0, v - (b[2][0] if b[2][0] is not None and not math.isnan(b[2][0]) else v)) for v, b in zip(vals, bars)],
             [max(0.0, (b[2][1] if b[2][1] is not None and not math.isnan(b[2][1]) else v) - v) for v, b in zip(vals, bars)]]
-    ax.bar(xs, vals, yerr=errs, capsize=2, color="tab:green")
+    # Where the pair's own drop is within noise, recovery is a ratio of noise: grey it out.
+    colours = ["tab:green" if b[3] else "lightgrey" for b in bars]
+    ax.bar(xs, vals, yerr=errs, capsize=2, color=colours)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="tab:green", label="pair lost capability (drop CI > 0)"),
+                       Patch(color="lightgrey", label="no significant loss: ratio of noise")], fontsize=7, loc="best")
     for x, b in zip(xs, bars):
         if _nan(b[1]):  # base and VLM scored the same: recovery is undefined
             ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, color="grey")

@@ -205,13 +205,11 @@ def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str |
     cache_root = Path(cache_dir) if cache_dir else Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "vlm_lm"
     target = cache_root / model_fingerprint(vlm).split(":")[-1]
     if not (target / "config.json").is_file():
-        from transformers import AutoTokenizer
-
-        from interventions.pairs import extract_language_model, save_causal_lm
+        from interventions.pairs import extract_language_model, load_tokenizer, save_causal_lm
 
         LOG.info("extracting the language model of %s into %s", vlm, target)
         lm, _report = extract_language_model(vlm, base)
-        save_causal_lm(lm, AutoTokenizer.from_pretrained(base), target, force=True, extra={"source": str(vlm)})
+        save_causal_lm(lm, load_tokenizer(base), target, force=True, extra={"source": str(vlm)})
     return target
 
 
