@@ -317,9 +317,10 @@ def format_table(comparisons: Sequence[Comparison], names: tuple[str, str] = ("A
     a, b = names
     head = f"{'task':<26} {'metric':<32} {'n':>5} {a[:8]:>8} {b[:8]:>8} {'A-B':>8} {'CI':>17} {'rel':>8} {'CI':>17} {'McNemar p':>10}"
     rows = [head, "-" * len(head)]
+    num = lambda x: "n/a" if x is None or not np.isfinite(x) else f"{x:+.3f}"  # noqa: E731  (rel. of a zero base)
+    ci = lambda t: f"[{num(t[0])},{num(t[1])}]"  # noqa: E731
     for c in comparisons:
-        ci = lambda t: f"[{t[0]:+.3f},{t[1]:+.3f}]"  # noqa: E731
         p = "-" if c.mcnemar_p is None else f"{c.mcnemar_p:.3g}"
         rows.append(f"{(c.task or '')[:26]:<26} {(c.metric or '')[:32]:<32} {c.n:>5} {c.base:>8.3f} {c.other:>8.3f} "
-                    f"{c.abs_diff:>+8.3f} {ci(c.abs_ci):>17} {c.rel_degradation:>+8.3f} {ci(c.rel_ci):>17} {p:>10}")
+                    f"{num(c.abs_diff):>8} {ci(c.abs_ci):>17} {num(c.rel_degradation):>8} {ci(c.rel_ci):>17} {p:>10}")
     return "\n".join(rows)
