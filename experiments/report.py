@@ -151,8 +151,13 @@ def plot_scatter(summary: dict, task: str, out: Path) -> str:
     ax.set_xlabel("Sink Strength S of the base")
     ax.set_ylabel(f"relative degradation, {task}")
     ax.set_title("Sink Strength vs text-capability loss (red: native QK-norm)", fontsize=9)
+    return _save(fig, plt, out, f"scatter_{task}.png")
+
+
+def _save(fig, plt, out: Path, name: str) -> str:
+    """Write the figure under OUT/plots atomically; return its path relative to the report."""
     fig.tight_layout()
-    f = out / "plots" / f"scatter_{task}.png"
+    f = out / "plots" / name
     try:
         save_figure_atomic(fig, f, dpi=120)
     finally:
@@ -171,9 +176,10 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(max(5, 0.55 * len(bars) + 1.5), 4))
     xs = range(len(bars))
-    vals = [b[1] if b[1] is not None and not math.isnan(b[1]) else 0.0 for b in bars]
-    errs = [[max(0.0, v - (b[2][0] if b[2][0] is not None and not math.isnan(b[2][0]) else v)) for v, b in zip(vals, bars)],
-            [max(0.0, (b[2][1] if b[2][1] is not None and not math.isnan(b[2][1]) else v) - v) for v, b in zip(vals, bars)]]
+    vals = [0.0 if _nan(b[1]) else b[1] for b in bars]
+    lows = [v if _nan(b[2][0]) else b[2][0] for v, b in zip(vals, bars)]
+    highs = [v if _nan(b[2][1]) else b[2][1] for v, b in zip(vals, bars)]
+    errs = [[max(0.0, v - lo) for v, lo in zip(vals, lows)], [max(0.0, hi - v) for v, hi in zip(vals, highs)]]
     # Where the pair's own drop is within noise, recovery is a ratio of noise: grey it out.
     colours = ["tab:green" if b[3] else "lightgrey" for b in bars]
     ax.bar(xs, vals, yerr=errs, capsize=2, color=colours)
@@ -189,13 +195,7 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
     ax.set_xticks(list(xs))
     ax.set_xticklabels([b[0] for b in bars], fontsize=6, rotation=60, ha="right")
     ax.set_ylabel(f"recovery on {task}\n(0 = VLM LM, 1 = base)")
-    fig.tight_layout()
-    f = out / "plots" / f"recovery_{task}.png"
-    try:
-        save_figure_atomic(fig, f, dpi=120)
-    finally:
-        plt.close(fig)
-    return os.path.relpath(f, out)
+    return _save(fig, plt, out, f"recovery_{task}.png")
 
 
 # --------------------------------------------------------------------------- content
