@@ -2,9 +2,12 @@
 
 A `LlavaForConditionalGeneration` gets the backbone as its text model (text_config = the
 backbone's config, weights copied) and a small CLIP vision tower. Two stages, as LLaVA trains:
-1. alignment: vision tower + projector learn, the LM is frozen (LLaVA freezes a *pretrained*
-   CLIP; no pretrained tower exists offline, so ours learns here);
-2. visual instruction tuning: projector + the whole LM learn, the vision tower is frozen.
+1. alignment: only the projector learns; the LM and the vision tower are frozen (LLaVA freezes a
+   pretrained CLIP; ours stays at its random init, whose patch features already separate the
+   digits linearly. Training the tower here against a frozen LM that has never seen captions
+   collapses the image information: the loss is all caption wording, which image-independent
+   features fit best);
+2. visual instruction tuning: projector + the whole LM learn, the vision tower stays frozen.
 Loss is on the assistant's answer tokens only. The result is saved as an HF LLaVA checkpoint
 with a `LlavaProcessor`, so the pair loader reads it like a hub VLM.
 """
@@ -20,10 +23,13 @@ from sinkstudy.io import atomic_output_dir
 IMAGE_TOKEN = "<|image|>"
 # Parameter-name prefixes each stage may train.
 TRAINABLE = {
+    "projector": ("model.multi_modal_projector.",),
     "vision+projector": ("model.vision_tower.", "model.multi_modal_projector."),
     "projector+lm": ("model.multi_modal_projector.", "model.language_model.", "lm_head."),
     "all": ("model.", "lm_head."),
 }
+# LLaVA's split: the vision tower never learns (see the module docstring).
+STAGE_TRAINABLE = {"stage1": "projector", "stage2": "projector+lm"}
 
 
 def digits_split(n_heldout: int, seed: int):
@@ -178,7 +184,7 @@ def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, force: bool = False, p
     (tr_img, tr_lab), (ho_img, ho_lab) = digits_split(cfg["heldout_images"], cfg["seed"])
     examples = _examples(tokenizer, tr_img, tr_lab, n_patches, cfg["seed"])
     stages = {}
-    for key, default in (("stage1", "vision+projector"), ("stage2", "projector+lm")):
+    for key, default in STAGE_TRAINABLE.items():
         s = cfg[key]
         stages[key] = train_stage(vlm, examples, trainable=s.get("trainable", default), steps=s["steps"], lr=s["lr"], batch_size=s["batch_size"],
                                   seed=cfg["seed"], pad_id=tokenizer.pad_token_id, progress=progress, desc=f"VL {key} {base_dir.name}")
@@ -188,6 +194,7 @@ def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, force: bool = False, p
                                            crop_size={"height": cfg["vision"]["image_size"], "width": cfg["vision"]["image_size"]},
                                            image_mean=[0.5] * 3, image_std=[0.5] * 3),
         tokenizer=tokenizer, patch_size=cfg["vision"]["patch_size"], vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS, which "default" drops: n_patches placeholders, as the model expects
         image_token=IMAGE_TOKEN, chat_template=tokenizer.chat_template,
     )
     vlm.generation_config.eos_token_id = tokenizer.eos_token_id
