@@ -375,8 +375,8 @@ def _build_blocks(study) -> list[tuple]:
                   f"instructions, arithmetic and plain requests; {corpus['kinds']['plain']} plain stories); held-out evals: "
                   f"{corpus['heldout_ifeval']} IFEval-schema prompts and {corpus['heldout_gsm']} GSM-schema problems on entities the "
                   "corpus never shows. Tokenizer: byte-level BPE trained on the corpus. VL adaptation: LLaVA "
-                  "(LlavaForConditionalGeneration, tiny CLIP tower) on scikit-learn's 8x8 digits, stage 1 vision+projector, "
-                  "stage 2 projector+LM, loss on answers only."),
+                  "(LlavaForConditionalGeneration, tiny CLIP tower frozen at random init) on scikit-learn's 8x8 digits, "
+                  "stage 1 projector, stage 2 projector+LM, loss on answers only."),
             ("table", ["backbone", "family", "layers x d", "params", "pretrain steps", "tokens", "pretrain loss", "VL stage-1 loss",
                        "VL stage-2 loss", "held-out digit acc.", "answer ppl"], rows)]
 
