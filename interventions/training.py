@@ -53,16 +53,44 @@ def train_causal_lm(
 ) -> dict:
     """Next-token training on `texts` (one example per text, right-padded, pads masked out).
 
-    AdamW with linear warm-up and cosine decay. `trainable(name, param)` picks the parameters
-    that learn; the others are frozen for the run and their `requires_grad` restored afterwards.
-    Returns the loss curve and counts; the model is left in eval mode.
+    See `optimize` for the optimiser, schedule and the `trainable` filter.
     """
-    if steps < 0:
-        raise SinkstudyError(f"steps must be >= 0, got {steps}")
     examples = encode_texts(tokenizer, texts, seq_len)
     if not examples:
         raise SinkstudyError("no training text: every text tokenised to fewer than 2 tokens")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def next_batch(rng: random.Random) -> dict:
+        input_ids, attention_mask, labels = _batch(rng.sample(examples, min(batch_size, len(examples))), pad_id)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+    stats = optimize(model, next_batch, steps=steps, lr=lr, trainable=trainable, weight_decay=weight_decay,
+                     warmup_steps=warmup_steps, seed=seed, progress=progress, desc=desc)
+    return {**stats, "batch_size": batch_size, "seq_len": seq_len}
+
+
+def optimize(
+    model,
+    next_batch: Callable[[random.Random], dict],
+    *,
+    steps: int,
+    lr: float,
+    trainable: TrainableFilter | None = None,
+    weight_decay: float = 0.0,
+    warmup_steps: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    desc: str = "train",
+) -> dict:
+    """The loop every fine-tune shares: `steps` AdamW updates with linear warm-up and cosine decay.
+
+    `next_batch(rng)` returns the model's forward kwargs, labels included (text-only or with
+    `pixel_values`). `trainable(name, param)` picks the parameters that learn; the others are frozen
+    for the run and their `requires_grad` restored afterwards. Returns the loss curve and counts;
+    the model is left in eval mode.
+    """
+    if steps < 0:
+        raise SinkstudyError(f"steps must be >= 0, got {steps}")
     named = list(model.named_parameters())
     previous = {name: p.requires_grad for name, p in named}
     chosen = [p for name, p in named if trainable is None or trainable(name, p)]
@@ -89,15 +117,15 @@ def train_causal_lm(
     try:
         bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
         for _ in bar:
-            input_ids, attention_mask, labels = _batch(rng.sample(examples, min(batch_size, len(examples))), pad_id)
-            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            batch = next_batch(rng)
+            loss = model(**batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(chosen, 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
-            tokens += int(attention_mask.sum())
+            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     finally:
         model.eval()
@@ -110,7 +138,5 @@ def train_causal_lm(
         "tokens": tokens,
         "trainable_params": sum(p.numel() for p in chosen),
         "lr": lr,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
         "seed": seed,
     }

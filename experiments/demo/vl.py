@@ -110,41 +110,19 @@ def _collate(batch, pad_id: int):
 
 def train_stage(vlm, examples, *, trainable: str, steps: int, lr: float, batch_size: int, seed: int, pad_id: int,
                 progress: bool, desc: str) -> dict:
-    """One LLaVA stage: AdamW, warm-up + cosine, on the parameters `trainable` selects."""
-    import torch
-    from tqdm.auto import tqdm
+    """One LLaVA stage through the project's shared loop, on the parameters `trainable` selects."""
+    from interventions.training import optimize
 
     select = TRAINABLE[trainable]
-    params = []
-    for name, p in vlm.named_parameters():
-        p.requires_grad_(name.startswith(select))
-        if p.requires_grad:
-            params.append(p)
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup))))
-    losses = []
-    vlm.train()
-    try:
-        for _ in (bar := tqdm(range(steps), desc=desc, disable=not progress, leave=False)):
-            pixels, ids, mask, labels = _collate(rng.sample(examples, min(batch_size, len(examples))), pad_id)
-            loss = vlm(input_ids=ids, attention_mask=mask, pixel_values=pixels, labels=labels).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    finally:
-        vlm.eval()
-        for p in vlm.parameters():
-            p.requires_grad_(True)
-    return {"steps": steps, "lr": lr, "trainable": trainable, "final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
-            "trainable_params": sum(p.numel() for p in params)}
+
+    def next_batch(rng: random.Random) -> dict:
+        pixels, ids, mask, labels = _collate(rng.sample(examples, min(batch_size, len(examples))), pad_id)
+        return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels, "labels": labels}
+
+    stats = optimize(vlm, next_batch, steps=steps, lr=lr, trainable=lambda name, p: name.startswith(select),
+                     seed=seed, progress=progress, desc=desc)
+    return {"steps": steps, "lr": lr, "trainable": trainable, "final_loss": stats["final_loss"],
+            "trainable_params": stats["trainable_params"]}
 
 
 def digit_accuracy(vlm, tokenizer, images, labels, n_patches: int) -> dict:
