@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from sinkstudy import SinkstudyError
-from sinkstudy.io import atomic_output_dir, check_output_dir, read_json, write_json_atomic, write_text_atomic
+from sinkstudy.io import atomic_output_dir, cache_root, check_output_dir, json_default, read_json, write_json_atomic, write_text_atomic
 from sinkstudy.provenance import model_fingerprint, package_versions, provenance
 
 from evals.tasks import SHIPPED_TASKS, TaskSpec, builtin_task_manager, empty_task_manager, resolve_tasks
@@ -91,7 +91,7 @@ class EvalRun:
         with atomic_output_dir(path, force=force) as tmp:
             write_json_atomic(tmp / RESULTS_FILE, self._header())
             for task, rows in self.samples.items():
-                text = "".join(json.dumps(r, default=_json_default, ensure_ascii=False) + "\n" for r in rows)
+                text = "".join(json.dumps(r, default=json_default, ensure_ascii=False) + "\n" for r in rows)
                 write_text_atomic(tmp / SAMPLES_DIR / f"{task}.jsonl", text)
         return Path(path)
 
@@ -136,15 +136,8 @@ def _fmt(v: Any) -> str:
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
 def default_cache_dir() -> Path:
-    root = Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy"))
-    return root / "evals"
+    return cache_root() / "evals"
 
 
 def run_eval(
@@ -411,8 +404,8 @@ def _record(res: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
             samples[name] = _merge_samples(res["samples"][name])
     return {
         "task": spec.name,
-        "scores": json.loads(json.dumps(scores, default=_json_default)),
-        "samples": json.loads(json.dumps(samples, default=_json_default)),
+        "scores": json.loads(json.dumps(scores, default=json_default)),
+        "samples": json.loads(json.dumps(samples, default=json_default)),
         "versions": {n: res["versions"].get(n) for n in names if n in res["versions"]},
         "higher_is_better": {n: res["higher_is_better"][n] for n in names if n in res.get("higher_is_better", {})},
         "n_samples": {n: res["n-samples"][n] for n in names if n in res.get("n-samples", {})},

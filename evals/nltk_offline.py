@@ -22,8 +22,9 @@ _INSTALL_HINT = (
 
 
 def default_nltk_dir() -> Path:
-    root = Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy"))
-    return root / "nltk_data"
+    from sinkstudy.io import cache_root
+
+    return cache_root() / "nltk_data"
 
 
 def _has_punkt_tab() -> bool:

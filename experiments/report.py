@@ -12,7 +12,6 @@ import html
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 from sinkstudy.io import read_json, save_figure_atomic, write_text_atomic
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkstudy import SinkstudyError
+from sinkstudy.io import cache_root
 
 LOG = logging.getLogger(__name__)
 
@@ -202,8 +203,8 @@ def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str |
     vlm = local_checkpoint(vlm)
     if not is_vlm_checkpoint(vlm):
         return vlm
-    cache_root = Path(cache_dir) if cache_dir else Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "vlm_lm"
-    target = cache_root / model_fingerprint(vlm).split(":")[-1]
+    extracted = Path(cache_dir) if cache_dir else cache_root() / "vlm_lm"
+    target = extracted / model_fingerprint(vlm).split(":")[-1]
     if not (target / "config.json").is_file():
         from interventions.pairs import extract_language_model, load_tokenizer, save_causal_lm
 

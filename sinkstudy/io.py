@@ -22,6 +22,11 @@ class OutputExistsError(SinkstudyError):
     pass
 
 
+def cache_root() -> Path:
+    """Where sinkstudy keeps reusable state (eval results, fingerprints, extracted LMs, nltk tables)."""
+    return Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy"))
+
+
 def check_output_dir(path: str | os.PathLike, force: bool = False) -> Path:
     """Fail before any work if `path` exists and `force` is not set."""
     path = Path(path)
@@ -85,7 +90,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     """Strict JSON: NaN/inf (e.g. a relative change over a zero base score) are stored as null."""
-    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False)
+    text = json.dumps(_finite(obj), indent=2, default=json_default, allow_nan=False)
     return write_text_atomic(path, text + "\n")
 
 
@@ -115,7 +120,8 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """`json.dumps(default=...)` for numpy/torch values and paths found in results."""
     # numpy / torch scalars and paths end up in results; store them as plain JSON.
     if hasattr(obj, "tolist"):
         return obj.tolist()

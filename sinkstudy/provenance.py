@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 _PACKAGES = ("sinkstudy", "torch", "transformers", "mergekit", "lm_eval", "datasets", "scipy", "numpy", "tokenizers", "safetensors")
-_FINGERPRINT_CACHE = Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "fingerprints.json"
 
 
 def package_versions() -> dict[str, str | None]:
@@ -97,9 +96,15 @@ def model_fingerprint(model_or_path) -> str:
     return state_dict_fingerprint(model_or_path)
 
 
+def _fingerprint_cache() -> Path:
+    from sinkstudy.io import cache_root
+
+    return cache_root() / "fingerprints.json"
+
+
 def _load_cache() -> dict[str, str]:
     try:
-        return json.loads(_FINGERPRINT_CACHE.read_text())
+        return json.loads(_fingerprint_cache().read_text())
     except (OSError, ValueError):
         return {}
 
@@ -108,6 +113,6 @@ def _save_cache(cache: dict[str, str]) -> None:
     from sinkstudy.io import write_json_atomic
 
     try:
-        write_json_atomic(_FINGERPRINT_CACHE, cache)
+        write_json_atomic(_fingerprint_cache(), cache)
     except OSError:
         pass  # a read-only home only costs a re-hash next time

@@ -236,7 +236,7 @@ def test_bad_input_refused_before_work(trio, tmp_path, monkeypatch):
 
 def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer):
     """A VLM checkpoint as `vlm`: its LM is extracted once into the cache, then merged."""
-    from tests.vlm_factories import save_tiny_vlm, tiny_base
+    from vlm_factories import save_tiny_vlm, tiny_base
 
     from interventions.merge import run_mergekit_merge
 
