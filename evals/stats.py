@@ -1,14 +1,22 @@
-"""Paired statistics for two (or three) models evaluated on the same prompts.
+"""Paired statistics for two (or three) models evaluated on the same prompts, and across pairs.
+
+Convention, everywhere a number is stored or printed: Δ = after − before, in points (score × 100),
+so a negative Δ is capability lost; relative = Δ / before (a fraction, undefined when before = 0).
+In a base -> VLM comparison `before` is the base LLM and `after` the VLM's language model. The
+seed paper's direction in this convention: ρ(S, Δ points) = +0.971 and ρ(S, Δ/before) = +0.794
+over its six pairs (a stronger sink, less loss; `experiments/data/` holds its tables).
 
 Inputs are `EvalRun`s (with a task and metric; samples are paired on doc_id and checked by
 doc_hash), {doc_id: value} mappings, or plain per-doc arrays aligned by position. A per-doc value
 is a pass (bool / 0-1 / float) or, for instruction-level IFEval metrics, a list of passes: a score
 is then sum(passes) / count(passes), so resampling prompts keeps a prompt's instructions together.
 
-Bootstrap CIs resample prompts with replacement (percentile method); ratios (relative
-degradation, recovery) are computed inside each replicate. Replicates where a ratio is undefined
-(zero denominator) are dropped from its CI and their share is reported. McNemar's exact test
-(scipy.stats.binomtest on the discordant counts) needs per-prompt binary outcomes.
+Bootstrap CIs resample prompts with replacement (percentile method); ratios (relative change,
+recovery) are computed inside each replicate. Replicates where a ratio is undefined (zero
+denominator) are dropped from its CI and their share is reported. McNemar's exact test
+(scipy.stats.binomtest on the discordant counts) needs per-prompt binary outcomes, or the counts.
+Across pairs: Spearman / Pearson with CIs from resampling pairs, and a leave-one-pair-out linear
+predictor (scipy.stats.linregress).
 """
 
 from __future__ import annotations
@@ -24,28 +32,32 @@ from sinkstudy import SinkstudyError
 log = logging.getLogger(__name__)
 
 DEFAULT_N_BOOT = 10_000
-_CHUNK = 1_000
+_CHUNK = 1_000  # replicates per vectorised batch: bounds memory at n_docs * _CHUNK indices
 # Settings that change outputs for the same model; keep them equal across compared runs.
-_COMPARABLE_SETTINGS = ("limit", "batch_size", "apply_chat_template", "max_gen_toks", "num_fewshot", "seed")  # replicates per vectorised batch: bounds memory at n_docs * _CHUNK indices
+_COMPARABLE_SETTINGS = ("limit", "batch_size", "apply_chat_template", "max_gen_toks", "num_fewshot", "seed")
+CONVENTION = "Δ = after − before in points (score × 100; negative = capability lost); relative = Δ / before"
+POINTS = 100.0
 
 
 @dataclass
 class Comparison:
+    """`after` against `before` on the same prompts (see the module docstring for the convention)."""
+
     task: str | None
     metric: str | None
     n: int
-    base: float
-    other: float
-    abs_diff: float  # base - other: positive means `other` lost capability
-    rel_degradation: float  # (base - other) / base
-    abs_ci: tuple[float, float]
-    rel_ci: tuple[float, float]
+    before: float  # score in [0, 1], lm-eval's scale
+    after: float
+    delta_points: float  # 100 * (after - before): negative = capability lost
+    delta_points_ci: tuple[float, float]
+    delta_relative: float  # (after - before) / before
+    delta_relative_ci: tuple[float, float]
+    delta_relative_undefined: float  # share of replicates with before = 0 (dropped from the CI)
     mcnemar_p: float | None
-    base_only: int | None  # prompts base passes and other fails
-    other_only: int | None
+    lost: int | None  # prompts passed before and failed after
+    gained: int | None  # prompts failed before and passed after
     confidence: float
     n_boot: int
-    rel_undefined: float  # share of replicates with base score 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +83,8 @@ class Recovery:
 
 @dataclass
 class Correlation:
+    """One relation between Sink Strength and a change, across pairs; CIs resample pairs."""
+
     n: int
     spearman: float
     spearman_p: float
@@ -78,8 +92,36 @@ class Correlation:
     pearson: float
     pearson_p: float
     pearson_ci: tuple[float, float]
+    ci_undefined: float  # share of replicates where a coefficient is undefined (a constant resample)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SinkCorrelation:
+    """S against Δ in points and against Δ / before, over the same pairs and the same resamples."""
+
+    n: int
+    points: Correlation  # S vs Δ points
+    relative: Correlation  # S vs Δ / before
     confidence: float
     n_boot: int
+    convention: str = CONVENTION
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LeaveOneOut:
+    """Leave-one-pair-out prediction of y from x: a linear fit on the other pairs vs their mean."""
+
+    n: int
+    predictions: list[float]  # linear fit on the other n - 1 pairs, evaluated at the left-out x
+    mean_predictions: list[float]  # the other pairs' mean y
+    mae: float  # mean absolute error of `predictions`
+    mae_mean: float  # mean absolute error of `mean_predictions`
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,17 +201,33 @@ def _binary(nd: tuple[np.ndarray, np.ndarray]) -> np.ndarray | None:
 # ----------------------------------------------------------------------------- primitives
 
 
-def mcnemar_exact(base, other) -> tuple[float, int, int]:
-    """Exact two-sided McNemar p-value on paired binary outcomes: (p, base_only, other_only)."""
-    from scipy.stats import binomtest
-
-    a, b = np.asarray(base, dtype=bool), np.asarray(other, dtype=bool)
+def mcnemar_exact(before, after) -> tuple[float, int, int]:
+    """Exact two-sided McNemar p-value on paired binary outcomes: (p, lost, gained)."""
+    a, b = np.asarray(before, dtype=bool), np.asarray(after, dtype=bool)
     if a.shape != b.shape:
         raise SinkstudyError(f"McNemar needs paired outcomes of equal length, got {a.shape} and {b.shape}")
-    base_only, other_only = int(np.sum(a & ~b)), int(np.sum(~a & b))
-    n = base_only + other_only
-    p = 1.0 if n == 0 else float(binomtest(base_only, n, 0.5).pvalue)
-    return p, base_only, other_only
+    lost, gained = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    return mcnemar_counts(lost, gained), lost, gained
+
+
+def mcnemar_counts(lost: int, gained: int) -> float:
+    """Exact two-sided McNemar p-value from the discordant counts (binomial test at 1/2)."""
+    from scipy.stats import binomtest
+
+    if min(lost, gained) < 0 or int(lost) != lost or int(gained) != gained:
+        raise SinkstudyError(f"discordant counts must be non-negative integers, got {lost} and {gained}")
+    n = int(lost) + int(gained)
+    return 1.0 if n == 0 else float(binomtest(int(lost), n, 0.5).pvalue)
+
+
+def outcomes_from_counts(both_pass: int, lost: int, gained: int, both_fail: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-prompt (before, after) pass arrays with these counts: all a paired statistic needs."""
+    counts = (both_pass, lost, gained, both_fail)
+    if any(int(c) != c or c < 0 for c in counts):
+        raise SinkstudyError(f"per-prompt counts must be non-negative integers, got {counts}")
+    before = np.repeat([True, True, False, False], counts)
+    after = np.repeat([True, False, True, False], counts)
+    return before, after
 
 
 def bootstrap_distribution(stat: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], n_boot: int, seed: int) -> np.ndarray:
@@ -179,6 +237,8 @@ def bootstrap_distribution(stat: Callable[..., np.ndarray], arrays: Sequence[np.
     Hand-rolled rather than scipy.stats.bootstrap because ratio statistics must survive
     replicates where they are undefined (scipy's percentile would turn them all into NaN).
     """
+    if int(n_boot) != n_boot or n_boot < 1:
+        raise SinkstudyError(f"the number of bootstrap replicates must be an integer >= 1, got {n_boot}")
     n = len(arrays[0])
     rng = np.random.default_rng(seed)
     out = []
@@ -189,6 +249,8 @@ def bootstrap_distribution(stat: Callable[..., np.ndarray], arrays: Sequence[np.
 
 
 def percentile_ci(dist: np.ndarray, confidence: float) -> tuple[float, float]:
+    if not 0 < confidence < 1:
+        raise SinkstudyError(f"confidence must be in (0, 1), got {confidence}")
     finite = dist[np.isfinite(dist)]
     if finite.size == 0:
         return (float("nan"), float("nan"))
@@ -209,44 +271,44 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- public API
 
 
-def compare(base, other, task: str | None = None, metric: str | None = None, *, n_boot: int = DEFAULT_N_BOOT,
+def compare(before, after, task: str | None = None, metric: str | None = None, *, n_boot: int = DEFAULT_N_BOOT,
             confidence: float = 0.95, seed: int = 0) -> Comparison:
-    """Degradation of `other` relative to `base` on the same prompts, with paired CIs and McNemar."""
-    if _is_run(base) and task is not None:
-        metric = metric or _default_metric(base, task)
-    (na, da), (nb, db) = paired(base, other, task=task, metric=metric)
+    """Change from `before` to `after` on the same prompts: Δ points and Δ / before with paired CIs, McNemar."""
+    if _is_run(before) and task is not None:
+        metric = metric or _default_metric(before, task)
+    (na, da), (nb, db) = paired(before, after, task=task, metric=metric)
     sa, sb = float(_score(na, da)), float(_score(nb, db))
 
     def stat(na, da, nb, db):
         a, b = _score(na, da), _score(nb, db)
-        return np.stack([a - b, _ratio(a - b, a)], axis=-1)
+        return np.stack([POINTS * (b - a), _ratio(b - a, a)], axis=-1)
 
     dist = bootstrap_distribution(stat, [na, da, nb, db], n_boot, seed)
     binary = (_binary((na, da)), _binary((nb, db)))
-    p, base_only, other_only = mcnemar_exact(*binary) if binary[0] is not None and binary[1] is not None else (None, None, None)
+    p, lost, gained = mcnemar_exact(*binary) if binary[0] is not None and binary[1] is not None else (None, None, None)
     return Comparison(
-        task=task, metric=metric, n=len(na), base=sa, other=sb, abs_diff=sa - sb,
-        rel_degradation=float(_ratio(np.float64(sa - sb), np.float64(sa))),
-        abs_ci=percentile_ci(dist[:, 0], confidence), rel_ci=percentile_ci(dist[:, 1], confidence),
-        mcnemar_p=p, base_only=base_only, other_only=other_only, confidence=confidence, n_boot=n_boot,
-        rel_undefined=float(np.mean(~np.isfinite(dist[:, 1]))),
+        task=task, metric=metric, n=len(na), before=sa, after=sb, delta_points=POINTS * (sb - sa),
+        delta_points_ci=percentile_ci(dist[:, 0], confidence),
+        delta_relative=float(_ratio(np.float64(sb - sa), np.float64(sa))), delta_relative_ci=percentile_ci(dist[:, 1], confidence),
+        delta_relative_undefined=float(np.mean(~np.isfinite(dist[:, 1]))),
+        mcnemar_p=p, lost=lost, gained=gained, confidence=confidence, n_boot=n_boot,
     )
 
 
-def compare_runs(base, other, tasks: Sequence[str] | None = None, **kwargs) -> list[Comparison]:
+def compare_runs(before, after, tasks: Sequence[str] | None = None, **kwargs) -> list[Comparison]:
     """`compare` for every task and metric two EvalRuns share (their sample-level metrics)."""
     if tasks is None:  # every scored task both runs hold samples for (a group pools its subtasks)
-        tasks = [t for t in base.scores if t in other.scores and _has_docs(base, t) and _has_docs(other, t)]
+        tasks = [t for t in before.scores if t in after.scores and _has_docs(before, t) and _has_docs(after, t)]
     tasks = list(tasks)
-    differing = [k for k in _COMPARABLE_SETTINGS if base.settings.get(k) != other.settings.get(k)]
+    differing = [k for k in _COMPARABLE_SETTINGS if before.settings.get(k) != after.settings.get(k)]
     if differing:
         log.warning("the two runs differ in %s: differences mix model and setting effects", ", ".join(differing))
     if not tasks:
         raise SinkstudyError("the two runs share no task with samples")
     out = []
     for task in tasks:
-        metrics = [m for m in base.metrics(task) if m in other.metrics(task) and any(m in s["metrics"] for s in base.docs(task).values())]
-        out += [compare(base, other, task, m, **kwargs) for m in metrics]
+        metrics = [m for m in before.metrics(task) if m in after.metrics(task) and any(m in s["metrics"] for s in before.docs(task).values())]
+        out += [compare(before, after, task, m, **kwargs) for m in metrics]
     return out
 
 
@@ -276,34 +338,54 @@ def recovery(base, vlm, intervened, task: str | None = None, metric: str | None 
     )
 
 
-def sink_correlation(sink_strengths: Sequence[float], degradations: Sequence[float | Comparison], *,
-                     n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95, seed: int = 0) -> Correlation:
-    """Spearman and Pearson between Sink Strength and relative degradation over a set of pairs.
+def correlation(x: Sequence[float], y: Sequence[float], *, n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95,
+                seed: int = 0) -> Correlation:
+    """Spearman and Pearson of y on x over pairs, with CIs from resampling pairs."""
+    xs, (ys,) = _pairs_of(x, [y])
+    dist = bootstrap_distribution(_coefficients, [xs, ys], n_boot, seed)
+    return _correlation(xs, ys, dist, confidence)
 
-    CIs resample pairs; degradations may be `Comparison`s (their rel_degradation is used).
+
+def sink_correlation(sink_strengths: Sequence[float], delta_points: Sequence[float], delta_relative: Sequence[float], *,
+                     n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95, seed: int = 0) -> SinkCorrelation:
+    """Spearman and Pearson of Sink Strength against Δ points and against Δ / before, over pairs.
+
+    One value per pair in each sequence, in the module's convention (Δ = after − before: the
+    paper's direction is ρ > 0 in both). Both relations use the same pair resamples for their CIs.
     """
-    from scipy.stats import pearsonr, rankdata, spearmanr
+    x, ys = _pairs_of(sink_strengths, [delta_points, delta_relative])
+    dist = bootstrap_distribution(lambda xs, yp, yr: np.concatenate([_coefficients(xs, yp), _coefficients(xs, yr)], axis=-1),
+                                  [x, *ys], n_boot, seed)
+    points, relative = (_correlation(x, y, dist[:, 2 * i:2 * i + 2], confidence) for i, y in enumerate(ys))
+    return SinkCorrelation(n=len(x), points=points, relative=relative, confidence=confidence, n_boot=n_boot)
 
-    x = np.asarray(sink_strengths, dtype=float)
-    y = np.asarray([d.rel_degradation if isinstance(d, Comparison) else d for d in degradations], dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise SinkstudyError(f"need one sink strength per degradation, got {x.shape} and {y.shape}")
-    finite = int((np.isfinite(x) & np.isfinite(y)).sum())
-    if len(x) < 3 or finite < len(x):
-        raise SinkstudyError(f"correlation needs at least 3 pairs, all finite; got {len(x)} pairs, {finite} finite")
-    rho = spearmanr(x, y)
-    r = pearsonr(x, y)
 
-    def stat(xs, ys):
-        both = np.stack([_rowwise_pearson(xs, ys), _rowwise_pearson(rankdata(xs, axis=-1), rankdata(ys, axis=-1))], axis=-1)
-        return both
+def _pairs_of(x, ys) -> tuple[np.ndarray, list[np.ndarray]]:
+    xs, ys = np.asarray(x, dtype=float), [np.asarray(y, dtype=float) for y in ys]
+    if xs.ndim != 1 or any(y.shape != xs.shape for y in ys):
+        raise SinkstudyError(f"need one value per pair in each sequence, got shapes {[xs.shape, *(y.shape for y in ys)]}")
+    finite = int(np.sum(np.isfinite(xs) & np.logical_and.reduce([np.isfinite(y) for y in ys])))
+    if len(xs) < 3 or finite < len(xs):
+        raise SinkstudyError(f"correlation needs at least 3 pairs, all finite; got {len(xs)} pairs, {finite} finite")
+    return xs, ys
 
-    dist = bootstrap_distribution(stat, [x, y], n_boot, seed)
-    return Correlation(
-        n=len(x), spearman=float(rho.statistic), spearman_p=float(rho.pvalue), spearman_ci=percentile_ci(dist[:, 1], confidence),
-        pearson=float(r.statistic), pearson_p=float(r.pvalue), pearson_ci=percentile_ci(dist[:, 0], confidence),
-        confidence=confidence, n_boot=n_boot,
-    )
+
+def _coefficients(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """(replicates, [spearman, pearson]) for resampled rows: Spearman = Pearson of ranks (ties averaged)."""
+    from scipy.stats import rankdata
+
+    return np.stack([_rowwise_pearson(rankdata(xs, axis=-1), rankdata(ys, axis=-1)), _rowwise_pearson(xs, ys)], axis=-1)
+
+
+def _correlation(x: np.ndarray, y: np.ndarray, dist: np.ndarray, confidence: float) -> Correlation:
+    """Correlation from the point estimates (scipy) and a (replicates, [spearman, pearson]) bootstrap."""
+    from scipy.stats import pearsonr, spearmanr
+
+    rho, r = spearmanr(x, y), pearsonr(x, y)
+    return Correlation(n=len(x), spearman=float(rho.statistic), spearman_p=float(rho.pvalue),
+                       spearman_ci=percentile_ci(dist[:, 0], confidence), pearson=float(r.statistic),
+                       pearson_p=float(r.pvalue), pearson_ci=percentile_ci(dist[:, 1], confidence),
+                       ci_undefined=float(np.mean(~np.isfinite(dist).all(axis=-1))))
 
 
 def _rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -312,15 +394,40 @@ def _rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return _ratio((xc * yc).sum(axis=-1), np.sqrt((xc**2).sum(axis=-1) * (yc**2).sum(axis=-1)))
 
 
+def leave_one_out(x: Sequence[float], y: Sequence[float]) -> LeaveOneOut:
+    """Leave-one-pair-out: predict each y from a least-squares line through the other pairs, and
+    from their mean; mean absolute errors of both (the paper's predictor of Δ from S)."""
+    from scipy.stats import linregress
+
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xs.ndim != 1 or xs.shape != ys.shape or len(xs) < 3 or not (np.isfinite(xs).all() and np.isfinite(ys).all()):
+        raise SinkstudyError(f"leave-one-out needs at least 3 finite (x, y) pairs of equal length, got shapes {xs.shape}, {ys.shape}")
+    linear, mean = [], []
+    for i in range(len(xs)):
+        keep = np.arange(len(xs)) != i
+        if np.ptp(xs[keep]) == 0:
+            raise SinkstudyError(f"leaving out pair {i} leaves pairs of equal x: no line to fit")
+        fit = linregress(xs[keep], ys[keep])
+        linear.append(float(fit.intercept + fit.slope * xs[i]))
+        mean.append(float(ys[keep].mean()))
+    return LeaveOneOut(n=len(xs), predictions=linear, mean_predictions=mean,
+                       mae=float(np.mean(np.abs(np.array(linear) - ys))), mae_mean=float(np.mean(np.abs(np.array(mean) - ys))))
+
+
 def format_table(comparisons: Sequence[Comparison], names: tuple[str, str] = ("A", "B")) -> str:
-    """A plain-text table: task, metric, A, B, A-B with CI, relative degradation with CI, McNemar p."""
+    """A plain-text table per task and metric: A and B in points, Δ = B − A with CI, Δ / A with CI,
+    the discordant prompts and McNemar's p; the convention is the table's first line."""
     a, b = names
-    head = f"{'task':<26} {'metric':<32} {'n':>5} {a[:8]:>8} {b[:8]:>8} {'A-B':>8} {'CI':>17} {'rel':>8} {'CI':>17} {'McNemar p':>10}"
-    rows = [head, "-" * len(head)]
-    num = lambda x: "n/a" if x is None or not np.isfinite(x) else f"{x:+.3f}"  # noqa: E731  (rel. of a zero base)
-    ci = lambda t: f"[{num(t[0])},{num(t[1])}]"  # noqa: E731
+    head = (f"{'task':<26} {'metric':<32} {'n':>5} {a[:8]:>8} {b[:8]:>8} {'Δ pts':>7} {'CI':>17} {'Δ/' + a[:6]:>8} {'CI':>17} "
+            f"{'lost':>5} {'gained':>6} {'McNemar p':>10}")
+    num = lambda x, spec: "n/a" if x is None or not np.isfinite(x) else format(x, spec)  # noqa: E731  (Δ/A of a zero A)
+    ci = lambda t, spec: f"[{num(t[0], spec)},{num(t[1], spec)}]"  # noqa: E731
+    rows = [f"Δ = {b} − {a} in points (score × 100; negative = {b} lost capability); Δ/{a} = Δ / {a} (relative); "
+            f"lost / gained = prompts only {a} / only {b} passes", head, "-" * len(head)]
     for c in comparisons:
         p = "-" if c.mcnemar_p is None else f"{c.mcnemar_p:.3g}"
-        rows.append(f"{(c.task or '')[:26]:<26} {(c.metric or '')[:32]:<32} {c.n:>5} {c.base:>8.3f} {c.other:>8.3f} "
-                    f"{num(c.abs_diff):>8} {ci(c.abs_ci):>17} {num(c.rel_degradation):>8} {ci(c.rel_ci):>17} {p:>10}")
+        lost, gained = ("-", "-") if c.lost is None else (c.lost, c.gained)
+        rows.append(f"{(c.task or '')[:26]:<26} {(c.metric or '')[:32]:<32} {c.n:>5} {POINTS * c.before:>8.2f} {POINTS * c.after:>8.2f} "
+                    f"{num(c.delta_points, '+.2f'):>7} {ci(c.delta_points_ci, '+.2f'):>17} {num(c.delta_relative, '+.3f'):>8} "
+                    f"{ci(c.delta_relative_ci, '+.3f'):>17} {lost:>5} {gained:>6} {p:>10}")
     return "\n".join(rows)

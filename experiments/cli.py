@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "experiments.cmd_qknorm",  # qknorm
     "experiments.cmd_merge",   # merge / merge-sweep / mitigate
     "experiments.cmd_study",   # run / demo / paper
+    "experiments.cmd_published",  # paper-table
 )
 
 

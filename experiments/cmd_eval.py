@@ -32,8 +32,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=_eval)
 
     c = subparsers.add_parser("compare", help="paired comparison of two eval runs (bootstrap CI, McNemar)",
-                              description="Per task and metric: A, B, A-B and (A-B)/A with paired bootstrap CIs "
-                              "(prompts resampled) and McNemar's exact p, on the prompts both runs share.")
+                              description="Per task and metric: A, B, Δ = B − A in points (score × 100) and Δ / A with "
+                              "paired bootstrap CIs (prompts resampled) and McNemar's exact p, on the prompts both runs share. "
+                              "--published sets the pair (A = base, B = VLM LM) beside the seed paper's six.")
     c.add_argument("run_a", help="eval run dir (the reference, e.g. the base LLM)")
     c.add_argument("run_b", help="eval run dir (e.g. the VLM's language model)")
     c.add_argument("--tasks", default=None, help="comma-separated subset of tasks")
@@ -41,6 +42,11 @@ def register(subparsers) -> None:
     c.add_argument("--confidence", type=float, default=0.95)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", default=None, metavar="FILE", help="also write the comparisons as JSON")
+    c.add_argument("--published", action="store_true",
+                   help="put this pair's IFEval prompt-level strict Δ beside the paper's six pairs and recompute rho over the union")
+    sink = c.add_mutually_exclusive_group()
+    sink.add_argument("--sink-strength", type=float, default=None, metavar="S", help="--published: Sink Strength S of A (the base)")
+    sink.add_argument("--sink-json", default=None, metavar="FILE", help="--published: a sink.json of A from `sinkstudy sink` (logodds metric)")
     c.set_defaults(func=_compare)
 
 
@@ -90,13 +96,72 @@ def _compare(args) -> int:
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
+    sink = _published_sink(args)  # every input checked before the runs are read
     a, b = EvalRun.load(args.run_a), EvalRun.load(args.run_b)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    ifeval = _published_task(a, b, tasks) if args.published else None
     comps = compare_runs(a, b, tasks, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
     print(f"A = {args.run_a} ({a.model_name})\nB = {args.run_b} ({b.model_name})")
     print(format_table(comps))
+    published = None
+    if args.published:
+        published = _beside_published(args, next(c for c in comps if (c.task, c.metric) == (ifeval, PUBLISHED_METRIC)), sink)
     if args.json:
         write_json_atomic(args.json, {"run_a": args.run_a, "run_b": args.run_b, "comparisons": [c.as_dict() for c in comps],
+                                      "published": published,
                                       "provenance": provenance(model_fingerprints={args.run_a: a.fingerprint, args.run_b: b.fingerprint},
                                                                seeds={"bootstrap": args.seed})})
     return 0
+
+
+PUBLISHED_METRIC = "prompt_level_strict_acc,none"  # the paper's headline: IFEval prompt-level strict
+
+
+def _published_sink(args) -> float | None:
+    """S of run A for --published, from --sink-strength or a sink.json; refuses what cannot be compared."""
+    import math
+
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_json
+
+    if not args.published:
+        if args.sink_strength is not None or args.sink_json:
+            raise SinkstudyError("--sink-strength / --sink-json only apply with --published")
+        return None
+    if args.sink_json:
+        try:
+            data = read_json(args.sink_json)
+        except (OSError, ValueError, SinkstudyError) as exc:
+            raise SinkstudyError(f"cannot read --sink-json {args.sink_json}: {exc}") from None
+        if not isinstance(data, dict) or data.get("metric") != "logodds":
+            raise SinkstudyError(f"--sink-json {args.sink_json}: not a logodds sink.json (metric {data.get('metric') if isinstance(data, dict) else None!r}); "
+                                 "the paper's S is the logodds metric")
+        value = data.get("value")
+    elif args.sink_strength is not None:
+        value = args.sink_strength
+    else:
+        raise SinkstudyError("--published needs the base's Sink Strength: --sink-strength S or --sink-json FILE")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SinkstudyError(f"the Sink Strength must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _published_task(a, b, tasks) -> str:
+    """The one compared task that carries the paper's metric in both runs."""
+    from sinkstudy import SinkstudyError
+
+    found = [t for t in (tasks or a.scores) if PUBLISHED_METRIC in a.metrics(t) and PUBLISHED_METRIC in b.metrics(t)]
+    if len(found) != 1:
+        raise SinkstudyError(f"--published compares IFEval {PUBLISHED_METRIC}: need exactly one compared task with it in both runs, "
+                             f"found {', '.join(found) or 'none'}" + (" (narrow with --tasks)" if found else ""))
+    return found[0]
+
+
+def _beside_published(args, c, sink: float) -> dict:
+    from experiments.published import PairChange, beside, format_beside
+
+    ours = PairChange(f"this pair ({c.task})", sink, c.delta_points, 100 * c.before, source="ours", delta_points_ci=c.delta_points_ci)
+    result = beside([ours], n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
+    print()
+    print(format_beside(result))
+    return result

@@ -3,7 +3,9 @@
 The document is built once as a list of blocks (heading, paragraph, bullet list, table, image)
 and rendered twice, to Markdown and to self-contained HTML (images as files beside it). The
 findings section states what the numbers show, including when they do not show the paper's
-effects; nothing in it is written by hand.
+effects; nothing in it is written by hand. Convention throughout: Δ = after − before in points
+(score × 100; base -> VLM LM: negative = capability lost), relative = Δ / before; the paper's
+direction in it is ρ(S, Δ) > 0 (experiments/data/published_choi2026.yaml).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 from sinkstudy.io import read_json, save_figure_atomic, write_text_atomic
 
-PAPER_SPEARMAN = 0.971
+CONVENTION = ("Δ = after − before in points (score × 100; base → VLM LM: negative = capability lost); "
+              "Δ/before = Δ / the before score (relative)")
 
 
 # --------------------------------------------------------------------------- formatting
@@ -37,9 +40,14 @@ def _ci(ci, digits: int = 3) -> str:
 
 
 def _lost(d: dict) -> bool:
-    """The base -> VLM drop's CI excludes 0 on the loss side: there is something to recover."""
-    lo = d["abs_ci"][0] if d.get("abs_ci") else None
-    return not _nan(lo) and lo > 0
+    """The base -> VLM Δ's CI lies below 0 (a loss): there is something to recover."""
+    hi = d["delta_points_ci"][1] if d.get("delta_points_ci") else None
+    return not _nan(hi) and hi < 0
+
+
+def _pts(score) -> str:
+    """A score in [0, 1] printed in points."""
+    return "n/a" if _nan(score) else f"{100 * score:.1f}"
 
 
 def _with_ci(x, ci, digits: int = 3) -> str:
@@ -134,22 +142,25 @@ def plot_sink_maps(summary: dict, out: Path) -> dict[str, str]:
 
 
 def plot_scatter(summary: dict, task: str, out: Path) -> str:
+    """S of the base against Δ points and against Δ / before (two panels), with the pairs' CIs."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.2, 4))
-    for p, entry in summary["pairs"].items():
-        s = entry["models"]["base"]["sink_strength"]
-        d = entry["degradation"][task]
-        y = d["rel_degradation"]
-        if s is None or y is None or (isinstance(y, float) and math.isnan(y)):
-            continue
-        lo, hi = d["rel_ci"]
-        err = [[max(0.0, y - lo)], [max(0.0, hi - y)]] if lo is not None and hi is not None and not math.isnan(lo) else None
-        ax.errorbar([s], [y], yerr=err, fmt="o", capsize=3, color="tab:red" if entry.get("native_qk_norm") else "tab:blue")
-        ax.annotate(p, (s, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    ax.axhline(0, color="grey", lw=0.7)
-    ax.set_xlabel("Sink Strength S of the base")
-    ax.set_ylabel(f"relative degradation, {task}")
-    ax.set_title("Sink Strength vs text-capability loss (red: native QK-norm)", fontsize=9)
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 4))
+    for ax, key, label in ((axes[0], "delta_points", f"Δ = VLM LM − base on {task} (points)"),
+                           (axes[1], "delta_relative", f"Δ / base on {task}")):
+        for p, entry in summary["pairs"].items():
+            s = entry["models"]["base"]["sink_strength"]
+            d = entry["degradation"][task]
+            y = d[key]
+            if _nan(s) or _nan(y):
+                continue
+            lo, hi = d[key + "_ci"]
+            err = None if _nan(lo) or _nan(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+            ax.errorbar([s], [y], yerr=err, fmt="o", capsize=3, color="tab:red" if entry.get("native_qk_norm") else "tab:blue")
+            ax.annotate(p, (s, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.axhline(0, color="grey", lw=0.7)
+        ax.set_xlabel("Sink Strength S of the base")
+        ax.set_ylabel(label)
+    fig.suptitle("Sink Strength vs change (negative = loss; red: native QK-norm; the paper: rho > 0 in both)", fontsize=9)
     return _save(fig, plt, out, f"scatter_{task}.png")
 
 
@@ -179,12 +190,12 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
     lows = [v if _nan(b[2][0]) else b[2][0] for v, b in zip(vals, bars)]
     highs = [v if _nan(b[2][1]) else b[2][1] for v, b in zip(vals, bars)]
     errs = [[max(0.0, v - lo) for v, lo in zip(vals, lows)], [max(0.0, hi - v) for v, hi in zip(vals, highs)]]
-    # Where the pair's own drop is within noise, recovery is a ratio of noise: grey it out.
+    # Where the pair's own Δ is within noise, recovery is a ratio of noise: grey it out.
     colours = ["tab:green" if b[3] else "lightgrey" for b in bars]
     ax.bar(xs, vals, yerr=errs, capsize=2, color=colours)
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color="tab:green", label="pair lost capability (drop CI > 0)"),
+    ax.legend(handles=[Patch(color="tab:green", label="pair lost capability (Δ CI < 0)"),
                        Patch(color="lightgrey", label="no significant loss: ratio of noise")], fontsize=7, loc="best")
     for x, b in zip(xs, bars):
         if _nan(b[1]):  # base and VLM scored the same: recovery is undefined
@@ -199,18 +210,40 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
 
 # --------------------------------------------------------------------------- content
 
+def _sign(c: dict, key: str) -> str:
+    """The sign of one relation against the paper's (ρ > 0), read off its CI."""
+    lo, hi = c[key + "_ci"]
+    if _nan(c[key]) or _nan(lo) or lo <= 0 <= hi:
+        return "its CI includes 0: neither the paper's sign nor the opposite is established"
+    return "the sign agrees with the paper's (ρ > 0)" if lo > 0 else "the sign is opposite to the paper's (ρ < 0, CI below 0)"
+
+
+def rho_finding(corr: dict, task: str) -> str:
+    """The correlation sentence: both conventions, their CIs, the paper's figures in the same convention."""
+    from experiments.published import load_published
+
+    rep = load_published().reported
+    pts, rel = corr["points"], corr["relative"]
+    return (f"Across {corr['n']} pairs, Spearman ρ(S, Δ points on {task}) = {_f(pts['spearman'])} (CI {_ci(pts['spearman_ci']) or 'n/a'}): "
+            f"{_sign(pts, 'spearman')}; ρ(S, Δ/base) = {_f(rel['spearman'])} (CI {_ci(rel['spearman_ci']) or 'n/a'}): "
+            f"{_sign(rel, 'spearman')}. Convention: Δ = VLM LM − base in points, negative = capability lost; in it the paper "
+            f"reports ρ = +{rep['spearman_points']:.3f} on points and +{rep['spearman_relative']:.3f} on Δ/base over six 7-8B pairs "
+            "(a stronger sink, less loss). With few pairs one pair moves ρ a lot: read the CI.")
+
+
 def _findings(summary: dict, study) -> list[str]:
     tasks = summary["tasks"]
     head = tasks[0]
     out = []
     for p, e in summary["pairs"].items():
         d = e["degradation"][head]
-        lo, hi = d["abs_ci"]
+        lo, hi = d["delta_points_ci"]
         sig = not _nan(lo) and (lo > 0 or hi < 0)
-        direction = "lost" if d["abs_diff"] > 0 else "gained" if d["abs_diff"] < 0 else "kept"
-        out.append(f"{p}: the VLM's LM {direction} {abs(d['abs_diff']):.3f} on {head} ({_short(d['metric'])}: "
-                   f"{d['base']:.3f} -> {d['other']:.3f}, 95% CI of the drop {_ci(d['abs_ci']) or 'n/a'}, n={d['n']})"
-                   + ("" if sig else "; the interval includes 0, so this miniature does not establish a loss for this pair") + ".")
+        direction = "lost" if d["delta_points"] < 0 else "gained" if d["delta_points"] > 0 else "kept"
+        out.append(f"{p}: the VLM's LM {direction} {abs(d['delta_points']):.1f} points on {head} ({_short(d['metric'])}: "
+                   f"{_pts(d['before'])} -> {_pts(d['after'])}; Δ = VLM LM − base = {_f(d['delta_points'], 1)} points, "
+                   f"95% CI {_ci(d['delta_points_ci'], 1) or 'n/a'}, Δ/base {_f(d['delta_relative'])}, n={d['n']})"
+                   + ("" if sig else "; the interval includes 0, so this study does not establish a change for this pair") + ".")
     s_base = [e["models"]["base"]["sink_strength"] for e in summary["pairs"].values()]
     if s_base and all(not _nan(x) and x < 0 for x in s_base):
         out.append(f"Every base has S < 0 ({', '.join(_f(x, 2) for x in s_base)}): its heads put well under half their attention on "
@@ -221,26 +254,21 @@ def _findings(summary: dict, study) -> list[str]:
             if e["models"][name].get("method") in ("qknorm", "qknorm+vl"):
                 c = per_task[head]["vs_base"]
                 what = "injecting QK-norm" if e["models"][name]["method"] == "qknorm" else "injecting QK-norm and then the same VL training"
-                out.append(f"{p}: {what} changed {head} by {_f(-c['abs_diff'])} against the base (CI "
-                           f"{_ci([-c['abs_ci'][1], -c['abs_ci'][0]]) if not _nan(c['abs_ci'][0]) else 'n/a'}).")
+                out.append(f"{p}: {what} changed {head} by Δ = {_f(c['delta_points'], 1)} points against the base "
+                           f"(CI {_ci(c['delta_points_ci'], 1) or 'n/a'}).")
     corr = summary.get("correlation", {}).get(head)
     if corr:
-        lo, hi = corr["spearman_ci"]
-        out.append(f"Spearman rho(S, relative degradation on {head}) = {_f(corr['spearman'])} over {corr['n']} pairs "
-                   f"(bootstrap CI {_ci(corr['spearman_ci']) or 'n/a'}); the paper reports {PAPER_SPEARMAN} over six 7-8B pairs. "
-                   + ("With this few points and this CI, the miniature neither confirms nor refutes the paper's relation."
-                      if _nan(lo) or _nan(corr["spearman"]) or lo <= 0 <= hi else
-                      "The sign agrees with the paper." if corr["spearman"] > 0 else "The sign is opposite to the paper's."))
+        out.append(rho_finding(corr, head))
     elif summary.get("correlation_note"):
         out.append(summary["correlation_note"] + ".")
-    native = [e["degradation"][head]["rel_degradation"] for e in summary["pairs"].values() if e.get("native_qk_norm")]
-    plain = [e["degradation"][head]["rel_degradation"] for e in summary["pairs"].values() if e.get("native_qk_norm") is False]
+    native = [e["degradation"][head]["delta_relative"] for e in summary["pairs"].values() if e.get("native_qk_norm")]
+    plain = [e["degradation"][head]["delta_relative"] for e in summary["pairs"].values() if e.get("native_qk_norm") is False]
     if native and plain and not any(_nan(x) for x in native + plain):
         mn, mp = sum(native) / len(native), sum(plain) / len(plain)
         noise = not any(_lost(e["degradation"][head]) for e in summary["pairs"].values())
-        out.append(f"Native QK-norm backbones lost {mn:.3f} (relative, mean) vs {mp:.3f} without: "
+        out.append(f"Native QK-norm backbones: mean Δ/base {mn:+.3f} vs {mp:+.3f} without (negative = loss): "
                    + ("no pair's loss is distinguishable from 0, so this says nothing about whether QK-norm protects."
-                      if noise else "the direction the paper reports (QK-norm protects)." if mn < mp else "not the direction the paper reports."))
+                      if noise else "the direction the paper reports (QK-norm protects)." if mn > mp else "not the direction the paper reports."))
     recovered = []
     for p, e in summary["pairs"].items():
         if not _lost(e["degradation"][head]):
@@ -259,12 +287,37 @@ def _findings(summary: dict, study) -> list[str]:
                       "(the text-side effect studied here) without becoming a capable VLM." if best < 0.3 else
                       "the VLMs learned to read digits."))
     if not any(_lost(e["degradation"][head]) for e in summary["pairs"].values()):
-        out.append(f"No pair lost {head} beyond noise, so recovery is not measurable here; the 'vs base' column still shows "
+        out.append(f"No pair lost {head} beyond noise, so recovery is not measurable here; the 'Δ pts vs base' column still shows "
                    "what each intervention costs or gains against the base.")
     else:
         out.append(("Interventions whose recovery CI on " + head + " excludes 0 (pairs with a significant loss): " + ", ".join(recovered)
                     + ". The paper found that no merge recovered IFEval.")
                    if recovered else f"No intervention's recovery CI on {head} excludes 0, as the paper found for its merges.")
+    return out
+
+
+def published_blocks(summary: dict) -> list[tuple]:
+    """The study's pairs beside the published figures its config gives (`published:` per pair)."""
+    pairs = {p: e for p, e in summary["pairs"].items() if e.get("published")}
+    if not pairs:
+        return []
+    task = next((t for t in summary["tasks"] if "ifeval" in t), None)
+    rows = []
+    for p, e in pairs.items():
+        pub = e["published"]
+        d = e["degradation"][task] if task else None
+        base = pub.get("ifeval_base")
+        rows.append([p, _f(e["models"]["base"]["sink_strength"], 2), _f(pub.get("sink_strength"), 2),
+                     _with_ci(d["delta_points"], d["delta_points_ci"], 1) if d else "n/a", _f(pub.get("ifeval_delta"), 1),
+                     _f(d["delta_relative"]) if d else "n/a",
+                     _f(pub["ifeval_delta"] / base) if base and pub.get("ifeval_delta") is not None else "n/a"])
+    what = f"our {task} (headline metric)" if task else "no IFEval task in this study"
+    out = [("h", 2, "Beside the published pairs"),
+           ("table", ["pair", "S (ours)", "S (paper)", "Δ pts (ours) [95% CI]", "Δ pts (paper)", "Δ/base (ours)", "Δ/base (paper)"], rows),
+           ("p", f"Ours: {what}; paper: IFEval prompt-level strict at 7-8B (as given in the study config). {CONVENTION}.")]
+    corr = summary.get("correlation", {}).get(task) if task else None
+    if corr:
+        out.append(("p", rho_finding(corr, task)))
     return out
 
 
@@ -284,30 +337,26 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
     b.append(("h", 2, "Sink Strength and strict scores, base -> VLM LM"))
     header = ["pair", "QK-norm", "S base", "S VLM LM"]
     for t in tasks:
-        header += [f"{t} base", f"{t} VLM", f"{t} drop [95% CI]", f"{t} rel. drop", f"{t} McNemar p"]
-    has_pub = any(e.get("published") for e in summary["pairs"].values())
-    if has_pub:
-        header += ["paper S", "paper IFEval delta"]
+        header += [f"{t} base", f"{t} VLM", f"{t} Δ pts [95% CI]", f"{t} Δ/base", f"{t} lost/gained", f"{t} McNemar p"]
     rows = []
     for p, e in summary["pairs"].items():
         m = e["models"]
         row = [p, {True: "native", False: "none"}.get(e.get("native_qk_norm"), "?"), _f(m["base"]["sink_strength"]), _f(m["vlm"]["sink_strength"])]
         for t in tasks:
             d = e["degradation"][t]
-            row += [_f(d["base"]), _f(d["other"]), _with_ci(d["abs_diff"], d["abs_ci"]), _f(d["rel_degradation"]), _f(d["mcnemar_p"])]
-        if has_pub:
-            pub = e.get("published") or {}
-            row += [_f(pub.get("sink_strength"), 2), _f(pub.get("ifeval_delta"), 1)]
+            row += [_pts(d["before"]), _pts(d["after"]), _with_ci(d["delta_points"], d["delta_points_ci"], 1), _f(d["delta_relative"]),
+                    "-" if d["lost"] is None else f"{d['lost']}/{d['gained']}", _f(d["mcnemar_p"])]
         rows.append(row)
     b.append(("table", header, rows))
     b.append(("p", "Headline metrics: " + ", ".join(f"{t}: {_short(m)}" for t, m in summary["headline"].items())
-                   + ". drop = base - VLM (positive = capability lost); rel. drop = drop / base."))
+                   + f". Scores in points. {CONVENTION}. lost/gained: prompts only the base / only the VLM LM passes."))
+    b += published_blocks(summary)
 
     if any(e["interventions"] for e in summary["pairs"].values()):
         b.append(("h", 2, "Recovery per intervention"))
         header = ["pair", "intervention", "method", "S"]
         for t in tasks:
-            header += [f"{t} score", f"{t} recovery [95% CI]", f"{t} vs base"]
+            header += [f"{t} score", f"{t} recovery [95% CI]", f"{t} Δ pts vs base"]
         rows = []
         for p, e in summary["pairs"].items():
             for name, per_task in e["interventions"].items():
@@ -315,14 +364,13 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
                 row = [p, name, m.get("method") or "", _f(m["sink_strength"])]
                 for t in tasks:
                     r, c = per_task[t]["recovery"], per_task[t]["vs_base"]
-                    gain_ci = None if _nan(c["abs_ci"][0]) else [-c["abs_ci"][1], -c["abs_ci"][0]]
                     rec = _with_ci(r["recovery"], r["ci"], 2) if _lost(e["degradation"][t]) else f"({_f(r['recovery'], 2)}: no significant loss)"
-                    row += [_f(c["other"]), rec, _with_ci(-c["abs_diff"], gain_ci)]
+                    row += [_pts(c["after"]), rec, _with_ci(c["delta_points"], c["delta_points_ci"], 1)]
                 rows.append(row)
         b.append(("table", header, rows))
         b.append(("p", "recovery = (intervened - VLM LM) / (base - VLM LM): 0 = no better than the VLM's LM, 1 = back to the base; "
-                       "undefined (n/a) when base and VLM score the same, and shown in parentheses when the pair's drop CI includes 0 "
-                       "(a ratio of noise). 'vs base' = intervened - base with its CI. "
+                       "undefined (n/a) when base and VLM score the same, and shown in parentheses when the pair's Δ CI includes 0 "
+                       "(a ratio of noise). 'Δ pts vs base' = intervened − base in points with its CI. "
                        "qknorm rows are the injected base (text-only cost of the injection); qknorm-vl rows are the LM of a VLM "
                        "trained from the injected base with the same VL recipe (the paper's experiment)."))
 
@@ -337,7 +385,7 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
     for p, f in plot_sink_maps(summary, out).items():
         b.append(("img", f, f"{p}: sink mass per layer and head, base / VLM LM / difference"))
     for t in tasks:
-        b.append(("img", plot_scatter(summary, t, out), f"Sink Strength of the base vs relative degradation on {t}"))
+        b.append(("img", plot_scatter(summary, t, out), f"Sink Strength of the base vs Δ points and Δ/base on {t} (negative = loss)"))
         rec = plot_recovery(summary, t, out)
         if rec:
             b.append(("img", rec, f"recovery per intervention on {t}, with 95% CIs"))

@@ -396,15 +396,15 @@ def _examples(base, vlm, task: str, metric: str | None, n: int = 2, width: int =
 
 
 def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
-    """Paired degradation (base -> VLM LM) with CIs, recovery per intervention, Sink Strength vs
-    relative degradation (Spearman) across pairs, and the published figures beside ours."""
+    """Paired change base -> VLM LM with CIs (Δ = after − before in points, and Δ / before),
+    recovery per intervention, Sink Strength vs both across pairs, and the published figures beside ours."""
     from evals.lmeval import HEADLINE_METRICS, EvalRun
-    from evals.stats import compare, recovery, sink_correlation
+    from evals.stats import CONVENTION, compare, recovery, sink_correlation
 
     ev = study.evals
     kw = {"n_boot": ev["n_boot"], "confidence": ev["confidence"], "seed": study.seed}
     out: dict[str, Any] = {"study": study.name, "tasks": ev["tasks"], "headline": {t: HEADLINE_METRICS.get(t) for t in ev["tasks"]},
-                           "pairs": {}, "correlation": {}, "timings": runner.timings()}
+                           "convention": CONVENTION, "pairs": {}, "correlation": {}, "timings": runner.timings()}
     for p, res in pairs.items():
         runs = {label: EvalRun.load(r["eval"]["dir"]) for label, r in res.items()}
         entry: dict[str, Any] = {"models": {}, "degradation": {}, "interventions": {}}
@@ -427,12 +427,13 @@ def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
     s = [out["pairs"][p]["models"]["base"]["sink_strength"] for p in pairs]
     notes = []
     for task in ev["tasks"]:
-        deg = [out["pairs"][p]["degradation"][task]["rel_degradation"] for p in pairs]
-        finite = [(a, b) for a, b in zip(s, deg) if _finite(a) and _finite(b)]
+        changes = [out["pairs"][p]["degradation"][task] for p in pairs]
+        finite = [(a, c["delta_points"], c["delta_relative"]) for a, c in zip(s, changes)
+                  if _finite(a) and _finite(c["delta_points"]) and _finite(c["delta_relative"])]
         if len(finite) >= 3:
             out["correlation"][task] = sink_correlation(*zip(*finite), **kw).as_dict()
-        else:  # relative degradation is undefined where the base scores 0
-            notes.append(f"{task}: {len(finite)} pair(s) with a defined S and relative degradation; a rank correlation needs at least 3")
+        else:  # Δ / before is undefined where the base scores 0: such a pair is left out of both relations
+            notes.append(f"{task}: {len(finite)} pair(s) with a defined S, Δ and Δ / before; a rank correlation needs at least 3")
     if notes:
         out["correlation_note"] = "; ".join(notes)
     return out

@@ -115,7 +115,7 @@ def test_compare_cli_on_identical_runs(cli_run, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "prompt_level_strict_acc,none" in table and "exact_match,strict-match" in table
     comps = json.loads(out_json.read_text())["comparisons"]
-    assert all(c["abs_diff"] == 0 for c in comps)
+    assert all(c["delta_points"] == 0 for c in comps)
     assert all(c["mcnemar_p"] in (1.0, None) for c in comps)
 
 

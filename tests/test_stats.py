@@ -5,7 +5,10 @@ import pytest
 import scipy.stats
 
 from evals.lmeval import EvalRun
-from evals.stats import Comparison, compare, compare_runs, format_table, mcnemar_exact, paired, recovery, sink_correlation
+from evals.stats import (
+    Comparison, compare, compare_runs, correlation, format_table, leave_one_out, mcnemar_counts, mcnemar_exact, outcomes_from_counts,
+    paired, recovery, sink_correlation,
+)
 from sinkstudy import SinkstudyError
 
 
@@ -13,25 +16,28 @@ def test_mcnemar_exact_matches_hand_computed_binomial():
     # 6 prompts only base passes, 1 only other passes: p = 2 * P(X <= 1 | n=7, 1/2) = 2 * 8/128.
     base = [1] * 6 + [0] * 1 + [1] * 3 + [0] * 2
     other = [0] * 6 + [1] * 1 + [1] * 3 + [0] * 2
-    p, b, c = mcnemar_exact(base, other)
-    assert (b, c) == (6, 1)
-    assert p == pytest.approx(0.125)
+    p, lost, gained = mcnemar_exact(base, other)
+    assert (lost, gained) == (6, 1)
+    assert p == pytest.approx(0.125) and mcnemar_counts(6, 1) == p and mcnemar_counts(1, 6) == p
     assert mcnemar_exact([1, 0], [1, 0])[0] == 1.0  # no discordant pairs
 
 
-def test_compare_point_estimates_and_mcnemar():
+def test_compare_delta_is_after_minus_before_in_points():
     base = np.array([1, 1, 1, 1, 0, 1, 1, 0, 1, 1])  # 0.8
     other = np.array([1, 0, 1, 0, 0, 1, 0, 0, 1, 1])  # 0.5
     c = compare(base, other, n_boot=2000)
-    assert (c.n, c.base, c.other) == (10, 0.8, 0.5)
-    assert c.abs_diff == pytest.approx(0.3)
-    assert c.rel_degradation == pytest.approx(0.3 / 0.8)
-    assert (c.base_only, c.other_only) == (3, 0)
+    assert (c.n, c.before, c.after) == (10, 0.8, 0.5)
+    assert c.delta_points == pytest.approx(-30.0)  # a loss is negative, in points
+    assert c.delta_relative == pytest.approx(-0.3 / 0.8)
+    assert (c.lost, c.gained) == (3, 0)
     assert c.mcnemar_p == pytest.approx(scipy.stats.binomtest(3, 3, 0.5).pvalue)
-    assert c.abs_ci[0] <= c.abs_diff <= c.abs_ci[1]
-    assert c.rel_ci[0] <= c.rel_degradation <= c.rel_ci[1]
-    # paired resampling: the difference can never be negative here (other never beats base)
-    assert c.abs_ci[0] >= 0
+    assert c.delta_points_ci[0] <= c.delta_points <= c.delta_points_ci[1]
+    assert c.delta_relative_ci[0] <= c.delta_relative <= c.delta_relative_ci[1]
+    # paired resampling: Δ can never be positive here (other never beats base)
+    assert c.delta_points_ci[1] <= 0
+    gain = compare(other, base, n_boot=200)  # the reverse direction flips every sign
+    assert gain.delta_points == pytest.approx(30.0) and (gain.lost, gain.gained) == (0, 3)
+    assert not any(hasattr(c, old) for old in ("abs_diff", "rel_degradation", "base_only"))  # no loss-positive fields remain
 
 
 def test_paired_bootstrap_ci_matches_scipy_bootstrap_for_a_mean_difference():
@@ -39,33 +45,41 @@ def test_paired_bootstrap_ci_matches_scipy_bootstrap_for_a_mean_difference():
     base = rng.random(400) < 0.7
     other = base & (rng.random(400) < 0.8)
     c = compare(base, other, n_boot=4000, seed=1)
-    ref = scipy.stats.bootstrap((base.astype(float), other.astype(float)), lambda a, b, axis: a.mean(axis) - b.mean(axis),
+    ref = scipy.stats.bootstrap((base.astype(float), other.astype(float)), lambda a, b, axis: 100 * (b.mean(axis) - a.mean(axis)),
                                 paired=True, n_resamples=4000, method="percentile", rng=np.random.default_rng(2))
-    # Different resamples, same distribution: the limits agree to Monte-Carlo error.
-    assert c.abs_ci[0] == pytest.approx(ref.confidence_interval.low, abs=0.006)
-    assert c.abs_ci[1] == pytest.approx(ref.confidence_interval.high, abs=0.006)
+    # Different resamples, same distribution: the limits agree to Monte-Carlo error (in points).
+    assert c.delta_points_ci[0] == pytest.approx(ref.confidence_interval.low, abs=0.6)
+    assert c.delta_points_ci[1] == pytest.approx(ref.confidence_interval.high, abs=0.6)
     # and to the normal approximation of a paired difference
-    d = base.astype(float) - other.astype(float)
+    d = 100 * (other.astype(float) - base.astype(float))
     half = 1.96 * d.std(ddof=1) / np.sqrt(len(d))
-    assert c.abs_ci[1] - c.abs_ci[0] == pytest.approx(2 * half, rel=0.1)
+    assert c.delta_points_ci[1] - c.delta_points_ci[0] == pytest.approx(2 * half, rel=0.1)
 
 
 def test_instruction_level_lists_are_ratio_of_sums_and_skip_mcnemar():
     base = [[True, True], [True, False, True], [False]]  # 4/6
     other = [[True, False], [False, False, True], [False]]  # 2/6
     c = compare(base, other, n_boot=500)
-    assert c.base == pytest.approx(4 / 6) and c.other == pytest.approx(2 / 6)
-    assert c.mcnemar_p is None and c.base_only is None
+    assert c.before == pytest.approx(4 / 6) and c.after == pytest.approx(2 / 6)
+    assert c.mcnemar_p is None and c.lost is None
 
 
-def test_relative_degradation_undefined_when_base_scores_zero():
+def test_relative_change_undefined_when_base_scores_zero():
     c = compare([0, 0, 0], [0, 1, 0], n_boot=200)
-    assert np.isnan(c.rel_degradation) and c.rel_undefined == 1.0 and all(np.isnan(c.rel_ci))
+    assert np.isnan(c.delta_relative) and c.delta_relative_undefined == 1.0 and all(np.isnan(c.delta_relative_ci))
+    assert c.delta_points == pytest.approx(100 / 3)
+
+
+def test_bootstrap_settings_are_refused_in_one_line():
+    with pytest.raises(SinkstudyError, match="replicates must be an integer >= 1"):
+        compare([1, 0, 1], [1, 1, 0], n_boot=0)
+    with pytest.raises(SinkstudyError, match="confidence"):
+        compare([1, 0, 1], [1, 1, 0], n_boot=10, confidence=1.5)
 
 
 def test_dicts_pair_on_keys_and_arrays_on_position():
     c = compare({1: 1, 2: 0, 3: 1, 9: 1}, {3: 0, 2: 0, 1: 1}, n_boot=200)
-    assert c.n == 3 and c.base == pytest.approx(2 / 3) and c.other == pytest.approx(1 / 3)
+    assert c.n == 3 and c.before == pytest.approx(2 / 3) and c.after == pytest.approx(1 / 3)
     with pytest.raises(SinkstudyError, match="no shared prompts"):
         compare({1: 1}, {2: 1})
 
@@ -85,19 +99,48 @@ def test_recovery_value_and_within_replicate_ci():
     assert full.recovery == 1.0 and full.ci == (1.0, 1.0)
 
 
-def test_sink_correlation_matches_scipy_and_ci_brackets_estimate():
+def test_sink_correlation_matches_scipy_in_both_conventions():
     s = [0.2, 0.5, 0.9, 1.4, 2.0, 2.2]
-    rel = [0.01, 0.05, 0.04, 0.15, 0.30, 0.28]
-    c = sink_correlation(s, rel, n_boot=3000)
-    assert c.spearman == pytest.approx(scipy.stats.spearmanr(s, rel).statistic)
-    assert c.spearman_p == pytest.approx(scipy.stats.spearmanr(s, rel).pvalue)
-    assert c.pearson == pytest.approx(scipy.stats.pearsonr(s, rel).statistic)
-    assert c.spearman_ci[0] <= c.spearman <= c.spearman_ci[1] <= 1
-    assert c.pearson_ci[0] <= c.pearson <= c.pearson_ci[1] <= 1
-    comps = [compare([1, 1, 1, 1], [1] * k + [0] * (4 - k), n_boot=50) for k in (4, 3, 2, 1)]
-    assert sink_correlation([0.1, 0.2, 0.3, 0.4], comps, n_boot=200).spearman == pytest.approx(1.0)
+    pts = [-1.0, -5.0, -4.0, -15.0, -30.0, -28.0]
+    rel = [-0.01, -0.08, -0.05, -0.2, -0.5, -0.3]
+    c = sink_correlation(s, pts, rel, n_boot=3000)
+    for got, y in ((c.points, pts), (c.relative, rel)):
+        assert got.spearman == pytest.approx(scipy.stats.spearmanr(s, y).statistic)
+        assert got.spearman_p == pytest.approx(scipy.stats.spearmanr(s, y).pvalue)
+        assert got.pearson == pytest.approx(scipy.stats.pearsonr(s, y).statistic)
+        assert -1 <= got.spearman_ci[0] <= got.spearman <= got.spearman_ci[1] <= 1
+        assert got.pearson_ci[0] <= got.pearson <= got.pearson_ci[1]
+    assert c.points.spearman < 0 and "Δ = after − before" in c.convention  # more loss with a stronger sink: negative here
+    assert correlation(s, pts, n_boot=3000).as_dict() == c.points.as_dict()  # same resamples, same CI
     with pytest.raises(SinkstudyError, match="at least 3"):
-        sink_correlation([1, 2], [0.1, 0.2])
+        sink_correlation([1, 2], [0.1, 0.2], [0.1, 0.2])
+    with pytest.raises(SinkstudyError, match="all finite"):
+        sink_correlation([1, 2, 3], [0.1, 0.2, 0.3], [0.1, float("nan"), 0.3])
+
+
+def test_outcomes_from_counts_reproduce_scores_and_mcnemar():
+    before, after = outcomes_from_counts(394, 56, 27, 64)
+    assert len(before) == 541 and before.mean() == pytest.approx(450 / 541) and after.mean() == pytest.approx(421 / 541)
+    c = compare(before, after, n_boot=500)
+    assert (c.lost, c.gained) == (56, 27) and c.mcnemar_p == pytest.approx(scipy.stats.binomtest(56, 83, 0.5).pvalue)
+    assert c.delta_points == pytest.approx(100 * (421 - 450) / 541)
+    with pytest.raises(SinkstudyError, match="non-negative integers"):
+        outcomes_from_counts(1, -1, 0, 0)
+
+
+def test_leave_one_out_by_hand():
+    x, y = [0.0, 1.0, 2.0, 4.0], [1.0, 3.0, 4.0, 9.0]
+    loo = leave_one_out(x, y)
+    for i in range(4):
+        keep = [j for j in range(4) if j != i]
+        slope, intercept = np.polyfit(np.take(x, keep), np.take(y, keep), 1)
+        assert loo.predictions[i] == pytest.approx(intercept + slope * x[i])
+        assert loo.mean_predictions[i] == pytest.approx(np.mean(np.take(y, keep)))
+    assert loo.mae == pytest.approx(np.mean(np.abs(np.array(loo.predictions) - y)))
+    on_a_line = leave_one_out([0, 1, 2, 3], [1, 3, 5, 7])
+    assert on_a_line.mae == pytest.approx(0, abs=1e-12) and on_a_line.mae_mean > 0
+    with pytest.raises(SinkstudyError, match="equal x"):
+        leave_one_out([1, 1, 2], [0, 1, 2])
 
 
 def _run(values, name, prompts=None):
@@ -114,7 +157,7 @@ def test_compare_runs_pairs_eval_runs_on_doc_id_and_checks_prompts():
     a, b = _run([1, 1, 0, 1], "a"), _run([1, 0, 0, 0], "b")
     comps = compare_runs(a, b, n_boot=200)
     assert [(c.task, c.metric) for c in comps] == [("t", "exact_match,strict-match"), ("t", "exact_match,flexible-extract")]
-    assert comps[0].abs_diff == pytest.approx(0.5) and comps[1].abs_diff == 0
+    assert comps[0].delta_points == pytest.approx(-50.0) and comps[1].delta_points == 0
     assert "exact_match,strict-match" in format_table(comps)
     assert compare(a, b, "t", n_boot=50).metric == "exact_match,strict-match"  # headline metric by default
     other_data = _run([1, 0, 0, 0], "c", prompts={2: "different"})
@@ -137,5 +180,5 @@ def test_group_pools_subtask_samples_like_lm_eval_size_weighted_mean():
     a, b = group(a1, a2, "a"), group(b1, b2, "b")
     assert sorted(a.per_doc("g", "exact_match,strict-match")) == ["t1/0", "t1/1", "t1/2", "t2/0", "t2/1"]
     c = compare(a, b, "g", "exact_match,strict-match", n_boot=100)
-    assert (c.n, c.base, c.other) == (5, 0.6, 0.2) and (c.base_only, c.other_only) == (2, 0)
+    assert (c.n, c.before, c.after) == (5, 0.6, 0.2) and (c.lost, c.gained) == (2, 0)
     assert [x.task for x in compare_runs(a, b, n_boot=50)][::2] == ["g", "t1", "t2"]
