@@ -22,7 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--last-layers", type=int, help="logodds: number of final layers (default 10)")
     p.add_argument("--argmax", choices=("head", "query"), help="logodds: argmax key per head (default) or per query")
     p.add_argument("--noise-seed", type=int, help="robustness: seed of the random embeddings (default 0)")
-    p.add_argument("--dtype", default="float32", help="model dtype: float32 (default), bfloat16, float16; statistics stay float32")
+    p.add_argument("--dtype", default="float32", help="model dtype: float32 (default), bfloat16, float16. fast: statistics in float32 "
+                   "from the model's q and k; eager: the model's own attention probabilities, in this dtype")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run_sink)
 

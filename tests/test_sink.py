@@ -265,3 +265,164 @@ def test_sharp_sinks_keep_logodds_precision():
     for lf, le in zip(fast, eager):
         for key in ("logodds_head", "logodds_query"):
             _assert_close(lf[key] / (1 + le[key].abs()), le[key] / (1 + le[key].abs()))
+
+
+def _sharpen(model, factor: float):
+    for layer in model.model.layers:
+        layer.self_attn.q_proj.weight.data *= factor
+        layer.self_attn.k_proj.weight.data *= factor
+
+
+def test_underflow_convention_is_the_same_on_both_paths(tokenizer):
+    # x40 on W_q and W_k scales logits by 1600: some attention underflows to exactly 0 in float32.
+    from evals.sink.capture import LOGODDS_CAP
+
+    model = tiny_causal_lm("llama", num_hidden_layers=2)
+    _sharpen(model, 40)
+    ids = torch.randint(8, 500, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0
+    with torch.no_grad():
+        probs = model(ids, attention_mask=mask, output_attentions=True).attentions
+    causal = torch.ones(40, 40, dtype=torch.bool).tril()
+    assert any(bool(((p[0] == 0) & causal).any()) for p in probs)  # underflow on visible keys really happens
+    fast = capture_layer_stats(model, input_ids=ids, attention_mask=mask)
+    eager = capture_layer_stats(model, input_ids=ids, attention_mask=mask, method="eager")
+    clipped = 0
+    for lf, le in zip(fast, eager):
+        for key in ("logodds_head", "logodds_query"):
+            # NaN only where the key is unseen, on both; logits near 1e3 carry float32 rounding of ~1e-4
+            _assert_close(lf[key] / (1 + le[key].abs()), le[key] / (1 + le[key].abs()), atol=1e-4)
+            clipped += int((le[key] == -LOGODDS_CAP).sum())
+        assert torch.equal(lf["head_argmax"], le["head_argmax"])
+    assert clipped > 0  # eager keeps an underflowed a as -CAP (it used to drop it)
+    kw = dict(texts=TEXTS, max_length=40, progress=False)
+    s_fast = strength_from_maps(compute_sink_maps(model, tokenizer, **kw), last_layers=2)
+    s_eager = strength_from_maps(compute_sink_maps(model, tokenizer, method="eager", **kw), last_layers=2)
+    assert s_fast.details["n_values"] == s_eager.details["n_values"]
+    assert s_fast.value == pytest.approx(s_eager.value, abs=1e-3)
+
+
+def _record_qk(model, ids, mask):
+    """q and k exactly as each attention layer receives them (a recording AttentionInterface function)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    seen = []
+
+    def record(module, query, key, value, attention_mask, **kw):
+        seen.append((query.detach().clone(), key.detach().clone(), module.scaling))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register("test_record_qk", record)
+    AttentionMaskInterface.register("test_record_qk", sdpa_mask)
+    old = model.config._attn_implementation
+    model.set_attn_implementation("test_record_qk")
+    try:
+        with torch.no_grad():
+            model.base_model(input_ids=ids, attention_mask=mask)
+    finally:
+        model.set_attn_implementation(old)
+    return seen
+
+
+def test_bf16_fast_reads_float32_from_the_models_qk_and_eager_the_models_probabilities():
+    # What `sinkstudy sink --dtype bfloat16` documents: fast = float32 statistics from the model's own
+    # (bf16) q and k; eager = the bf16 attention probabilities transformers' eager attention returns.
+    model = tiny_causal_lm("llama", num_hidden_layers=2)
+    _sharpen(model, 12)
+    model = model.to(torch.bfloat16)
+    ids = torch.randint(8, 500, (1, 32), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    fast = capture_layer_stats(model, input_ids=ids, attention_mask=mask)
+    eager = capture_layer_stats(model, input_ids=ids, attention_mask=mask, method="eager")
+    for (q, k, scaling), lf, le in zip(_record_qk(model, ids, mask), fast, eager):
+        assert q.dtype == torch.bfloat16
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        logits = (q.float() @ k.float().transpose(-1, -2) * scaling).double()
+        logits.masked_fill_(~torch.ones(32, 32, dtype=torch.bool).tril(), float("-inf"))
+        logp = logits.log_softmax(-1)
+        top = logp.max(-1).values
+        rest = torch.logsumexp(logp.scatter(-1, logp.argmax(-1, keepdim=True), float("-inf")), -1)
+        want = (top - rest)[..., 1:]  # query 0 is not counted
+        _assert_close(lf["logodds_query"][..., 1:], want, atol=1e-3)
+        p_fast, p_eager = lf["p_sink"][..., 1:], le["p_sink"][..., 1:]
+        assert torch.equal(p_eager, p_eager.bfloat16().double())  # eager: the model's bf16 probabilities
+        assert not torch.equal(p_fast, p_fast.bfloat16().double())  # fast: float32, not rounded to bf16
+    from experiments.cli import build_parser
+
+    sink_cmd = build_parser()._subparsers._group_actions[0].choices["sink"]
+    dtype_help = next(a.help for a in sink_cmd._actions if a.dest == "dtype")
+    assert "fast: statistics in float32 from the model's q and k" in dtype_help and "eager" in dtype_help
+
+
+def _tiny_unsupported(arch: str):
+    from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
+
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        cfg = GPT2Config(vocab_size=512, n_embd=32, n_layer=2, n_head=2, n_positions=128, bos_token_id=1, eos_token_id=6)
+    else:
+        cfg = GPTNeoXConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                            max_position_embeddings=128, bos_token_id=1, eos_token_id=6)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox"])
+def test_unsupported_architecture_is_refused_in_one_line_before_any_forward(arch, tokenizer, tmp_path, capsys):
+    model = _tiny_unsupported(arch)
+    calls = []
+    model.register_forward_pre_hook(lambda *a: calls.append(1))
+    for run in (lambda: sink_strength(model, tokenizer, texts=TEXTS, progress=False),
+                lambda: compute_sink_maps(model, tokenizer, TEXTS, method="eager", progress=False),
+                lambda: capture_layer_stats(model, input_ids=torch.ones(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 4))):
+        with pytest.raises(SinkstudyError) as err:
+            run()
+        message = str(err.value)
+        assert f"model_type '{arch}'" in message and "model.layers[i].self_attn" in message and "llama" in message
+        assert "\n" not in message
+    assert calls == []  # refused before any forward pass
+
+    from experiments.cli import main
+
+    path = tmp_path / arch
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["sink", str(path), "--out", str(out)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinkstudy: error:")]
+    assert len(errors) == 1 and f"model_type '{arch}'" in errors[0] and not out.exists()  # besides the loader's progress bar
+
+
+def test_sink_modules_import_without_a_circle():
+    """evals/sink modules import each other in one direction (no circle, lazy imports included)."""
+    import ast
+    from pathlib import Path
+
+    import evals.sink
+
+    root = Path(evals.sink.__file__).parent
+    graph = {}
+    for f in root.glob("*.py"):
+        name = "evals.sink" if f.stem == "__init__" else f"evals.sink.{f.stem}"
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("evals.sink"):
+                deps.add(node.module)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("evals.sink")}
+        graph[name] = deps - {name}
+
+    def cycle_from(node, path):
+        for dep in graph.get(node, ()):
+            if dep in path:
+                return path[path.index(dep):] + [dep]
+            found = cycle_from(dep, path + [dep])
+            if found:
+                return found
+        return None
+
+    for start in graph:
+        assert cycle_from(start, [start]) is None, " -> ".join(cycle_from(start, [start]))

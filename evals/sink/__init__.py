@@ -4,8 +4,9 @@
 """
 
 from evals.sink.calibration import SHIPPED_SETS, CalibrationText, load_set, load_texts_file
-from evals.sink.maps import SinkMaps, compute_sink_maps
-from evals.sink.metrics import DEFAULT_METRIC, SINK_METRICS, SinkMetric, SinkStrength, get_metric, sink_strength, strength_from_maps
+from evals.sink.maps import SinkMaps
+from evals.sink.measure import compute_sink_maps, sink_strength
+from evals.sink.metrics import DEFAULT_METRIC, SINK_METRICS, SinkMetric, SinkStrength, get_metric, strength_from_maps
 from evals.sink.plot import plot_sink_map, plot_sink_shift
 from evals.sink.shift import sink_shift
 

@@ -1,13 +1,20 @@
 """Per-layer sink statistics from one forward pass: a fast hooked path and the eager baseline.
 
 Fast path: a registered transformers `AttentionInterface` function receives q and k exactly as the
-model's attention sees them (after q/k norms, RoPE and the cache), lets SDPA compute the layer
-output, and computes the statistics in query chunks from the logits: per query the log-sum-exp,
-the sink probability and the per-query maximum, and per head the column sums that pick the
-argmax key. No L x H x T x T tensor is ever held; one chunk is B x H x c x T floats.
+model's attention sees them (after q/k norms, RoPE and the cache, in the model's dtype), lets SDPA
+compute the layer output, and computes the statistics in float32 in query chunks from the logits:
+per query the log-sum-exp, the sink probability and the per-query maximum, and per head the column
+sums that pick the argmax key. No L x H x T x T tensor is ever held; one chunk is B x H x c x T floats.
 
 Eager path: `attn_implementation="eager"` with `output_attentions=True` (the naive baseline);
-the same statistics are read off the full attention matrices.
+the same statistics are read off the attention probabilities the model's own eager attention
+returns, in the model's dtype (bf16: logits formed in bf16, probabilities rounded to bf16), plus
+the mask each attention layer received (to tell a masked key from an underflowed one).
+
+One underflow convention for both: log-odds are clipped to +-LOGODDS_CAP. Where the attention on
+the argmax key underflows to 0 the log-odds is -LOGODDS_CAP, where every other key's does it is
++LOGODDS_CAP (the fast path computes them in log space and clips the same way); only a key the
+query cannot see (causal, padding, sliding window) gives NaN.
 
 Both return, per layer, tensors of shape (B, H, T) (queries) plus the head argmax key (B, H).
 """
@@ -24,9 +31,11 @@ import torch
 from sinkstudy import SinkstudyError
 
 IMPL_NAME = "sinkstudy_sink"
-# Past ~87 the other keys' float32 probabilities underflow and a log-odds turns infinite; the clip
-# keeps results (and JSON) finite, far above any value a median could reach.
+# Past ~87 float32 probabilities underflow and a log-odds turns infinite; the clip keeps results
+# (and JSON) finite, far beyond any value a median could reach, and the same on both paths.
 LOGODDS_CAP = 80.0
+# Architectures known to fit the fast path and the eager baseline (tested in tests/test_sink.py).
+TESTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo2")
 # Logits per query chunk: 2 MiB of float32 on CPU (cache-friendly, measured in bench.py); on an
 # accelerator 128 MiB, so a long sequence is a few kernels per layer rather than hundreds.
 _CPU_CHUNK = 1 << 19
@@ -45,11 +54,21 @@ class _Capture:
 
 
 def attention_layers(model) -> list[torch.nn.Module]:
-    """The self-attention module of every decoder layer, in order."""
-    layers = getattr(model.base_model, "layers", None)
-    if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
-        raise SinkstudyError(f"{type(model).__name__}: no decoder `layers[*].self_attn` found; pass a causal LM")
-    return [layer.self_attn for layer in layers]
+    """The self-attention module of every decoder layer, in order; one line naming the architecture
+    when the sink pass cannot measure it (checked before any forward pass)."""
+    config = getattr(model, "config", None)
+    arch = f"{type(model).__name__} (model_type {getattr(config, 'model_type', None)!r})"
+    base = getattr(model, "base_model", model)
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers) or not all(hasattr(layer, "self_attn") for layer in layers):
+        reason = f"its decoder layers are not at `{type(base).__name__}.layers[i].self_attn`"
+    elif not getattr(model, "_supports_attention_backend", False):
+        reason = "its attention does not go through transformers' AttentionInterface"
+    else:
+        return [layer.self_attn for layer in layers]
+    raise SinkstudyError(f"the sink pass does not support {arch}: {reason}; it measures causal LMs with decoder layers at "
+                         f"`model.layers[i].self_attn` whose attention goes through transformers' AttentionInterface "
+                         f"(tested: {', '.join(TESTED_MODEL_TYPES)})")
 
 
 def capture_layer_stats(
@@ -92,9 +111,9 @@ def capture_layer_stats(
                 model.base_model(**inputs)
             layers = [cap.results[i] for i in range(len(cap.layer_of))]
         else:
-            with _attn_implementation(model, "eager"):
+            with _attn_implementation(model, "eager"), _recorded_masks(attention_layers(model)) as masks:
                 out = model.base_model(**inputs, output_attentions=True)
-            layers = [_eager_stats(p, cap) for p in out.attentions]
+            layers = [_eager_stats(p, mask, cap) for p, mask in zip(out.attentions, masks)]
     return layers
 
 
@@ -258,7 +277,25 @@ def _finish(p_sink, lo_head, lo_query, colsum, head_argmax, valid) -> dict[str, 
 # ---------------------------------------------------------------- eager baseline
 
 
-def _eager_stats(attn: torch.Tensor, cap: _Capture) -> dict[str, torch.Tensor]:
+@contextlib.contextmanager
+def _recorded_masks(modules: list[torch.nn.Module]) -> Iterator[list[torch.Tensor | None]]:
+    """The `attention_mask` each attention module is called with (per layer: sliding windows differ)."""
+    masks: list[torch.Tensor | None] = [None] * len(modules)
+
+    def recorder(i):
+        def pre_hook(module, args, kwargs):
+            masks[i] = kwargs.get("attention_mask")
+        return pre_hook
+
+    handles = [m.register_forward_pre_hook(recorder(i), with_kwargs=True) for i, m in enumerate(modules)]
+    try:
+        yield masks
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _eager_stats(attn: torch.Tensor, mask: torch.Tensor | None, cap: _Capture) -> dict[str, torch.Tensor]:
     """The same statistics read off one layer's full (B, H, T, T) attention probabilities."""
     B, H, T, _ = attn.shape
     p = attn.double()
@@ -268,13 +305,19 @@ def _eager_stats(attn: torch.Tensor, cap: _Capture) -> dict[str, torch.Tensor]:
     colsum = (p * valid[:, None, :, None]).sum(-2)
     head_argmax = colsum.argmax(-1)
     idx = head_argmax[:, :, None, None].expand(B, H, T, 1)
-    lo_head = _logodds_at(p, idx)
+    if mask is None:  # no mask handed to the layer: plain causal attention
+        visible = head_argmax[:, :, None] <= torch.arange(T, device=p.device)[None, None, :]
+    else:  # eager masks are additive (0 = visible, the dtype's minimum = masked) or boolean
+        seen = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+        visible = seen.to(p.device).expand(B, H, T, T).gather(-1, idx).squeeze(-1)
+    lo_head = torch.where(visible, _logodds_at(p, idx), float("nan"))
     lo_query = _logodds_at(p, p.argmax(-1, keepdim=True))
     return _finish(p_sink, lo_head, lo_query, colsum, head_argmax, valid)
 
 
 def _logodds_at(p: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    # log(a) - log(sum of the other probabilities): no 1 - a cancellation.
+    """log(a) - log(sum of the other probabilities): no 1 - a cancellation. An underflowed a gives
+    -inf and underflowed others +inf, which `_finish` clips to -+LOGODDS_CAP like the fast path."""
     a = p.gather(-1, idx).squeeze(-1)
     rest = p.scatter(-1, idx, 0.0).sum(-1)
-    return torch.where(a > 0, torch.log(a) - torch.log(rest), float("nan"))
+    return torch.log(a) - torch.log(rest)

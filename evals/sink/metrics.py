@@ -135,28 +135,3 @@ def strength_from_maps(maps: SinkMaps, metric: str = DEFAULT_METRIC, noise_maps:
         raise SinkstudyError(f"metric {spec.name} has no parameter(s) {', '.join(sorted(unknown))}; it takes {', '.join(spec.params) or 'none'}")
     value, details = spec.compute(maps, noise_maps, **{**spec.params, **params})
     return SinkStrength(value, spec.name, {"params": {**spec.params, **params}, **details}, maps, noise_maps)
-
-
-def sink_strength(model, tokenizer, metric: str = DEFAULT_METRIC, texts=None, **kw) -> SinkStrength:
-    """Sink Strength of a model: computes the maps the metric needs, then the scalar.
-
-    Keyword arguments are the metric's parameters (e.g. `last_layers`, `argmax`, `eps`,
-    `noise_seed`) and `compute_sink_maps` options (`method`, `batch_size`, `max_length`, ...).
-    """
-    import inspect
-
-    from evals.sink.maps import compute_sink_maps
-
-    spec = get_metric(metric)
-    params = {k: kw.pop(k) for k in list(kw) if k in spec.params}
-    allowed = set(inspect.signature(compute_sink_maps).parameters) - {"model", "tokenizer", "texts", "metric", "noise_seed"}
-    unknown = set(kw) - allowed
-    if unknown:
-        raise SinkstudyError(f"unknown option(s) {', '.join(sorted(unknown))} for metric {spec.name}; "
-                             f"metric parameters: {', '.join(spec.params) or 'none'}; map options: {', '.join(sorted(allowed))}")
-    maps = compute_sink_maps(model, tokenizer, texts, metric=spec.name, **kw)
-    noise_maps = None
-    if spec.needs_noise:
-        seed = params.get("noise_seed", spec.params["noise_seed"])
-        noise_maps = compute_sink_maps(model, tokenizer, texts, metric=spec.name, noise_seed=seed, **kw)
-    return strength_from_maps(maps, spec.name, noise_maps, **params)
