@@ -107,7 +107,9 @@ def _compare(args) -> int:
     if args.published:
         published = _beside_published(args, next(c for c in comps if (c.task, c.metric) == (ifeval, PUBLISHED_METRIC)), sink)
     if args.json:
-        write_json_atomic(args.json, {"run_a": args.run_a, "run_b": args.run_b, "comparisons": [c.as_dict() for c in comps],
+        write_json_atomic(args.json, {"run_a": args.run_a, "run_b": args.run_b,
+                                      "convention": "Δ = B − A in points (score × 100; negative = B lost capability); relative = Δ / A",
+                                      "comparisons": [c.as_dict() for c in comps],
                                       "published": published,
                                       "provenance": provenance(model_fingerprints={args.run_a: a.fingerprint, args.run_b: b.fingerprint},
                                                                seeds={"bootstrap": args.seed})})
@@ -133,9 +135,9 @@ def _published_sink(args) -> float | None:
             data = read_json(args.sink_json)
         except (OSError, ValueError, SinkstudyError) as exc:
             raise SinkstudyError(f"cannot read --sink-json {args.sink_json}: {exc}") from None
-        if not isinstance(data, dict) or data.get("metric") != "logodds":
-            raise SinkstudyError(f"--sink-json {args.sink_json}: not a logodds sink.json (metric {data.get('metric') if isinstance(data, dict) else None!r}); "
-                                 "the paper's S is the logodds metric")
+        metric = data.get("metric") if isinstance(data, dict) else None
+        if metric != "logodds":
+            raise SinkstudyError(f"--sink-json {args.sink_json}: not a logodds sink.json (metric {metric!r}); the paper's S is the logodds metric")
         value = data.get("value")
     elif args.sink_strength is not None:
         value = args.sink_strength

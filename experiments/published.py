@@ -18,6 +18,8 @@ from sinkstudy import SinkstudyError
 PUBLISHED = Path(__file__).parent / "data" / "published_choi2026.yaml"
 COUNT_KEYS = ("both_pass", "lost", "gained", "both_fail")
 _PAIR_KEYS = {"vlm", "base", "qk_norm", "moe", "sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "counts", "loo_prediction"}
+CONVENTION_LINE = ("Δ = VLM LM − base, IFEval prompt-level strict, in points (negative = capability lost); "
+                   "Δ / base = relative change. The paper's direction in this convention: ρ > 0 (a stronger sink, less loss).")
 _REPORTED_KEYS = {"spearman_points", "spearman_relative", "panel_spearman_points", "loo_mae", "loo_mae_mean"}
 
 
@@ -141,7 +143,7 @@ def paper_table(tables: PublishedTables | None = None, *, n_boot: int = 10_000, 
                      "loo_recomputed": loo.predictions[i], "loo_mean": loo.mean_predictions[i]})
     panel = t.panel
     return {
-        "source": t.source, "metric": t.metric, "n_prompts": t.n_prompts, "reported": t.reported, "six": rows,
+        "source": t.source, "metric": t.metric, "n_prompts": t.n_prompts, "convention": CONVENTION_LINE, "reported": t.reported, "six": rows,
         "correlation": correlate([p.change() for p in t.six], **kw).as_dict(),
         "leave_one_out": loo.as_dict(),
         "panel": {"pairs": [asdict(p) for p in panel],
@@ -158,7 +160,7 @@ def beside(ours: Sequence[PairChange], tables: PublishedTables | None = None, **
     bad = [c.name for c in ours if not (math.isfinite(c.sink_strength) and math.isfinite(c.delta_points) and math.isfinite(c.relative))]
     if bad:
         raise SinkstudyError(f"pair(s) {', '.join(bad)}: S, Δ and Δ / base must all be defined to join the published pairs")
-    return {"pairs": [asdict(c) | {"relative": c.relative} for c in union],
+    return {"convention": CONVENTION_LINE, "pairs": [asdict(c) | {"relative": c.relative} for c in union],
             "published": correlate(published, **kw).as_dict(), "union": correlate(union, **kw).as_dict(),
             "reported": t.reported}
 
@@ -184,9 +186,6 @@ def rho_lines(corr: dict[str, Any], reported: dict[str, float] | None = None, la
                      f"Pearson r = {_num(c['pearson'], '+.3f')} {_ci(c['pearson_ci'], '+.3f')}; n = {c['n']} pairs")
     return lines
 
-
-CONVENTION_LINE = ("Δ = VLM LM − base, IFEval prompt-level strict, in points (negative = capability lost); "
-                   "Δ / base = relative change. The paper's direction in this convention: ρ > 0 (a stronger sink, less loss).")
 
 
 def format_paper_table(d: dict[str, Any]) -> str:

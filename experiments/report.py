@@ -147,16 +147,20 @@ def plot_scatter(summary: dict, task: str, out: Path) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(9.5, 4))
     for ax, key, label in ((axes[0], "delta_points", f"Δ = VLM LM − base on {task} (points)"),
                            (axes[1], "delta_relative", f"Δ / base on {task}")):
+        shown = 0
         for p, entry in summary["pairs"].items():
             s = entry["models"]["base"]["sink_strength"]
             d = entry["degradation"][task]
             y = d[key]
             if _nan(s) or _nan(y):
                 continue
+            shown += 1
             lo, hi = d[key + "_ci"]
             err = None if _nan(lo) or _nan(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
             ax.errorbar([s], [y], yerr=err, fmt="o", capsize=3, color="tab:red" if entry.get("native_qk_norm") else "tab:blue")
             ax.annotate(p, (s, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        if not shown:  # e.g. Δ / base where every base scores 0
+            ax.text(0.5, 0.5, "undefined for every pair", ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.axhline(0, color="grey", lw=0.7)
         ax.set_xlabel("Sink Strength S of the base")
         ax.set_ylabel(label)
