@@ -3,6 +3,9 @@
 Default (`logodds`, the seed paper's S): median over (layer, head, query) of log(a / (1 - a)),
 a = the attention a query puts on its head's argmax key, over the last 10 layers, query 0
 excluded, 15 IFEval-style prompts with the chat template. The others stay available by name.
+Per-observation log-odds come clipped to +-LOGODDS_CAP the same way on the fast and the eager path
+(an underflowed a counts as -CAP, not as missing; see `evals.sink.capture`), so S does not depend
+on the path.
 """
 
 from __future__ import annotations
