@@ -3,7 +3,8 @@
 A task runs either by name (a built-in lm-eval task, through the full TaskManager index) or as a
 full inline config dict (shipped tasks, and any task whose data comes from a local file). Inline
 dicts are built with lm-eval's own YAML loader, so `!function` graders resolve exactly as in
-lm-eval.
+lm-eval. The shipped YAMLs in this directory are standard lm-eval task files (their graders and
+data loader live in `utils.py` beside them): `lm_eval --include_path <this dir>` runs them as they are.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ SHIPPED_TASKS = {
     "sinkstudy_ifeval": TASKS_DIR / "sinkstudy_ifeval.yaml",
     "sinkstudy_gsm": TASKS_DIR / "sinkstudy_gsm.yaml",
 }
-# A custom key in our YAMLs: the lm-eval built-in (relative to lm_eval/tasks) these keys extend.
-_INCLUDE_BUILTIN = "include_builtin"
 
 
 class UnknownTaskError(SinkstudyError):
@@ -99,17 +98,11 @@ def _lm_eval_tasks_dir() -> Path:
 
 
 def load_task_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a task YAML with lm-eval's loader; apply our `include_builtin` key; make paths absolute."""
+    """Load a shipped task YAML with lm-eval's loader (`!function` resolved); data paths made absolute."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     path = Path(path)
     cfg = load_yaml(path, resolve_func=True)
-    builtin = cfg.pop(_INCLUDE_BUILTIN, None)
-    if builtin:
-        base = load_yaml(_lm_eval_tasks_dir() / builtin, resolve_func=True)
-        base_version = (base.get("metadata") or {}).get("version")
-        cfg = {**base, **cfg}
-        cfg["metadata"] = {**(cfg.get("metadata") or {}), "builtin": builtin, "builtin_version": base_version}
     files = ((cfg.get("dataset_kwargs") or {}).get("data_files")) or {}
     for split, f in list(files.items()):
         if not Path(f).is_absolute():
@@ -157,9 +150,9 @@ def resolve_tasks(tasks: str | Iterable[str], data_files: Mapping[str, str] | st
         data_file = files.get(name)
         if name in SHIPPED_TASKS:
             cfg = load_task_yaml(SHIPPED_TASKS[name])
-            if data_file:
-                cfg = _with_data_file(cfg, data_file)
-            data_file = next(iter(cfg["dataset_kwargs"]["data_files"].values()))
+            split, shipped = next(iter(cfg["dataset_kwargs"]["data_files"].items()))
+            data_file = data_file or shipped
+            cfg["dataset_kwargs"] = {"data_files": {split: data_file}}  # read by utils.load_jsonl
             specs.append(TaskSpec(name, cfg, cfg["metadata"].get("version"), data_file, _sha256(data_file)))
             continue
         specs.append(_resolve_builtin(name, data_file))
