@@ -4,7 +4,8 @@
 evaluated as is: merged or intervened weights never need writing to disk) and keeps every
 sample's output and per-metric pass values, so two models can be compared prompt by prompt
 (`evals.stats`). Results are cached per task under a key made of the model fingerprint, the task
-(name, version, data file hash) and the settings that change outputs.
+(name, version, data file hash) and the settings that change outputs, the protocol knobs of
+`evals.protocol` included (chat-template kwargs, system instruction, generation kwargs, batch size).
 """
 
 from __future__ import annotations
@@ -16,27 +17,35 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from sinkstudy import SinkstudyError
 from sinkstudy.io import atomic_output_dir, cache_root, check_output_dir, json_default, read_json, write_json_atomic, write_text_atomic
 from sinkstudy.provenance import model_fingerprint, package_versions, provenance
 
+from evals.protocol import (BACKENDS, check_backend, check_backend_args, check_batch_size, check_gen_kwargs, check_mapping,
+                            check_system_instruction, warn_unset_template_variables)
 from evals.tasks import SHIPPED_TASKS, TaskSpec, builtin_task_manager, empty_task_manager, resolve_tasks
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TASKS = ("ifeval", "gsm8k_cot", "bbh_cot_fewshot")
-# The number each task is reported by (seed paper: IFEval prompt-level strict; GSM8K-CoT flexible-extract).
+# The number each task is reported by (seed paper: IFEval prompt-level strict; GSM8K-CoT and
+# GPQA-CoT flexible-extract; EQ-Bench its score; the controls their lm-eval default metric).
 HEADLINE_METRICS = {
     "ifeval": "prompt_level_strict_acc,none",
     "sinkstudy_ifeval": "prompt_level_strict_acc,none",
     "gsm8k_cot": "exact_match,flexible-extract",
     "sinkstudy_gsm": "exact_match,flexible-extract",
     "bbh_cot_fewshot": "exact_match,get-answer",
+    "eq_bench": "eqbench,none",
+    "gpqa_diamond_cot_zeroshot": "exact_match,flexible-extract",
+    "mmlu": "acc,none",
+    "boolq": "acc,none",
+    "mbpp": "pass_at_1,none",
+    "mmlu_pro": "exact_match,custom-extract",
 }
 OFFLINE_TASKS = tuple(SHIPPED_TASKS)
-BACKENDS = ("hf", "vllm")
 RESULTS_FILE = "results.json"
 SAMPLES_DIR = "samples"
 # Bumped when the cached record layout changes, so old cache entries are not misread.
@@ -146,10 +155,14 @@ def run_eval(
     *,
     tasks: str | Iterable[str] = DEFAULT_TASKS,
     limit: int | float | None = None,
-    batch_size: int = 8,
+    batch_size: int | str = 8,
     apply_chat_template: bool = True,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    system_instruction: str | None = None,
     max_gen_toks: int | None = 256,
+    gen_kwargs: Mapping[str, Any] | None = None,
     num_fewshot: int | None = None,
+    confirm_run_unsafe_code: bool = False,
     data_files: Mapping[str, str] | str | Iterable[str] | None = None,
     out_dir: str | os.PathLike | None = None,
     force: bool = False,
@@ -158,23 +171,40 @@ def run_eval(
     backend: str = "hf",
     backend_args: Mapping[str, Any] | None = None,
     device: str | None = None,
+    dtype: str | None = None,
+    loader: Callable[..., Any] | None = None,
+    tokenizer_loader: Callable[[str], Any] | None = None,
     seed: int = 0,
     progress: bool = True,
-) -> EvalRun:
+) -> EvalRun | None:
     """Evaluate `model` (a loaded HF causal LM, or a path / hub id) on lm-eval tasks.
 
-    `data_files` ({task: path} or "task=path" specs) swaps a task's data for a local jsonl in the
-    task's own format. `max_gen_toks=None` keeps each task's own generation length. With
-    `backend="vllm"` the model must be a path or hub id; `backend_args` go to lm-eval's VLLM
-    (e.g. tensor_parallel_size, data_parallel_size, gpu_memory_utilization) or HFLM. `device`
-    places a model loaded here from a path; a loaded model is evaluated where it is.
+    The protocol knobs go to lm-eval's own mechanisms (`evals.protocol`): `chat_template_kwargs`
+    to the chat template (e.g. {"enable_thinking": False} for Qwen3), `system_instruction` as a
+    system message, `gen_kwargs` over each task's generation settings, `batch_size` an integer or
+    "auto" / "auto:N". `max_gen_toks=None` keeps each task's own generation length; `num_fewshot`
+    overrides every task's shot count; `confirm_run_unsafe_code` lets tasks that execute model code
+    (MBPP) run. `data_files` ({task: path} or "task=path" specs) swaps a task's data for a local
+    jsonl in the task's own format.
+
+    A path is loaded only when something is left to evaluate, by `loader(path, device=, dtype=)`
+    (default: `AutoModelForCausalLM`; callers pass the pair loader, which also reads VLM and
+    QK-norm-injected checkpoints), in `dtype` (default float32), on `device`; its tokenizer by
+    `tokenizer_loader(path)` (default `AutoTokenizer`). A loaded model is evaluated where it is.
+    With `backend="vllm"` the model must be a path or hub id; `backend_args` go to lm-eval's VLLM
+    (tensor_parallel_size, data_parallel_size, gpu_memory_utilization, ...) or HFLM.
+    Under `accelerate launch` / torchrun (WORLD_SIZE > 1) the hf backend evaluates data-parallel:
+    every process takes a share of the prompts; rank 0 gathers, caches, saves and returns the
+    run, the other ranks return None.
     """
-    if backend not in BACKENDS:
-        raise SinkstudyError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    check_backend(backend)
     if limit is not None and limit <= 0:
         raise SinkstudyError(f"limit must be positive, got {limit}")
-    if batch_size < 1:
-        raise SinkstudyError(f"batch size must be at least 1, got {batch_size}")
+    batch_size = check_batch_size(batch_size)
+    chat_template_kwargs = check_mapping(chat_template_kwargs or {}, "chat template kwargs")
+    system_instruction = check_system_instruction(system_instruction)
+    gen_kwargs = check_gen_kwargs(gen_kwargs)
+    backend_args = check_backend_args(backend_args)
     specs = resolve_tasks(tasks, data_files)
     out_dir = Path(out_dir) if out_dir is not None else None
     if out_dir is not None and out_dir.exists() and not force and not (out_dir / RESULTS_FILE).is_file():
@@ -186,16 +216,19 @@ def run_eval(
         raise SinkstudyError("the vllm backend loads weights itself: pass a checkpoint path or hub id, not a loaded model")
     if is_path and not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise SinkstudyError(f"model {model_name} is not a local path and the hub is offline (HF_HUB_OFFLINE=1)")
+    tokenizer_loader = tokenizer_loader or _auto_tokenizer
     if is_path and tokenizer is None:
-        tokenizer = _load_tokenizer(model)
+        tokenizer = _load_tokenizer(tokenizer_loader, model)
     if tokenizer is None:
         raise SinkstudyError(f"model {model_name!r} has no tokenizer: pass tokenizer= (the LLM's, or a processor's .tokenizer)")
     if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = _load_tokenizer(tokenizer)
+        tokenizer = _load_tokenizer(tokenizer_loader, tokenizer)
     if _is_processor(tokenizer):
         tokenizer = tokenizer.tokenizer  # HFLM needs the text tokenizer, not the processor
     if apply_chat_template and not getattr(tokenizer, "chat_template", None):
         raise SinkstudyError(f"tokenizer of {model_name!r} has no chat template; pass apply_chat_template=False (--no-chat-template)")
+    if apply_chat_template:
+        warn_unset_template_variables(tokenizer, chat_template_kwargs, model_name)
 
     fingerprint = model_fingerprint(model)
     settings = {
@@ -204,19 +237,28 @@ def run_eval(
         "apply_chat_template": apply_chat_template,
         "max_gen_toks": max_gen_toks,
         "num_fewshot": num_fewshot,
+        "chat_template_kwargs": chat_template_kwargs,
+        "system_instruction": system_instruction,
+        "gen_kwargs": gen_kwargs,
+        # A loaded model's dtype is in its fingerprint; vLLM's "auto" is the checkpoint's own.
+        "dtype": (dtype or ("auto" if backend == "vllm" else "float32")) if is_path else None,
         "backend": backend,
-        "backend_args": dict(backend_args or {}),
+        "backend_args": backend_args,
         "seed": seed,
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "lm_eval": package_versions().get("lm_eval"),
     }
     keys = {s.name: cache_key(fingerprint, s, settings) for s in specs}
+    distributed = _data_parallel(backend)
+    # A data-parallel worker makes the same reuse decisions as rank 0 (so both enter lm-eval's
+    # collectives together) but reads only: rank 0 gathers, caches and saves.
+    worker = distributed is not None and not distributed.is_main_process
 
     if out_dir is not None and (out_dir / RESULTS_FILE).is_file() and not force:
         previous = EvalRun.load(out_dir)
         if previous.cache_keys == keys:
             log.info("reusing finished eval run %s", out_dir)
-            return previous
+            return None if worker else previous
         raise SinkstudyError(f"output {out_dir} holds a different eval run; pass --force to replace it")
 
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -225,13 +267,17 @@ def run_eval(
     if todo:
         log.info("evaluating %s on %s", model_name, ", ".join(s.name for s in todo))
         if is_path and backend == "hf":  # loaded only now: a fully cached rerun never loads weights
-            model = _load_model(model, device)
+            model = _load_model(loader or _auto_causal_lm, model, distributed.device if distributed else device, dtype)
         with _progress_bars(progress):
-            fresh = _evaluate(model, tokenizer, todo, settings)
+            fresh = _evaluate(model, tokenizer, todo, settings, distributed, confirm_run_unsafe_code)
+        if fresh is None:  # a data-parallel worker: rank 0 holds the gathered results
+            return None
         for s in todo:
             records[s.name] = fresh[s.name]
             if use_cache:
                 write_json_atomic(cache_dir / f"{keys[s.name]}.json", {"key": keys[s.name], "identity": s.identity(), **fresh[s.name]})
+    if worker:
+        return None
 
     run = EvalRun(
         scores={}, samples={}, settings=settings, fingerprint=fingerprint, model_name=model_name,
@@ -287,24 +333,43 @@ def _is_processor(obj) -> bool:
     return isinstance(obj, ProcessorMixin)
 
 
-def _load_tokenizer(path):
-    from interventions.pairs import load_tokenizer
+def _auto_tokenizer(path: str):
+    from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _auto_causal_lm(path: str, *, device: str | None = None, dtype: str | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype or "float32")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device or "cpu")
+
+
+def _load_tokenizer(tokenizer_loader, path):
     try:
-        return load_tokenizer(os.fspath(path))
+        return tokenizer_loader(os.fspath(path))
     except (OSError, ValueError) as exc:
         raise SinkstudyError(f"no tokenizer could be loaded from {path}: {str(exc).splitlines()[0]}") from exc
 
 
-def _load_model(path, device=None):
-    """Load a causal LM (a VLM checkpoint yields its language model) through the project's one loader."""
-    from interventions.pairs import load_causal_lm
-
+def _load_model(loader, path, device=None, dtype=None):
+    """`loader(path, device=, dtype=)` -> a causal LM in eval mode; its errors become one line."""
     try:
-        model, _ = load_causal_lm(path, device=device or "cpu")
+        model = loader(os.fspath(path), device=str(device) if device is not None else None, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise SinkstudyError(f"cannot load a causal LM from {path}: {str(exc).splitlines()[0]}") from exc
     return model.eval()
+
+
+def _data_parallel(backend: str):
+    """The accelerate state when this process is one of several (accelerate launch / torchrun) on the hf backend."""
+    if backend != "hf" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from accelerate import Accelerator
+
+    return Accelerator()
 
 
 def guard_tied_weights(model) -> bool:
@@ -344,8 +409,9 @@ def _progress_bars(enabled: bool):
         logger.setLevel(old)
 
 
-def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Run lm-eval once for `specs`; return one cache record per spec."""
+def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any], distributed=None,
+              confirm_run_unsafe_code: bool = False) -> dict[str, dict[str, Any]] | None:
+    """Run lm-eval once for `specs`; return one cache record per spec (None on a data-parallel worker)."""
     from evals.nltk_offline import ensure_punkt_tab, seed_langdetect
 
     # Before lm-eval imports the IFEval graders (they try a download at import when punkt_tab is missing).
@@ -353,9 +419,9 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any])
     seed_langdetect(settings["seed"])
     import lm_eval
 
-    lm = _build_lm(model, tokenizer, settings)
+    lm = _build_lm(model, tokenizer, settings, distributed)
     task_manager = builtin_task_manager() if any(isinstance(s.spec, str) for s in specs) else empty_task_manager()
-    gen_kwargs = {"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] else None
+    gen_kwargs = {**settings["gen_kwargs"], **({"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] else {})}
     seed = settings["seed"]
     try:
         res = lm_eval.simple_evaluate(
@@ -366,7 +432,9 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any])
             num_fewshot=settings["num_fewshot"],
             log_samples=True,
             apply_chat_template=settings["apply_chat_template"],
-            gen_kwargs=gen_kwargs,
+            system_instruction=settings["system_instruction"],
+            gen_kwargs=gen_kwargs or None,
+            confirm_run_unsafe_code=confirm_run_unsafe_code,
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
             verbosity=None,
         )
@@ -376,20 +444,30 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any])
             f"lm-eval could not load data for {names or 'the tasks'} ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); offline, pass a local "
             f"file with --data TASK=FILE or use the shipped tasks {', '.join(OFFLINE_TASKS)}"
         ) from exc
+    if res is None:
+        return None
     return {s.name: _record(res, s) for s in specs}
 
 
-def _build_lm(model, tokenizer, settings):
+def _build_lm(model, tokenizer, settings, distributed=None):
     if settings["backend"] == "vllm":
         from lm_eval.models.vllm_causallms import VLLM
 
         args = {"pretrained": os.fspath(model), "tokenizer": getattr(tokenizer, "name_or_path", None) or os.fspath(model),
-                "batch_size": "auto", "seed": settings["seed"], **settings["backend_args"]}
+                "batch_size": settings["batch_size"], "seed": settings["seed"], "dtype": settings["dtype"],
+                "chat_template_args": dict(settings["chat_template_kwargs"]), **settings["backend_args"]}
         return VLLM(**args)
     from lm_eval.models.huggingface import HFLM
 
     guard_tied_weights(model)
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=settings["batch_size"], **settings["backend_args"])
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=settings["batch_size"],
+              chat_template_args=dict(settings["chat_template_kwargs"]), **settings["backend_args"])
+    if distributed is not None:
+        # HFLM sets up data parallelism only for models it loads itself; these are the attributes
+        # its own accelerate path sets, so lm-eval shards the requests and gathers on rank 0.
+        lm.accelerator, lm._device = distributed, distributed.device
+        lm._rank, lm._world_size = distributed.process_index, distributed.num_processes
+    return lm
 
 
 def _record(res: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:

@@ -14,10 +14,10 @@ def register(subparsers) -> None:
     p.add_argument("model", help="checkpoint path or hub id")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS})")
     p.add_argument("--limit", type=_limit, default=None, help="first N docs per task (a fraction < 1: that share)")
-    p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
     p.add_argument("--max-gen-toks", type=int, default=256, help="generation length; 0 keeps each task's own")
-    p.add_argument("--num-fewshot", type=int, default=None, help="override the tasks' few-shot count")
+    p.add_argument("--batch-size", type=batch_size_arg, default=8, help="an integer, or auto / auto:N (lm-eval detects it)")
+    add_protocol_args(p)
     p.add_argument("--data", action="append", default=None, metavar="TASK=FILE", help="local jsonl for a task (repeatable)")
     p.add_argument("--tokenizer", default=None, help="tokenizer path/id when it is not beside the model")
     p.add_argument("--out", default=None, help="write the run (results.json + samples/) here")
@@ -25,8 +25,11 @@ def register(subparsers) -> None:
     p.add_argument("--cache-dir", default=None, help="per-task result cache (default $SINKSTUDY_CACHE/evals)")
     p.add_argument("--no-cache", action="store_true", help="evaluate even when a cached result exists")
     p.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="vllm: lm-eval's vLLM backend (GPU)")
-    p.add_argument("--backend-args", default=None, metavar="K=V,...",
-                   help="extra backend arguments, e.g. tensor_parallel_size=2,data_parallel_size=1")
+    p.add_argument("--backend-args", default=None, metavar="JSON|K=V,...",
+                   help="backend constructor arguments as a JSON object or K=V pairs (quote values with commas), "
+                        "e.g. tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.85")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="load the model in this dtype (default float32 on hf; vllm: the checkpoint's)")
     p.add_argument("--device", default=None, help="device for the loaded model (hf backend), e.g. cuda")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_eval)
@@ -57,33 +60,56 @@ def _limit(text: str) -> int | float:
     return int(value) if value >= 1 else value
 
 
-def _backend_args(text: str | None) -> dict:
-    import json
+def add_protocol_args(p) -> None:
+    """The eval-protocol flags every evaluating command shares (`evals.protocol` says where each goes);
+    each command has its own --batch-size (type `batch_size_arg`)."""
+    g = p.add_argument_group("eval protocol (handed to lm-eval)")
+    g.add_argument("--chat-template-kwargs", default=None, metavar="JSON|K=V,...",
+                   help="chat template variables, e.g. '{\"enable_thinking\": false}' for Qwen3 (the paper's protocol)")
+    g.add_argument("--system-instruction", default=None, metavar="TEXT", help="a system message before every prompt")
+    g.add_argument("--gen-kwargs", default=None, metavar="JSON|K=V,...",
+                   help="generation settings over each task's own, e.g. temperature=0,do_sample=false,until=[\"</s>\"]")
+    g.add_argument("--num-fewshot", type=int, default=None, help="override the tasks' few-shot count (the paper: 0)")
+    g.add_argument("--confirm-run-unsafe-code", action="store_true",
+                   help="let tasks that execute model-written code run (MBPP)")
 
+
+def batch_size_arg(text: str) -> int | str:
+    from evals.protocol import check_batch_size
     from sinkstudy import SinkstudyError
 
-    out = {}
-    for part in filter(None, (text or "").split(",")):
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise SinkstudyError(f"backend argument {part!r} is not KEY=VALUE")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    return out
+    try:
+        return check_batch_size(text)
+    except SinkstudyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def protocol_kwargs(args) -> dict:
+    """run_eval's protocol arguments from the flags of `add_protocol_args`, checked (one line on bad input)."""
+    from evals.protocol import check_gen_kwargs, check_system_instruction, parse_kwargs
+
+    return {"chat_template_kwargs": parse_kwargs(args.chat_template_kwargs, "--chat-template-kwargs"),
+            "system_instruction": check_system_instruction(args.system_instruction),
+            "gen_kwargs": check_gen_kwargs(parse_kwargs(args.gen_kwargs, "--gen-kwargs")),
+            "num_fewshot": args.num_fewshot,
+            "confirm_run_unsafe_code": args.confirm_run_unsafe_code}
 
 
 def _eval(args) -> int:
     from evals.lmeval import run_eval
+    from evals.protocol import parse_kwargs
+    from experiments.loaders import eval_loaders
 
     run = run_eval(
         args.model, args.tokenizer, tasks=args.tasks, limit=args.limit, batch_size=args.batch_size,
         apply_chat_template=not args.no_chat_template, max_gen_toks=args.max_gen_toks or None,
-        num_fewshot=args.num_fewshot, data_files=args.data, out_dir=args.out, force=args.force,
+        data_files=args.data, out_dir=args.out, force=args.force,
         cache_dir=args.cache_dir, use_cache=not args.no_cache, backend=args.backend,
-        backend_args=_backend_args(args.backend_args), device=args.device, seed=args.seed,
+        backend_args=parse_kwargs(args.backend_args, "--backend-args"), device=args.device, dtype=args.dtype,
+        seed=args.seed, **protocol_kwargs(args), **eval_loaders(),
     )
+    if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
+        return 0
     print(run.summary())
     if args.out:
         print(f"eval run written to {args.out}")

@@ -25,6 +25,7 @@ def register(subparsers) -> None:
     m.add_argument("--eta", type=float, help="STAR: percent of the nuclear norm kept (default 40)")
     m.add_argument("--select", help="only these tensors: attn, mlp and/or layers:FIRST-LAST (e.g. attn,layers:0-7)")
     m.add_argument("--root", help="common pretrained ancestor: task vectors (base-root, vlm-root) merged onto it")
+    _mergekit_args(m)
     _common_args(m)
     m.set_defaults(func=run_merge)
 
@@ -32,6 +33,7 @@ def register(subparsers) -> None:
     _pair_args(s)
     s.add_argument("--config", default=str(DEFAULT_SWEEP_CONFIG), help="sweep YAML (default: experiments/configs/merge_sweep.yaml)")
     s.add_argument("--max-points", type=int, help="run only the first N grid points")
+    _mergekit_args(s)
     _eval_args(s)
     s.add_argument("--force", action="store_true", help="redo finished points")
     s.set_defaults(func=run_sweep)
@@ -51,12 +53,26 @@ def _pair_args(p, required: bool = True) -> None:
     p.add_argument("--vlm", required=required, help="VLM checkpoint dir or its extracted language model")
 
 
+def _mergekit_args(p) -> None:
+    g = p.add_argument_group("mergekit execution (mergekit methods; recorded in intervention.json, not part of the reuse key)")
+    g.add_argument("--cuda", action="store_true", help="run mergekit's tensor math on the GPU (mergekit-yaml --cuda)")
+    g.add_argument("--lazy-unpickle", action="store_true", help="mergekit's lazy loading of .bin (pickle) shards")
+    g.add_argument("--low-cpu-memory", action="store_true", help="mergekit keeps results on the GPU until written (with --cuda)")
+
+
+def _mergekit_options(args) -> dict[str, bool]:
+    return {k: True for k in ("cuda", "lazy_unpickle", "low_cpu_memory") if getattr(args, k, False)}
+
+
 def _eval_args(p) -> None:
+    from experiments.cmd_eval import add_protocol_args, batch_size_arg
+
     p.add_argument("--out", help="output directory")
     p.add_argument("--limit", type=int, help="evaluate only the first N prompts of each task")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=batch_size_arg, default=8, help="an integer, or auto / auto:N")
     p.add_argument("--max-gen-toks", type=int, default=256, help="generation cap per prompt (default 256)")
+    add_protocol_args(p)
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates for recovery CIs")
     p.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
     p.add_argument("--seed", type=int, default=0)
@@ -103,6 +119,8 @@ class Measure:
     def measure(self, path, out: Path | None) -> dict[str, Any]:
         """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out`."""
         from evals.lmeval import run_eval
+        from experiments.cmd_eval import protocol_kwargs
+        from experiments.loaders import eval_loaders
         from interventions.pairs import load_tokenizer
         from sinkstudy.io import read_json, write_json_atomic
 
@@ -115,7 +133,8 @@ class Measure:
             if cached:
                 write_json_atomic(cached, sink)
         run = run_eval(path, tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
-                       max_gen_toks=self.args.max_gen_toks, out_dir=out / "eval" if out else None, seed=self.args.seed)
+                       max_gen_toks=self.args.max_gen_toks, out_dir=out / "eval" if out else None, seed=self.args.seed,
+                       **protocol_kwargs(self.args), **eval_loaders())
         return {**sink, "run": run}
 
     def _sink(self, path, tokenizer) -> dict[str, Any]:
@@ -232,8 +251,10 @@ def _out(args, default: str) -> Path:
 
 
 def run_merge(args) -> int:
+    from experiments.cmd_eval import protocol_kwargs
     from interventions.registry import apply_intervention
 
+    protocol_kwargs(args)  # bad protocol flags fail before the merge
     params = parse_params(args.param)
     for key in ("weight", "density", "eta", "select", "root"):
         if getattr(args, key) is not None:
@@ -245,7 +266,8 @@ def run_merge(args) -> int:
     if args.density is None and args.method in PAPER_DENSITY:
         params["density"] = PAPER_DENSITY[args.method]
     tag = "-".join([args.method] + [f"{k}{v}" for k, v in sorted(params.items()) if k in ("weight", "density", "eta", "select")])
-    out = apply_intervention(args.method, args.base, args.vlm, params, _out(args, tag), seed=args.seed, force=args.force)
+    out = apply_intervention(args.method, args.base, args.vlm, params, _out(args, tag), seed=args.seed, force=args.force,
+                             mergekit_options=_mergekit_options(args))
     print(f"wrote {out}")
     if args.eval:
         _measure_and_write(out, args)
@@ -262,6 +284,9 @@ def run_mitigate(args) -> int:
         return 0
     if not (args.base and args.vlm):
         raise SinkstudyError("mitigate needs --base and --vlm")
+    from experiments.cmd_eval import protocol_kwargs
+
+    protocol_kwargs(args)  # bad protocol flags fail before the mitigation
     params = parse_params(args.param)
     if args.top_k is not None:
         params["top_k"] = args.top_k
@@ -321,6 +346,9 @@ def run_sweep(args) -> int:
     from sinkstudy.io import read_json, write_json_atomic, write_text_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
 
+    from experiments.cmd_eval import protocol_kwargs
+
+    protocol_kwargs(args)  # bad protocol flags fail before any merge
     sweep = load_sweep(args.config)
     points = sweep["points"][: args.max_points] if args.max_points else sweep["points"]
     known = list_interventions()
@@ -340,8 +368,8 @@ def run_sweep(args) -> int:
         if done.is_file() and not args.force:
             row = read_json(done)
         else:
-            model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model",
-                                           seed=sweep.get("seed", args.seed), force=args.force, progress=False)
+            model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model", seed=sweep.get("seed", args.seed),
+                                           force=args.force, progress=False, mergekit_options=_mergekit_options(args))
             row = {"name": pt["name"], "method": pt["method"], "params": params,
                    **measure.summary(measure.measure(model_dir, pdir)),
                    "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base)}

@@ -33,6 +33,9 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts per task")
     p.add_argument("--max-gen-toks", type=int, default=256, help="generation length cap for the evals (default 256)")
     p.add_argument("--no-eval", action="store_true", help="skip the strict evals (sink and KL only)")
+    from experiments.cmd_eval import add_protocol_args
+
+    add_protocol_args(p)
     p.add_argument("--native-ok", action="store_true", help="measure a native QK-norm backbone (same recipe) instead of refusing it")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -55,6 +58,9 @@ def _validate(args) -> None:
 
     if args.train_steps < 0:
         raise SinkstudyError(f"--train-steps must be >= 0, got {args.train_steps}")
+    from experiments.cmd_eval import protocol_kwargs
+
+    protocol_kwargs(args)  # bad protocol flags fail before any training
     if args.limit is not None and args.limit <= 0:
         raise SinkstudyError(f"--limit must be positive, got {args.limit}")
     if not 0.0 <= args.alpha <= 1.0:
@@ -179,8 +185,9 @@ def _evaluate(original, candidate, tokenizer, tasks, args, out) -> dict:
     """Both models on the same prompts, then paired differences (bootstrap CI, McNemar) per metric."""
     from evals.lmeval import run_eval
     from evals.stats import compare_runs
+    from experiments.cmd_eval import protocol_kwargs
 
-    kw = dict(tasks=tasks, limit=args.limit, max_gen_toks=args.max_gen_toks, seed=args.seed)
+    kw = dict(tasks=tasks, limit=args.limit, max_gen_toks=args.max_gen_toks, seed=args.seed, **protocol_kwargs(args))
     runs = {"original": run_eval(original, tokenizer, out_dir=out / "original", **kw),
             "candidate": run_eval(candidate, tokenizer, out_dir=out / "candidate", **kw)}
     return {"scores": {name: r.scores for name, r in runs.items()},

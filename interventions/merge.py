@@ -329,14 +329,18 @@ def run_mergekit_merge(
     force: bool = False,
     progress: bool = True,
     cache_dir: str | os.PathLike | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Path:
     """Merge base and the VLM's LM with mergekit into `out_dir`; returns `out_dir`.
 
     All checks (method, parameters, pair layout, disk space, existing output) run before mergekit.
+    `options` go to mergekit's `MergeOptions` as `mergekit-yaml` flags would: cuda, lazy_unpickle,
+    low_cpu_memory (how it runs, not what it computes).
     """
     from sinkstudy.io import atomic_output_dir, check_output_dir
 
     validate_merge_args(method, weight, density, select, params)
+    options = _mergekit_options(options)
     out_dir = check_output_dir(out_dir, force)
     base_in, vlm_in = base, vlm
     base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
@@ -346,19 +350,41 @@ def run_mergekit_merge(
     check_disk_space(out_dir, estimate_output_bytes(base, cfg["out_dtype"]))
     text = config_yaml(cfg, seed)
     with atomic_output_dir(out_dir, force) as tmp:
-        _run_mergekit(cfg, text, tmp, seed, progress)
+        _run_mergekit(cfg, text, tmp, seed, progress, options)
         write_result(tmp, method=method, base=base_in, vlm=vlm_in, vlm_lm=vlm_lm, root=root, seed=seed,
                      settings={"weight": weight, "density": density, "select": str(select or "") or None, **(params or {})},
-                     extra={"mergekit_config": cfg})
+                     extra={"mergekit_config": cfg, "mergekit_options": options})
     return out_dir
 
 
-def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | None, progress: bool) -> None:
+_EXECUTION_OPTIONS = ("cuda", "lazy_unpickle", "low_cpu_memory")
+
+
+def _mergekit_options(options: dict[str, Any] | None) -> dict[str, bool]:
+    """Known execution options, checked before any work; --cuda without a GPU is one line."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(_EXECUTION_OPTIONS))
+    if unknown:
+        raise MergeError(f"unknown mergekit option(s) {', '.join(unknown)}; known: {', '.join(_EXECUTION_OPTIONS)}")
+    out = {k: bool(options.get(k, False)) for k in _EXECUTION_OPTIONS}
+    if out["cuda"]:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MergeError("--cuda: no CUDA device is available here; merge on the CPU (drop --cuda)")
+    if out["low_cpu_memory"] and not out["cuda"]:
+        raise MergeError("--low-cpu-memory keeps results on the GPU: it needs --cuda")
+    return out
+
+
+def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | None, progress: bool,
+                  options: dict[str, bool]) -> None:
     from mergekit.config import MergeConfiguration
     from mergekit.merge import MergeOptions, run_merge
 
     config = MergeConfiguration.model_validate(cfg)
-    options = MergeOptions(cuda=False, copy_tokenizer=True, lazy_unpickle=False, random_seed=seed, quiet=not progress)
+    options = MergeOptions(copy_tokenizer=True, random_seed=seed, quiet=not progress,
+                           **options)
     try:
         run_merge(config, str(out), options=options, config_source=yaml_text)
     except (RuntimeError, ValueError) as exc:  # mergekit's own errors become one line

@@ -61,11 +61,19 @@ def apply_intervention(
     seed: int = 0,
     force: bool = False,
     progress: bool = True,
+    mergekit_options: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Apply intervention `name` (see `list_interventions`) and return the output checkpoint dir."""
+    """Apply intervention `name` (see `list_interventions`) and return the output checkpoint dir.
+
+    `mergekit_options` (mergekit methods: cuda, lazy_unpickle, low_cpu_memory) say how mergekit
+    runs, not what it computes: recorded in intervention.json, not part of the request.
+    """
     from sinkstudy.io import read_json, write_json_atomic
 
     params = dict(params or {})
+    if any((mergekit_options or {}).values()) and name not in MERGEKIT_METHODS:
+        raise MergeError(f"mergekit options ({', '.join(k for k, v in mergekit_options.items() if v)}) apply to mergekit methods, not {name}"
+                         + ("; TSV and STAR take --param device=cuda" if name in SPECTRAL_METHODS else ""))
     request = _request(name, params, seed)
     out_dir = Path(out_dir)
     if not force and finished(out_dir, name, params, seed):
@@ -78,7 +86,8 @@ def apply_intervention(
 
         _check_keys(name, params, _MERGE_KEYS)
         mk = {k: params.pop(k) for k in ("weight", "density", "select", "root") if k in params}
-        run_mergekit_merge(name, base_path, vlm_lm_path, out_dir, params=params, seed=seed, force=force, progress=progress, **mk)
+        run_mergekit_merge(name, base_path, vlm_lm_path, out_dir, params=params, seed=seed, force=force, progress=progress,
+                           options=mergekit_options, **mk)
     elif name in SPECTRAL_METHODS:
         from interventions.spectral import run_spectral_merge
 
