@@ -417,6 +417,8 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any],
     # Before lm-eval imports the IFEval graders (they try a download at import when punkt_tab is missing).
     ensure_punkt_tab()
     seed_langdetect(settings["seed"])
+    if confirm_run_unsafe_code:  # the one consent: HF `evaluate`'s code_eval (MBPP) asks for it again
+        os.environ.setdefault("HF_ALLOW_CODE_EVAL", "1")
     import lm_eval
 
     lm = _build_lm(model, tokenizer, settings, distributed)

@@ -11,6 +11,7 @@ model-card figures), in bf16 (2 bytes per parameter):
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sinkstudy import SinkstudyError
@@ -47,9 +48,9 @@ def plan(study) -> dict[str, Any]:
         "name": study.name,
         "protocol": study.protocol,
         "pairs": pairs,
-        "tasks": {"names": study.evals["tasks"], "num_fewshot": study.evals["num_fewshot"],
-                  "apply_chat_template": study.evals["apply_chat_template"], "limit": study.evals["limit"],
-                  "max_gen_toks": study.evals["max_gen_toks"], "batch_size": study.evals["batch_size"]},
+        "tasks": {k: study.evals[k] for k in ("num_fewshot", "apply_chat_template", "chat_template_kwargs", "system_instruction",
+                                              "gen_kwargs", "limit", "max_gen_toks", "batch_size", "backend", "backend_args")}
+                 | {"names": study.evals["tasks"]},
         "sink": study.sink,
         "interventions": study.interventions,
         "model": study.model,
@@ -87,6 +88,9 @@ def format_plan(pl: dict[str, Any]) -> str:
     lines += ["", f"tasks: {', '.join(t['names'])} (few-shot {t['num_fewshot'] if t['num_fewshot'] is not None else 'task default'}, "
                   f"chat template {'on' if t['apply_chat_template'] else 'off'}, limit {t['limit'] or 'none'}, "
                   f"max_gen_toks {t['max_gen_toks'] or 'task default'}, batch {t['batch_size']})",
+              f"eval protocol: chat template kwargs {_kv(t['chat_template_kwargs'])}, system instruction "
+              f"{json.dumps(t['system_instruction']) if t['system_instruction'] else 'none'}, generation kwargs {_kv(t['gen_kwargs'])}, "
+              f"backend {t['backend']} (args {_kv(t['backend_args'])})",
               f"sink: metric {pl['sink']['metric']}, texts {pl['sink']['texts'] or 'the metric default'}",
               "interventions: " + ", ".join(f"{i['name']} ({i['method']} {', '.join(f'{k}={v}' for k, v in i['params'].items())})".replace(" )", ")")
                                            for i in pl["interventions"]),
@@ -100,6 +104,10 @@ def format_plan(pl: dict[str, Any]) -> str:
         lines.append("no size in the config for: " + ", ".join(e["models_without_size"]) + " (not in the estimates)")
     lines.append(f"output: {pl['out']}")
     return "\n".join(lines)
+
+
+def _kv(mapping: dict) -> str:
+    return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in mapping.items()) + "}" if mapping else "none"
 
 
 def check_can_run(study, limit) -> None:

@@ -276,15 +276,18 @@ def _load_tokenizer(path: str):
 
 def eval_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     from evals.lmeval import run_eval
+    from experiments.loaders import eval_loaders
 
     ev = study.evals
     out_dir = study.out / "evals" / pair["name"] / label
-    # A path is fingerprinted by its files (cheap); other dtypes (bf16 7B models) are loaded here.
-    model = path if study.model["dtype"] == "float32" else _load(path, study)[0]
-    run = run_eval(model, _load_tokenizer(pair["base"]), tasks=ev["tasks"], limit=ev["limit"], batch_size=ev["batch_size"],
-                   apply_chat_template=ev["apply_chat_template"], max_gen_toks=ev["max_gen_toks"], num_fewshot=ev["num_fewshot"],
-                   data_files=ev["data_files"] or None, out_dir=out_dir, force=True, device=study.model["device"],
-                   seed=study.seed, progress=progress)
+    # Every model is prompted through the base's tokenizer and chat template, so runs pair on doc_id.
+    # The path is loaded (in the study's dtype) only when something is left to evaluate.
+    protocol = {k: ev[k] for k in ("limit", "batch_size", "apply_chat_template", "chat_template_kwargs", "system_instruction",
+                                   "max_gen_toks", "gen_kwargs", "num_fewshot", "confirm_run_unsafe_code", "backend",
+                                   "backend_args")}
+    run = run_eval(path, _load_tokenizer(pair["base"]), tasks=ev["tasks"], data_files=ev["data_files"] or None, out_dir=out_dir,
+                   force=True, device=study.model["device"], dtype=study.model["dtype"], seed=study.seed, progress=progress,
+                   **protocol, **eval_loaders())
     return {"dir": str(out_dir), "scores": run.scores, "path": path, "fingerprint": run.fingerprint}
 
 

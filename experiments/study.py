@@ -11,8 +11,9 @@ Schema (every key but `name` and `pairs`/`build` optional; unknown keys are erro
     pairs:                          # derived from build.backbones when omitted
       - {name, base, vlm, root?, native_qk_norm?, params_b?: {base, vlm}, published?: {sink_strength, ifeval_delta}}
     sink: {metric: logodds, texts: null, params: {}, options: {}}
-    evals: {tasks: [...], data_files: {task: path}, limit, batch_size, max_gen_toks,
-            apply_chat_template, num_fewshot, n_boot, confidence}
+    evals: {tasks: [...], data_files: {task: path}, limit, batch_size (int | auto | auto:N), max_gen_toks,
+            apply_chat_template, chat_template_kwargs: {...}, system_instruction, gen_kwargs: {...},
+            num_fewshot, confirm_run_unsafe_code, backend: hf | vllm, backend_args: {...}, n_boot, confidence}
     interventions:
       - {name: ties-0.2, method: ties, params: {weight: 1.0, density: 0.2}}
       - {name: qknorm, method: qknorm, params: {init: scale-preserving, train_steps: 0, vl: true}}
@@ -43,7 +44,8 @@ PAIR_KEYS = {"name", "base", "vlm", "root", "native_qk_norm", "params_b", "publi
 PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "source"}
 SINK_KEYS = {"metric", "texts", "params", "options"}
 EVAL_KEYS = {"tasks", "data_files", "limit", "batch_size", "max_gen_toks", "apply_chat_template", "num_fewshot",
-             "n_boot", "confidence"}
+             "n_boot", "confidence", "chat_template_kwargs", "system_instruction", "gen_kwargs", "confirm_run_unsafe_code",
+             "backend", "backend_args"}
 INTERVENTION_KEYS = {"name", "method", "params", "notes"}
 QKNORM_PARAMS = {"init", "train_steps", "trainable", "lr", "vl", "alpha"}
 MODEL_KEYS = {"dtype", "device"}
@@ -52,7 +54,8 @@ REPORT_KEYS = {"title", "notes"}
 DEFAULT_SINK = {"metric": "logodds", "texts": None, "params": {}, "options": {}}
 DEFAULT_EVALS = {"tasks": ["sinkstudy_ifeval", "sinkstudy_gsm"], "data_files": {}, "limit": None, "batch_size": 8,
                  "max_gen_toks": 256, "apply_chat_template": True, "num_fewshot": None, "n_boot": 2000,
-                 "confidence": 0.95}
+                 "confidence": 0.95, "chat_template_kwargs": {}, "system_instruction": None, "gen_kwargs": {},
+                 "confirm_run_unsafe_code": False, "backend": "hf", "backend_args": {}}
 DEFAULT_MODEL = {"dtype": "float32", "device": None}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -253,7 +256,7 @@ def _check_evals(ev: dict, where: str) -> None:
     extra = sorted(set(ev["data_files"]) - set(tasks))
     if extra:
         _fail(f"{where}.data_files", f"names task(s) not in tasks: {', '.join(extra)}")
-    _int(ev["batch_size"], f"{where}.batch_size", 1)
+    _protocol(ev, where)
     _int(ev["max_gen_toks"], f"{where}.max_gen_toks", 1, allow_none=True)
     _int(ev["num_fewshot"], f"{where}.num_fewshot", 0, allow_none=True)
     _int(ev["n_boot"], f"{where}.n_boot", 100)
@@ -263,6 +266,26 @@ def _check_evals(ev: dict, where: str) -> None:
         _fail(f"{where}.apply_chat_template", "must be true or false")
     if not isinstance(ev["confidence"], float) or not 0 < ev["confidence"] < 1:
         _fail(f"{where}.confidence", f"must be a number in (0, 1), got {ev['confidence']!r}")
+
+
+def _protocol(ev: dict, where: str) -> None:
+    """The eval-protocol keys, checked by the same functions the CLI uses (evals.protocol)."""
+    from evals import protocol
+
+    checks = {"batch_size": protocol.check_batch_size, "system_instruction": protocol.check_system_instruction,
+              "gen_kwargs": protocol.check_gen_kwargs, "backend_args": protocol.check_backend_args,
+              "chat_template_kwargs": lambda v: protocol.check_mapping(v, "chat template kwargs")}
+    for key, check in checks.items():
+        try:
+            ev[key] = check(ev[key])
+        except SinkstudyError as exc:
+            _fail(f"{where}.{key}", str(exc))
+    try:
+        protocol.check_backend(ev["backend"])
+    except SinkstudyError as exc:
+        _fail(f"{where}.backend", str(exc))
+    if not isinstance(ev["confirm_run_unsafe_code"], bool):
+        _fail(f"{where}.confirm_run_unsafe_code", "must be true or false")
 
 
 def _check_method(iv: dict, where: str, has_build: bool) -> None:

@@ -44,7 +44,7 @@ def test_minimal_config_fills_defaults():
     ({"pairs": []}, "pairs must be a non-empty list"),
     ({"pairs": [{"name": "p", "base": "b"}]}, "vlm must be a hub id or a path"),
     ({"pairs": [{"name": "p", "base": "b", "vlm": "v", "published": {"S": 1}}]}, "unknown key(s) S"),
-    ({"evals": {"tasks": ["x"], "batch_size": 0}}, "evals.batch_size: must be an integer >= 1"),
+    ({"evals": {"tasks": ["x"], "batch_size": 0}}, "evals.batch_size: batch size must be an integer >= 1"),
     ({"evals": {"tasks": ["x"], "data_files": {"y": "f.jsonl"}}}, "names task(s) not in tasks: y"),
     ({"evals": {"tasks": ["x"], "limit": -3}}, "evals.limit"),
     ({"sink": {"metric": "nope"}}, "unknown sink metric 'nope'"),
@@ -114,7 +114,8 @@ def test_paper_dry_run_prints_all_six_pairs_offline():
     for vlm in ("Qwen/Qwen3-VL-8B-Instruct", "OpenGVLab/InternVL3_5-8B-HF", "Qwen/Qwen2.5-VL-7B-Instruct",
                 "OpenGVLab/InternVL3-8B-hf", "llava-hf/llava-onevision-qwen2-7b-ov-hf", "allenai/Molmo2-O-7B"):
         assert vlm in r.stdout
-    for needle in ("ifeval, gsm8k_cot", "tsv", "star", "ties", "dare_ties", "estimated disk", "estimated GPU memory", "-18.7"):
+    for needle in ("ifeval, eq_bench, gsm8k_cot, gpqa_diamond_cot_zeroshot, mmlu, boolq, mbpp, mmlu_pro",
+                   "chat template kwargs {enable_thinking: false}", "tsv", "star", "ties", "dare_ties", "estimated disk", "estimated GPU memory", "-18.7"):
         assert needle in r.stdout
 
 
