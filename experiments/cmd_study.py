@@ -11,8 +11,16 @@ PAPER_CONFIG = CONFIG_DIR / "paper_six_pairs.yaml"
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("run", help="run a study config (resumable: finished steps are reused)")
+    p = subparsers.add_parser("run", help="run a study config (resumable: finished steps are reused)",
+                              description="Run every step of a study, reusing finished ones, then write the summary and report. "
+                              "For a scheduler: --plan lists every step as an independent command (`--step ID`) with what it "
+                              "reads, writes and runs after; run them in any order that respects `after`, then run the "
+                              "config once more to collect the summary and report.")
     p.add_argument("config", help="study YAML, e.g. experiments/configs/demo.yaml")
+    one = p.add_mutually_exclusive_group()
+    one.add_argument("--plan", nargs="?", const="text", choices=("text", "json"),
+                     help="print every step as a command with its inputs, outputs and dependencies (json: one list); run nothing")
+    one.add_argument("--step", metavar="STEP_ID", help="run only this step (its dependencies must have finished)")
     _common(p)
     p.set_defaults(func=cmd_run)
 
@@ -47,9 +55,24 @@ def _run(study, args) -> int:
 
 
 def cmd_run(args) -> int:
+    import json
+    import shlex
+
+    from experiments.runner import format_steps, plan_study, run_step
     from experiments.study import load_study
 
-    return _run(load_study(args.config, out=args.out), args)
+    study = load_study(args.config, out=args.out)
+    command = "sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
+    if args.plan:
+        steps = plan_study(study, command)
+        print(json.dumps(steps, indent=1) if args.plan == "json" else format_steps(steps, study, command))
+        return 0
+    if args.step:
+        done = run_step(study, args.step, force=args.force, progress=not args.quiet, command=command)
+        print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
+                                                                   else f"done in {done['seconds']:.0f}s"))
+        return 0
+    return _run(study, args)
 
 
 def cmd_demo(args) -> int:

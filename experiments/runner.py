@@ -35,6 +35,8 @@ STEP_FORMAT = "sinkstudy.step/1"
 class Runner:
     """Runs keyed steps, reusing finished ones; records timing and what was reused."""
 
+    executes = True  # False: a plan or a single step, which must not delete what other steps made
+
     def __init__(self, study, *, force: bool = False, progress: bool = True):
         self.study = study
         self.out = Path(study.out)
@@ -65,20 +67,29 @@ class Runner:
 
     def run(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str] = (), outputs: Path | None = None) -> dict:
         """Reuse the finished step with this key, or run `fn` and record it. A step whose `outputs`
-        (a checkpoint dir it writes) has gone is run again."""
-        from sinkstudy.provenance import provenance
-
+        (a checkpoint dir or file it writes) has gone is run again."""
         key = self.key(spec, deps)
         self.keys[step_id] = key
+        done = None if self.force else self.stored(step_id, key, outputs)
+        if done is not None:
+            self.log.append({"step": step_id, "reused": True, "seconds": 0.0})
+            return done
+        return self.execute(step_id, spec, fn, deps, key)
+
+    def stored(self, step_id: str, key: str, outputs: Path | None = None) -> dict | None:
+        """The recorded result of a finished step with this key whose outputs still exist, else None."""
         f = self.path(step_id)
-        if f.is_file() and not self.force and (outputs is None or Path(outputs).exists()):
-            try:
-                done = json.loads(f.read_text(encoding="utf-8"))
-            except ValueError:
-                done = {}
-            if done.get("key") == key:
-                self.log.append({"step": step_id, "reused": True, "seconds": 0.0})
-                return done["result"]
+        if not f.is_file() or (outputs is not None and not Path(outputs).exists()):
+            return None
+        try:
+            done = json.loads(f.read_text(encoding="utf-8"))
+        except ValueError:
+            return None
+        return done["result"] if done.get("key") == key else None
+
+    def execute(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str], key: str) -> dict:
+        from sinkstudy.provenance import provenance
+
         log.info("step %s", step_id)
         t0 = time.perf_counter()
         result = fn()
@@ -89,8 +100,8 @@ class Runner:
             model_fingerprints=result.get("fingerprints") or ({result["path"]: result["fingerprint"]} if "fingerprint" in result else {}),
             step=step_id,
         )
-        write_json_atomic(f, {"format": STEP_FORMAT, "step": step_id, "key": key, "spec": spec, "deps": list(deps),
-                              "seconds": round(seconds, 2), "result": result, "provenance": prov})
+        write_json_atomic(self.path(step_id), {"format": STEP_FORMAT, "step": step_id, "key": key, "spec": spec, "deps": list(deps),
+                                               "seconds": round(seconds, 2), "result": result, "provenance": prov})
         self.log.append({"step": step_id, "reused": False, "seconds": round(seconds, 2)})
         return result
 
@@ -108,6 +119,156 @@ class Runner:
         return out
 
 
+# --------------------------------------------------------------------------- plan and single steps
+
+class _Pending(dict):
+    """The result of a step that has not run here (a plan; a step outside `--step`'s target): any
+    field read from it is another pending value that names where it would come from."""
+
+    def __init__(self, origin: str):
+        super().__init__()
+        self.origin = origin
+
+    def __getitem__(self, key):
+        return _Pending(f"{self.origin}:{key}")
+
+    def get(self, key, default=None):
+        return self[key]
+
+    def __str__(self) -> str:
+        return f"<result of {self.origin}>"
+
+    __repr__ = __str__
+
+
+class PlanRunner(Runner):
+    """Walks the study's steps without running any: records each step, its dependencies and outputs."""
+
+    executes = False
+
+    def __init__(self, study):
+        super().__init__(study, progress=False)
+        self.steps: dict[str, dict] = {}
+
+    def run(self, step_id, spec, fn, deps=(), outputs=None):
+        self.keys[step_id] = self.key(spec, deps)
+        if step_id not in self.steps:
+            level = 1 + max((self.steps[d]["level"] for d in deps if d in self.steps), default=0)
+            self.steps[step_id] = {"id": step_id, "level": level, "after": list(deps), "spec": spec,
+                                   "outputs": [os.fspath(o) for o in ([outputs] if outputs is not None else [])]
+                                   + [os.fspath(self.path(step_id))]}
+        return _Pending(step_id)
+
+    def force_step(self, step_id, spec, fn, deps=()):
+        return self.run(step_id, spec, fn, deps)
+
+    def finished(self, step_id, spec, deps=()):
+        return False
+
+
+class _StepDone(Exception):
+    def __init__(self, result: dict, reused: bool):
+        self.result, self.reused = result, reused
+
+
+class StepRunner(Runner):
+    """Runs exactly one step (`target`): the steps before it are reused when finished and left
+    pending otherwise; the target refuses to run while a step it depends on is pending."""
+
+    executes = False
+
+    def __init__(self, study, target: str, *, force: bool = False, progress: bool = True, command: str = "sinkstudy run CONFIG"):
+        super().__init__(study, progress=progress)
+        self.target, self.force_target, self.command = target, force, command
+        self.pending: set[str] = set()
+
+    def run(self, step_id, spec, fn, deps=(), outputs=None):
+        key = self.key(spec, deps)
+        self.keys[step_id] = key
+        if step_id != self.target:
+            done = self.stored(step_id, key, outputs)
+            if done is None:
+                self.pending.add(step_id)
+                return _Pending(step_id)
+            return done
+        waiting = [d for d in deps if d in self.pending]
+        if waiting:
+            raise SinkstudyError(f"step {step_id} depends on {', '.join(waiting)}, not finished: run "
+                                 + " then ".join(f"`{self.command} --step {d}`" for d in waiting) + " first")
+        done = None if self.force_target else self.stored(step_id, key, outputs)
+        if done is not None:
+            raise _StepDone(done, reused=True)
+        raise _StepDone(self.execute(step_id, spec, fn, deps, key), reused=False)
+
+    def force_step(self, step_id, spec, fn, deps=()):
+        # An intervention deleted after measuring (keep_models: false) is made again only as a target.
+        if step_id == self.target:
+            return self.run(step_id, spec, fn, deps)
+        self.pending.add(step_id)
+        return _Pending(step_id)
+
+
+def _walk(runner: Runner, study) -> dict[str, dict]:
+    """Every step of the study through `runner`, in dependency order; {pair: run_pair's results}."""
+    built: dict[str, str] = {}
+    if study.build:
+        from experiments.demo.build import run_build
+
+        built = run_build(runner, study.build)
+    return {pair["name"]: run_pair(runner, study, pair, deps=[built[pair["name"]]] if pair["name"] in built else [])
+            for pair in study.pairs}
+
+
+def plan_study(study, command: str = "sinkstudy run CONFIG") -> list[dict]:
+    """Every step as an independent command, in dependency order: id, the command that runs it, the
+    steps it runs after, its level (1 + the deepest of those: steps of one level can run at once),
+    the models and data it reads and the files it writes (its record under steps/ included)."""
+    runner = PlanRunner(study)
+    _walk(runner, study)
+    pairs = {p["name"]: p for p in study.pairs}
+    steps = list(runner.steps.values())
+    for st in steps:
+        spec = st.pop("spec")
+        refs = [spec.get(k) for k in ("base", "vlm", "root", "path")] + [(spec.get("params") or {}).get("root")]
+        pair, _, rest = st["id"].partition("/")
+        if rest.startswith("intervene/") and pair in pairs:  # an intervention reads the pair's base besides its VLM LM
+            refs.insert(0, pairs[pair]["base"])
+        produced = [o for d in st["after"] for o in runner.steps[d]["outputs"][:-1]]  # [-1]: the dep's record
+        st["inputs"] = list(dict.fromkeys(r for r in refs + produced if isinstance(r, str) and r))
+        st["command"] = f"{command} --step {st['id']}"
+    return steps
+
+
+def format_steps(steps: list[dict], study, command: str) -> str:
+    lines = [f"# {study.name}: {len(steps)} steps in {max((s['level'] for s in steps), default=0)} levels. Run each step once the "
+             "steps it runs after have finished (steps of one level are independent); then "
+             f"`{command}` reuses them all and writes the summary and report."]
+    for i, st in enumerate(steps, 1):
+        lines += [f"[{i}] {st['id']}  (level {st['level']})",
+                  f"    run:     {st['command']}",
+                  f"    after:   {', '.join(st['after']) or '-'}",
+                  f"    inputs:  {', '.join(st['inputs']) or '-'}",
+                  f"    outputs: {', '.join(st['outputs'])}"]
+    return "\n".join(lines)
+
+
+def run_step(study, step_id: str, *, force: bool = False, progress: bool = True, command: str = "sinkstudy run CONFIG") -> dict:
+    """Run one step of the study (its dependencies must have finished); reuse it when finished unless `force`."""
+    import difflib
+
+    _check_inputs(study)
+    runner = StepRunner(study, step_id, force=force, progress=progress, command=command)
+    t0 = time.perf_counter()
+    try:
+        _walk(runner, study)
+    except _StepDone as done:
+        return {"step": step_id, "reused": done.reused, "seconds": round(time.perf_counter() - t0, 1), "result": done.result}
+    known = list(runner.keys)
+    close = difflib.get_close_matches(step_id, known, n=3, cutoff=0.5)
+    raise SinkstudyError(f"study {study.name} has no step {step_id!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
+                         + f" (`{command} --plan` lists them)")
+
+
 # --------------------------------------------------------------------------- the study
 
 def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
@@ -117,14 +278,7 @@ def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
     _check_inputs(study)
     t0 = time.perf_counter()
     runner = Runner(study, force=force, progress=progress)
-    built: dict[str, str] = {}
-    if study.build:
-        from experiments.demo.build import run_build
-
-        built = run_build(runner, study.build)
-    pairs = {}
-    for pair in study.pairs:
-        pairs[pair["name"]] = run_pair(runner, study, pair, deps=[built[pair["name"]]] if pair["name"] in built else [])
+    pairs = _walk(runner, study)
     summary = summarise(study, pairs, runner)
     write_json_atomic(study.out / "summary.json", summary)
     report = write_report(study, summary)
@@ -188,7 +342,7 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
             runner.force_step(step, spec, make, deps=iv_deps)  # deleted after an earlier run (keep_models: false)
         results[name] = measure(runner, study, pair, name, str(out_dir), deps=[step])
         results[name]["method"] = iv["method"]
-        if not study.keep_models and out_dir.exists():
+        if not study.keep_models and runner.executes and out_dir.exists():
             shutil.rmtree(out_dir)
     return results
 
@@ -215,9 +369,9 @@ def _measured(runner: Runner, study, pair: dict, label: str, path: str, dep: str
 def measure(runner: Runner, study, pair: dict, label: str, path: str, deps: list[str]) -> dict:
     p = pair["name"]
     sink = runner.run(f"{p}/sink/{label}", {"sink": study.sink, "path": path},
-                      lambda: sink_step(study, pair, label, path, runner.progress), deps=deps)
+                      lambda: sink_step(study, pair, label, path, runner.progress), deps=deps, outputs=_sink_file(study, p, label))
     ev = runner.run(f"{p}/eval/{label}", {"evals": _eval_spec(study), "path": path},
-                    lambda: eval_step(study, pair, label, path, runner.progress), deps=deps)
+                    lambda: eval_step(study, pair, label, path, runner.progress), deps=deps, outputs=_eval_dir(study, p, label))
     return {"path": path, "sink": sink, "eval": ev}
 
 
@@ -260,7 +414,7 @@ def sink_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
         tok = _load_tokenizer(pair["base"])
     maps = compute_sink_maps(model, tok, study.sink["texts"], metric=study.sink["metric"], progress=progress, **study.sink["options"])
     strength = strength_from_maps(maps, study.sink["metric"], **study.sink["params"])
-    maps_file = study.out / "sink" / pair["name"] / f"{label}.json"
+    maps_file = _sink_file(study, pair["name"], label)
     write_json_atomic(maps_file, maps.to_json())
     details = {k: v for k, v in strength.details.items() if k != "median_per_layer"}
     return {"value": strength.value, "metric": strength.metric, "details": details,
@@ -274,12 +428,20 @@ def _load_tokenizer(path: str):
     return load_tokenizer(path)
 
 
+def _sink_file(study, pair: str, label: str) -> Path:
+    return study.out / "sink" / pair / f"{label}.json"
+
+
+def _eval_dir(study, pair: str, label: str) -> Path:
+    return study.out / "evals" / pair / label
+
+
 def eval_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     from evals.lmeval import run_eval
     from experiments.loaders import eval_loaders
 
     ev = study.evals
-    out_dir = study.out / "evals" / pair["name"] / label
+    out_dir = _eval_dir(study, pair["name"], label)
     # Every model is prompted through the base's tokenizer and chat template, so runs pair on doc_id.
     # The path is loaded (in the study's dtype) only when something is left to evaluate.
     protocol = {k: ev[k] for k in ("limit", "batch_size", "apply_chat_template", "chat_template_kwargs", "system_instruction",
