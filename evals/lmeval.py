@@ -367,9 +367,11 @@ def _data_parallel(backend: str):
     """The accelerate state when this process is one of several (accelerate launch / torchrun) on the hf backend."""
     if backend != "hf" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
+    import torch
     from accelerate import Accelerator
 
-    return Accelerator()
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # CPU processes (torchrun) join over gloo
+    return accelerator if accelerator.num_processes > 1 else None
 
 
 def guard_tied_weights(model) -> bool:

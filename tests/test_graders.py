@@ -84,6 +84,52 @@ def test_every_shipped_family_has_a_case_and_valid_kwargs():
             instruction.build_description(**kw)  # lm-eval rejects unknown or missing arguments here
 
 
+# Keys that say which data a task reads and what it is called; everything else is grading.
+_DATA_KEYS = {"task", "dataset_path", "dataset_name", "dataset_kwargs", "custom_dataset", "metadata", "tag", "num_fewshot"}
+
+
+def _function_names(value):
+    """`!function` references as lm-eval loads them unresolved (absolute paths), reduced to module.function."""
+    from pathlib import Path
+
+    if isinstance(value, dict):
+        return {k: _function_names(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_function_names(v) for v in value]
+    if isinstance(value, str) and value.startswith("/") and Path(value).parent.is_dir():
+        return Path(value).name  # /abs/dir/utils.process_results -> utils.process_results
+    return value
+
+
+@pytest.mark.parametrize("task, builtin", [("sinkstudy_ifeval", "ifeval/ifeval.yaml"), ("sinkstudy_gsm", "gsm8k/gsm8k-cot.yaml")])
+def test_shipped_yaml_grades_exactly_as_lm_evals_builtin(task, builtin):
+    """The shipped YAMLs are self-contained copies (lm-eval's CLI can run them): every grading key
+    equals the installed lm-eval's built-in, so an lm-eval upgrade that changes one shows here."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from evals.tasks import _lm_eval_tasks_dir
+
+    ours = load_yaml(SHIPPED_TASKS[task], resolve_func=False)
+    theirs = load_yaml(_lm_eval_tasks_dir() / builtin, resolve_func=False)
+    assert _function_names({k: v for k, v in ours.items() if k not in _DATA_KEYS}) == \
+        {k: v for k, v in _function_names(theirs).items() if k not in _DATA_KEYS}
+    assert ours["num_fewshot"] == 0 and ours["metadata"]["grader"] == f"lm-eval {builtin.split('/')[1]} {theirs['metadata']['version']}"
+    # the functions named there are lm-eval's own graders, through evals/tasks/utils.py
+    resolved = load_task_yaml(SHIPPED_TASKS[task])
+    if task == "sinkstudy_ifeval":
+        doc = _shipped_ifeval()[2]
+        for output in ("* a\n* b\n* c", "* a\n* b"):
+            assert resolved["process_results"](doc, [output]) == process_results(doc, [output])
+
+
+def test_shipped_task_data_loads_from_any_working_directory(tmp_path, monkeypatch):
+    from evals.tasks.utils import load_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    ds = load_jsonl(data_files={"train": "sinkstudy_ifeval.jsonl"}, version=1.0)
+    assert ds["train"][0] == _shipped_ifeval()[0] and len(ds["train"]) == 40
+
+
 @pytest.mark.parametrize("instruction_id", sorted(CASES))
 def test_perfect_output_passes_and_broken_output_fails(instruction_id):
     kwargs, perfect, broken = CASES[instruction_id]
