@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# sinkstudy's GPU check (issue 16.6): the paths CI cannot run, on one CUDA GPU, from a clean checkout.
+# About 8 minutes of checks on one H200 (set-up and installs are timed apart); never a test dependency.
+#
+#   scripts/gpu_check.sh [OUT]            (default OUT: runs/gpu_check; logs and JSON land there)
+#
+# 1. sink pass: fast (SDPA + chunked log-sum-exp) vs eager output_attentions on a random-init
+#    Qwen3-8B-shape model, bf16, T = 512 / 2048 / 4096: time and peak-memory ratios eager / fast.
+# 2. streaming extraction: `make bench-extract` (peak memory / LM bytes on a locally built
+#    multi-shard VLM), where this checkout has that target.
+# 3. vLLM: `sinkstudy eval --backend vllm` of a small random Llama on sinkstudy_ifeval, beside the
+#    HF backend on the same GPU (per-prompt output agreement; bf16 kernels differ, so some may differ).
+# 4. mergekit: one TIES merge with `sinkstudy merge --cuda` beside the same merge on the CPU.
+# One table at the end. Exit status 1 when a check failed (a skipped check says why).
+#
+# Python: $PYTHON if set (it needs sinkstudy's dependencies and a CUDA torch); else .venv-gpu, made
+# here with --system-site-packages so a CUDA torch already installed is reused, then `pip install -e .`
+# (offline: WHEELS=DIR holding the wheels). vLLM: used where importable, else installed into
+# .venv-vllm (vLLM pins its own torch and transformers); where that fails the vLLM row says so.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/gpu_check}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export SINKSTUDY_CACHE="$PWD/$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+ROWS="$OUT/rows.tsv"
+printf 'check\tstatus\tfigures\tseconds\n' > "$ROWS"
+row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$ROWS"; }
+pip_args=(-q ${WHEELS:+--no-index --find-links "$WHEELS"})
+field() { "$PY" -c 'import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$@"; }
+last_line() { tail -n 1 "$1" 2>/dev/null | cut -c1-160; }
+
+# ------------------------------------------------------------------------------------------- set-up
+t=$SECONDS
+VENV=""
+if [ -n "${PYTHON:-}" ]; then
+    PY=$PYTHON
+else
+    VENV=.venv-gpu
+    [ -x "$VENV/bin/python" ] || python3 -m venv --system-site-packages "$VENV"
+    PY=$VENV/bin/python
+    if ! "$PY" -c "import sinkstudy, lm_eval, mergekit, evals.lmeval" 2>/dev/null; then
+        "$PY" -m pip install "${pip_args[@]}" -e . > "$OUT/setup.log" 2>&1 || { echo "set-up failed: see $OUT/setup.log"; exit 1; }
+    fi
+    touch "$VENV/.installed"  # the Makefile's install stamp: make targets below use this venv as it is
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "no CUDA device visible to $PY: this check needs one GPU"; exit 1
+fi
+GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name())")
+row "set-up" ok "$GPU, torch $("$PY" -c 'import torch; print(torch.__version__)')" $((SECONDS - t))
+T_CHECKS=$SECONDS
+
+# ------------------------------------------------------------------------------------------- 1. sink
+t=$SECONDS
+if timeout 300 "$PY" scripts/gpu_check.py sink --lengths 512 2048 4096 > "$OUT/sink.json" 2> "$OUT/sink.log"; then
+    "$PY" - "$OUT/sink.json" >> "$ROWS" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["rows"]:
+    f, e = r["fast"], r["eager"]
+    print(f"sink pass T={r['T']}\tok\teager/fast time x{r['time_ratio']:.1f} ({e['seconds']:.2f}/{f['seconds']:.2f} s), "
+          f"peak memory x{r['memory_ratio']:.1f} ({e['peak_gib']:.1f}/{f['peak_gib']:.2f} GiB); weights {d['weights_gib']:.1f} GiB\t-")
+EOF
+    row "sink pass (all T)" ok "8B shape, bf16" $((SECONDS - t))
+else
+    row "sink pass" fail "$(last_line "$OUT/sink.log")" $((SECONDS - t))
+fi
+
+# ------------------------------------------------------------------------------------------- 2. extraction
+t=$SECONDS
+if ! grep -q '^bench-extract:' Makefile; then
+    row "streaming extraction" skip "no bench-extract target in this checkout (the streaming-extraction change adds it)" 0
+elif [ -z "$VENV" ]; then
+    row "streaming extraction" skip "PYTHON is set: run make bench-extract with its venv yourself" 0
+elif timeout 240 make --no-print-directory VENV="$VENV" bench-extract > "$OUT/extract.log" 2>&1; then
+    row "streaming extraction" ok "$(last_line "$OUT/extract.log")" $((SECONDS - t))
+else
+    row "streaming extraction" fail "$(last_line "$OUT/extract.log")" $((SECONDS - t))
+fi
+
+# ------------------------------------------------------------------------------------------- 3. vLLM eval
+t=$SECONDS
+EVAL=(-m experiments.cli eval "$OUT/tiny" --tasks sinkstudy_ifeval --limit 40 --max-gen-toks 64 --dtype bfloat16)
+"$PY" scripts/gpu_check.py tiny "$OUT/tiny" --hidden 256 --layers 2 > "$OUT/tiny.json" 2>> "$OUT/eval.log"
+VPY=""
+if "$PY" -c "import vllm" 2>/dev/null; then
+    VPY=$PY
+else
+    ti=$SECONDS
+    if { [ -x .venv-vllm/bin/python ] || python3 -m venv .venv-vllm; } \
+        && timeout 420 .venv-vllm/bin/python -m pip install "${pip_args[@]}" vllm -e . > "$OUT/vllm_install.log" 2>&1 \
+        && .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
+        VPY=.venv-vllm/bin/python
+        row "vllm install" ok "$(.venv-vllm/bin/python -c 'import vllm; print("vllm", vllm.__version__)')" $((SECONDS - ti))
+    else
+        row "vllm eval" skip "vllm is not importable and could not be installed here: $(last_line "$OUT/vllm_install.log")" $((SECONDS - ti))
+    fi
+    t=$SECONDS
+fi
+if [ -n "$VPY" ]; then
+    if timeout 300 "$VPY" "${EVAL[@]}" --backend vllm --batch-size auto --out "$OUT/eval_vllm" --cache-dir "$OUT/cache_vllm" \
+            --backend-args gpu_memory_utilization=0.3,max_model_len=2048,enforce_eager=true >> "$OUT/eval.log" 2>&1 \
+        && timeout 180 "$PY" "${EVAL[@]}" --device cuda --batch-size 8 --out "$OUT/eval_hf" --cache-dir "$OUT/cache_hf" >> "$OUT/eval.log" 2>&1 \
+        && "$PY" scripts/gpu_check.py same-outputs "$OUT/eval_vllm" "$OUT/eval_hf" > "$OUT/eval.json"; then
+        fig=$("$PY" - "$OUT/eval.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+m = "prompt_level_strict_acc,none"
+print(f"sinkstudy_ifeval x40: vLLM and HF outputs equal on {d['same']}/{d['total']} prompts; prompt-strict "
+      f"{d['scores_a']['sinkstudy_ifeval'][m]:.3f} (vLLM) vs {d['scores_b']['sinkstudy_ifeval'][m]:.3f} (HF)")
+EOF
+)
+        row "vllm eval" ok "$fig" $((SECONDS - t))
+    else
+        row "vllm eval" fail "$(last_line "$OUT/eval.log")" $((SECONDS - t))
+    fi
+fi
+
+# ------------------------------------------------------------------------------------------- 4. merge --cuda
+t=$SECONDS
+MERGE=(-m experiments.cli merge --method ties --density 0.2 --base "$OUT/mbase" --vlm "$OUT/mvlm" --no-eval --force)
+if "$PY" scripts/gpu_check.py tiny "$OUT/mbase" --hidden 1024 --layers 12 --seed 1 > /dev/null 2> "$OUT/merge.log" \
+    && "$PY" scripts/gpu_check.py tiny "$OUT/mvlm" --hidden 1024 --layers 12 --seed 2 > /dev/null 2>> "$OUT/merge.log"; then
+    tc=$SECONDS
+    ok_cpu=0; timeout 240 "$PY" "${MERGE[@]}" --out "$OUT/merge_cpu" >> "$OUT/merge.log" 2>&1 && ok_cpu=1
+    cpu_s=$((SECONDS - tc)); tg=$SECONDS
+    if timeout 180 "$PY" "${MERGE[@]}" --cuda --out "$OUT/merge_cuda" >> "$OUT/merge.log" 2>&1; then
+        gpu_s=$((SECONDS - tg))
+        if [ $ok_cpu = 1 ] && "$PY" scripts/gpu_check.py same-weights "$OUT/merge_cpu" "$OUT/merge_cuda" > "$OUT/merge.json"; then
+            row "merge --cuda" ok "TIES d=0.2, 200M-param pair: CUDA ${gpu_s}s vs CPU ${cpu_s}s; max |CUDA - CPU| $(field "$OUT/merge.json" max_abs_diff)" $((SECONDS - t))
+        else
+            row "merge --cuda" ok "TIES d=0.2 on CUDA in ${gpu_s}s (the CPU merge to compare with failed: see $OUT/merge.log)" $((SECONDS - t))
+        fi
+    else
+        row "merge --cuda" fail "$(last_line "$OUT/merge.log")" $((SECONDS - t))
+    fi
+else
+    row "merge --cuda" fail "could not build the pair: $(last_line "$OUT/merge.log")" $((SECONDS - t))
+fi
+
+# ------------------------------------------------------------------------------------------- table
+row "checks (without set-up)" "-" "" $((SECONDS - T_CHECKS))
+echo
+column -t -s $'\t' "$ROWS" 2>/dev/null || cat "$ROWS"
+echo "(logs and JSON: $OUT)"
+! cut -f2 "$ROWS" | grep -qx fail

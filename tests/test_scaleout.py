@@ -1,0 +1,74 @@
+"""Scale-out seams that run on CPU: mergekit's execution options on `sinkstudy merge` (how mergekit
+runs, recorded beside the merge, never changing what it computes) and their one-line refusals;
+the GPU check script's shape. The GPU paths themselves run in scripts/gpu_check.sh."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from experiments.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, tokenizer):
+    from sinkstudy.tiny import tiny_causal_lm
+
+    d = tmp_path_factory.mktemp("scaleout_pair")
+    for name, seed in (("base", 1), ("vlm", 2)):
+        tiny_causal_lm("llama", seed=seed).save_pretrained(d / name)
+        tokenizer.save_pretrained(d / name)
+    return d / "base", d / "vlm"
+
+
+def test_lazy_unpickle_merge_is_identical_and_recorded(pair, tmp_path, capsys):
+    base, vlm = pair
+    common = ["merge", "--method", "linear", "--weight", "0.3", "--base", str(base), "--vlm", str(vlm), "--no-eval"]
+    assert cli_main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert cli_main([*common, "--out", str(tmp_path / "lazy"), "--lazy-unpickle"]) == 0
+    a, b = load_file(str(tmp_path / "plain" / "model.safetensors")), load_file(str(tmp_path / "lazy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    info = json.loads((tmp_path / "lazy" / "intervention.json").read_text())
+    assert info["mergekit_options"] == {"cuda": False, "lazy_unpickle": True, "low_cpu_memory": False}
+    # how mergekit ran is not part of what was asked: the plain merge's request is the same
+    plain = json.loads((tmp_path / "plain" / "intervention.json").read_text())
+    assert plain["request"] == info["request"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--cuda"], "--cuda: no CUDA device is available here"),
+    (["--low-cpu-memory"], "--low-cpu-memory keeps results on the GPU: it needs --cuda"),
+])
+def test_mergekit_options_refused_in_one_line_before_work(pair, tmp_path, capsys, extra, needle):
+    if extra == ["--cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    base, vlm = pair
+    out = tmp_path / "m"
+    rc = cli_main(["merge", "--method", "linear", "--base", str(base), "--vlm", str(vlm), "--no-eval", "--out", str(out), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and needle in err and not out.exists()
+
+
+def test_mergekit_options_on_a_mitigation_are_refused():
+    from interventions.merge import MergeError
+    from interventions.registry import apply_intervention
+
+    with pytest.raises(MergeError, match="apply to mergekit methods, not head_restore"):
+        apply_intervention("head_restore", "b", "v", {}, "/nonexistent/out", mergekit_options={"cuda": True})
+
+
+def test_gpu_check_script_parses_and_refuses_without_a_gpu(tmp_path):
+    import sys
+
+    script = ROOT / "scripts" / "gpu_check.sh"
+    assert script.stat().st_mode & 0o111 and subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: run the script itself")
+    r = subprocess.run([str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(tmp_path)})
+    assert r.returncode == 1 and r.stdout.strip() == f"no CUDA device visible to {sys.executable}: this check needs one GPU"
