@@ -24,7 +24,7 @@ ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install test demo bench sink eval compare pair-extract pair-diff qknorm \
-        merge-linear merge-ties merge-dare merge-sweep mitigate study paper paper-dry clean
+        merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry gpu-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -83,11 +83,17 @@ mitigate: $(STAMP) ## run a registered mitigation NAME=... (default head_restore
 study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml
 	$(SINKSTUDY) run $(CONFIG) $(ARGS)
 
+study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a scheduler (ARGS="json" for JSON)
+	$(SINKSTUDY) run $(CONFIG) --plan $(ARGS)
+
 paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
 	$(SINKSTUDY) paper $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
 
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
 	$(SINKSTUDY) paper --dry-run $(ARGS)
+
+gpu-check: ## one CUDA GPU, ~8 min: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)
+	scripts/gpu_check.sh $(OUT)
 
 clean: ## remove the virtualenv and caches (runs/ is kept)
 	rm -rf $(VENV) .pytest_cache *.egg-info

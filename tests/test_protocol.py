@@ -299,3 +299,18 @@ def test_evals_imports_nothing_from_the_layers_above():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not [n for n in names if n.split(".")[0] in above], f"{f.relative_to(ROOT)} imports {names}"
+
+
+@pytest.mark.slow
+def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
+    from experiments.study import load_study
+
+    study = load_study(ROOT / "experiments" / "configs" / "paper_six_pairs.yaml")
+    ev = study.evals
+    assert ev["tasks"] == ["ifeval", "eq_bench", "gsm8k_cot", "gpqa_diamond_cot_zeroshot", "mmlu", "boolq", "mbpp", "mmlu_pro"]
+    assert ev["chat_template_kwargs"] == {"enable_thinking": False} and ev["num_fewshot"] == 0 and ev["batch_size"] == 8
+    assert ev["confirm_run_unsafe_code"] is True  # mbpp runs generated code
+    specs = lmeval.resolve_tasks(ev["tasks"])  # lm-eval's own index: each a task or group, none a tag
+    assert [s.name for s in specs] == ev["tasks"]
+    assert {s.name for s in specs if s.is_group} == {"mmlu", "mmlu_pro"}
+    assert all(lmeval.HEADLINE_METRICS.get(t) for t in ev["tasks"])

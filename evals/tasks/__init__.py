@@ -169,11 +169,14 @@ def _resolve_builtin(name: str, data_file: str | None) -> TaskSpec:
         raise UnknownTaskError(f"unknown task {name!r}{_close_matches(name, [*SHIPPED_TASKS, *tm.all_tasks])}")
     if entry.kind == Kind.TAG:
         raise SinkstudyError(f"{name!r} is an lm-eval tag, not a task or group; name its tasks instead")
-    cfg = load_yaml(entry.yaml_path, resolve_func=True) if entry.yaml_path else dict(entry.cfg or {})
-    version = (cfg.get("metadata") or {}).get("version")
+    # Unresolved for the version: resolving imports the task's utils, which for some tasks reaches
+    # the hub at import (mbpp's code_eval); lm-eval resolves them itself when the task runs.
+    load = lambda resolve: load_yaml(entry.yaml_path, resolve_func=resolve) if entry.yaml_path else dict(entry.cfg or {})  # noqa: E731
+    version = (load(False).get("metadata") or {}).get("version")
     is_group = entry.kind == Kind.GROUP
     if data_file is None:
         return TaskSpec(name, name, version, is_group=is_group)
+    cfg = load(True)
     if is_group:
         raise SinkstudyError(f"{name!r} is a group: give data files per subtask (e.g. one of its tasks=FILE)")
     cfg = _with_data_file(cfg, data_file)
