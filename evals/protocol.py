@@ -31,13 +31,14 @@ from sinkstudy import SinkstudyError
 log = logging.getLogger(__name__)
 
 BACKENDS = ("hf", "vllm")
-# Constructor arguments sinkstudy sets itself: each has its own setting.
+# Constructor arguments sinkstudy sets itself: each has its own setting (CLI flag / study evals key).
 _RESERVED_BACKEND_ARGS = {
-    "pretrained": "the model argument", "tokenizer": "the tokenizer argument", "batch_size": "--batch-size",
-    "chat_template_args": "--chat-template-kwargs", "enable_thinking": "--chat-template-kwargs '{\"enable_thinking\": false}'",
-    "dtype": "--dtype", "seed": "--seed", "device": "--device",
+    "pretrained": "the model argument", "tokenizer": "--tokenizer", "batch_size": "--batch-size (evals.batch_size)",
+    "chat_template_args": "--chat-template-kwargs (evals.chat_template_kwargs)",
+    "enable_thinking": "--chat-template-kwargs '{\"enable_thinking\": false}' (evals.chat_template_kwargs)",
+    "dtype": "--dtype (model.dtype)", "seed": "--seed (seed)", "device": "--device (model.device)",
 }
-_RESERVED_GEN_KWARGS = {"max_gen_toks": "--max-gen-toks"}
+_RESERVED_GEN_KWARGS = {"max_gen_toks": "--max-gen-toks (evals.max_gen_toks)"}
 _AUTO_BATCH = re.compile(r"^auto(:[0-9]*\.?[0-9]+)?$")
 
 

@@ -288,7 +288,10 @@ def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
 
 
 def _check_inputs(study) -> None:
-    """Fail before any work when a local input the study does not build is missing."""
+    """Fail before any work when a local input the study does not build is missing, or the eval backend is not installed."""
+    from evals.protocol import check_backend
+
+    check_backend(study.evals["backend"])
     if study.build is not None:
         return
     for pair in study.pairs:

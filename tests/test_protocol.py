@@ -314,3 +314,44 @@ def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
     assert [s.name for s in specs] == ev["tasks"]
     assert {s.name for s in specs if s.is_group} == {"mmlu", "mmlu_pro"}
     assert all(lmeval.HEADLINE_METRICS.get(t) for t in ev["tasks"])
+
+
+@pytest.mark.parametrize("patch, needle", [
+    ({"chat_template_kwargs": ["enable_thinking"]}, "evals.chat_template_kwargs: chat template kwargs must be a mapping"),
+    ({"gen_kwargs": {"max_gen_toks": 5}}, "evals.gen_kwargs: generation kwargs: set max_gen_toks with --max-gen-toks (evals.max_gen_toks)"),
+    ({"backend": "tgi"}, "evals.backend: must be one of hf, vllm"),
+    ({"backend_args": {"pretrained": "x"}}, "evals.backend_args: backend args: 'pretrained' is set by sinkstudy"),
+    ({"system_instruction": ""}, "evals.system_instruction: system instruction must be non-empty text"),
+    ({"confirm_run_unsafe_code": "yes"}, "evals.confirm_run_unsafe_code: must be true or false"),
+    ({"batch_size": "auto:"}, "evals.batch_size: batch size must be an integer >= 1, 'auto' or 'auto:N'"),
+])
+def test_study_evals_protocol_keys_are_checked_in_one_line(patch, needle):
+    from experiments.study import StudyConfigError, validate
+
+    raw = {"name": "t", "pairs": [{"name": "p", "base": "a/b", "vlm": "c/d"}], "evals": {"tasks": ["sinkstudy_gsm"], **patch}}
+    with pytest.raises(StudyConfigError) as exc:
+        validate(raw)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+    ok = validate({**raw, "evals": {"tasks": ["sinkstudy_gsm"], "batch_size": "auto:2", "gen_kwargs": {"temperature": 0}}})
+    assert ok.evals["batch_size"] == "auto:2" and ok.evals["chat_template_kwargs"] == {}
+
+
+def test_study_with_vllm_plans_anywhere_and_runs_only_where_installed(tmp_path, capsys):
+    import importlib.util
+
+    import yaml
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "v", "pairs": [{"name": "p", "base": "a/b", "vlm": "c/d", "native_qk_norm": True}],
+                                   "evals": {"tasks": ["sinkstudy_gsm"], "backend": "vllm", "batch_size": "auto",
+                                             "backend_args": {"tensor_parallel_size": 2}}}))
+    out = tmp_path / "out"
+    assert cli_main(["run", str(cfg), "--out", str(out), "--plan"]) == 0
+    assert "--step p/eval/vlm" in capsys.readouterr().out
+    for extra in ([], ["--step", "p/extract"]):
+        assert cli_main(["run", str(cfg), "--out", str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "needs the vllm package" in err
+    assert not out.exists()
