@@ -89,7 +89,7 @@ if "$PY" -c "import vllm" 2>/dev/null; then
 else
     ti=$SECONDS
     if { [ -x .venv-vllm/bin/python ] || python3 -m venv .venv-vllm; } \
-        && timeout 420 .venv-vllm/bin/python -m pip install "${pip_args[@]}" vllm -e . > "$OUT/vllm_install.log" 2>&1 \
+        && timeout 420 .venv-vllm/bin/python -m pip install "${pip_args[@]}" -e ".[vllm]" > "$OUT/vllm_install.log" 2>&1 \
         && .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
         VPY=.venv-vllm/bin/python
         row "vllm install" ok "$(.venv-vllm/bin/python -c 'import vllm; print("vllm", vllm.__version__)')" $((SECONDS - ti))
