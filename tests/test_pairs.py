@@ -1,5 +1,6 @@
 """The pair loader: every supported VLM's language model extracted, saved, reloaded, and equal in logits."""
 
+import contextlib
 import json
 
 import pytest
@@ -14,6 +15,53 @@ from sinkstudy import SinkstudyError
 from vlm_factories import BASE_VOCAB, EXTRA_VOCAB, VLM_TEXT_FAMILIES, save_tiny_vlm, tiny_base, tiny_vlm
 
 CASES = [(arch, fam) for arch, fams in VLM_TEXT_FAMILIES.items() for fam in fams]
+# On-disk key prefixes of the vision towers and projectors of the tiny VLMs (test oracle, read off their files).
+VISION_KEYS = ("visual.", "model.visual.", "vision_tower.", "model.vision_model.", "model.vision_backbone.",
+               "multi_modal_projector.", "model.connector.", "image_newline")
+
+
+@contextlib.contextmanager
+def tensor_reads(poison=lambda key: False):
+    """Record every safetensors tensor read (sinkstudy's reader and transformers' loader); raise on poisoned keys."""
+    import safetensors
+    import transformers.modeling_utils
+
+    from sinkstudy import checkpoint
+
+    reads, real_open = [], safetensors.safe_open
+
+    class Recorder:
+        def __init__(self, path, *args, **kwargs):
+            self._f = real_open(path, *args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self._f.__exit__(*exc)
+
+        def __getattr__(self, attr):
+            return getattr(self._f, attr)
+
+        def _read(self, key, how):
+            if poison(key):
+                raise AssertionError(f"poisoned tensor read: {key}")
+            reads.append(key)
+            return getattr(self._f, how)(key)
+
+        def get_tensor(self, key):
+            return self._read(key, "get_tensor")
+
+        def get_slice(self, key):
+            return self._read(key, "get_slice")
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(checkpoint, "safe_open", Recorder)
+    patch.setattr(transformers.modeling_utils, "safe_open", Recorder)
+    try:
+        yield reads
+    finally:
+        patch.undo()
 TARGET_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
 
@@ -151,10 +199,9 @@ def test_already_extracted_dir_loads_as_pair(tmp_path, qwen_pair):
 def test_mismatched_pair_fails_before_reading_weights(tmp_path, tokenizer, qwen_pair, overrides, match):
     _, vlm_dir = qwen_pair
     base_dir = _save_base(tmp_path / "base", "qwen2", tokenizer, **overrides)
-    (base_dir / "model.safetensors").unlink()  # proves no weights are read before the check
-    with pytest.raises(PairMismatchError, match=match) as info:
+    with tensor_reads(poison=lambda key: True) as reads, pytest.raises(PairMismatchError, match=match) as info:
         load_pair(base_dir, vlm_dir)
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and reads == []
 
 
 def test_family_mismatch_and_check_same_layout_on_models(qwen_pair, tmp_path, tokenizer):
