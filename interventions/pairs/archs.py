@@ -132,11 +132,13 @@ def one_d_rope(rope: dict) -> dict:
     return out
 
 
-# Settings that are never the VLM's to change: identity, format, the tokenizer's ids (the extracted LM is
-# used with the base's tokenizer), vocabulary size (aligned to the base), tying (follows the weights).
+# Settings that are never the VLM's to change: identity, format, training-only init, the tokenizer's ids
+# (the extracted LM is used with the base's tokenizer), vocabulary size (aligned to the base), tying (follows
+# the weights).
 _NEVER_COPY = {"model_type", "architectures", "transformers_version", "_name_or_path", "auto_map", "id2label",
                "label2id", "tie_word_embeddings", "vocab_size", "dtype", "torch_dtype", "bos_token_id",
-               "eos_token_id", "pad_token_id", "use_cache", "output_attentions", "output_hidden_states", "return_dict"}
+               "eos_token_id", "pad_token_id", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+               "initializer_range"}
 
 
 def plan_target_config(vlm_config, base_config=None):

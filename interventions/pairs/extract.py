@@ -119,17 +119,14 @@ class AlignedTensors:
 
     Rows past the base's vocabulary are the VLM's added tokens (dropped); missing rows are copied from
     `pad_from` (the base's tensors) or zero. `tied`: the result's lm_head equals its embed_tokens, by
-    construction or by value (the flag must match the weights: lm-eval's HFLM calls tie_weights()).
+    the source's tying (as from_pretrained decides it) unless padding copies rows of an untied base. The
+    config flag must match the weights: lm-eval's HFLM calls tie_weights().
     """
 
     def __init__(self, lm, vocab: int, pad_from=None):
-        import torch
-
         self.lm, self.vocab, self.pad_from = lm, vocab, pad_from
         self.names = list(lm.names)
         self.tied = lm.tied and (pad_from is None or pad_from.tied or lm.shape(EMBED)[0] >= vocab)
-        if not self.tied and self.shape(EMBED) == self.shape(HEAD) and self.dtype(EMBED) == self.dtype(HEAD):
-            self.tied = torch.equal(self.get(EMBED), self.get(HEAD))
 
     def shape(self, name: str) -> tuple:
         shape = self.lm.shape(name)

@@ -120,16 +120,19 @@ class CheckpointTensors:
             for runtime in targets:
                 self._runtime[rename(runtime)] = (runtime, first)
         self._shapes = {rename(k): tuple(v.shape) for k, v in meta_state.items() if rename(k) is not None}
-        self.tied = HEAD not in self._runtime
-        if self.tied and not getattr(self._meta.config.get_text_config(), "tie_word_embeddings", False) \
-                and not getattr(self._meta.config, "tie_word_embeddings", False):
+        self._dtypes = {name: headers[self._groups[g][1][0][0]].torch_dtype for name, (_, g) in self._runtime.items()}
+        self._cache: tuple[str, dict] | None = None  # the last converted group (q, k, v come together)
+        self.tied = False  # decided below; get() reads the stored lm_head until then
+        # Tying as from_pretrained decides it: a config that ties shares the embedding, unless the checkpoint
+        # stores a different lm_head; a config that does not tie needs its own lm_head.
+        config_ties = bool(getattr(self._meta.config, "tie_word_embeddings", False))
+        if HEAD not in self._runtime and not config_ties:
             raise PairMismatchError(f"{source.path}: no {rename.head} (output layer) and the config does not tie it")
+        self.tied = HEAD not in self._runtime or (config_ties and torch.equal(self.get(EMBED), self.get(HEAD)))
         missing = [n for n in self._shapes if n not in self._runtime and not (n == HEAD and self.tied)]
         if missing:
             raise PairMismatchError(f"{source.path}: no tensor for {missing[0]} of the language model")
-        self.names = list(self._runtime) + ([HEAD] if self.tied else [])
-        self._dtypes = {name: headers[self._groups[g][1][0][0]].torch_dtype for name, (_, g) in self._runtime.items()}
-        self._cache: tuple[str, dict] | None = None  # the last converted group (q, k, v come together)
+        self.names = list(self._runtime) + ([HEAD] if HEAD not in self._runtime else [])
 
     def shape(self, name: str) -> tuple:
         return self._shapes[name]
