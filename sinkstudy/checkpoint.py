@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 
 from safetensors import safe_open
@@ -32,6 +33,7 @@ _LEGACY_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 _MAX_HEADER = 100 << 20  # the safetensors library refuses larger headers too
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
              "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+_SHARD_NAME = re.compile(r".*-\d+-of-(\d+)\.safetensors")  # model-00002-of-00004.safetensors
 _FLOAT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
@@ -100,6 +102,11 @@ def weight_files(path: str | os.PathLike) -> WeightFiles | None:
         absent = [n for n in weight_map if n not in tensors]
         if absent:
             raise CheckpointError(f"{root / weight_map[absent[0]]}: lacks tensor {absent[0]} that {index.name} lists in it")
+        series = {m.group(1) for m in map(_SHARD_NAME.fullmatch, weight_map.values()) if m}
+        orphans = sorted(p.name for p in root.glob("*.safetensors")
+                         if p.name not in weight_map.values() and (m := _SHARD_NAME.fullmatch(p.name)) and m.group(1) in series)
+        if orphans:
+            raise CheckpointError(f"{root / orphans[0]}: shard not named by {index.name} (its tensors would be ignored)")
         return WeightFiles(root, tensors, indexed=True)
     single = root / SAFE_WEIGHTS
     if single.is_file():

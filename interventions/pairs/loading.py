@@ -10,7 +10,7 @@ from interventions.pairs.extract import ExtractionReport, build_causal_lm, plan_
 from interventions.pairs.layout import compare_layouts
 from interventions.pairs.resolve import resolve, resolve_dtype
 from sinkstudy import SinkstudyError
-from sinkstudy.checkpoint import try_load_tokenizer
+from sinkstudy.checkpoint import CheckpointError, try_load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,17 @@ def load_causal_lm(model_or_path, *, dtype=None, device="cpu", attn_implementati
         from interventions import qknorm  # lazy: qknorm itself loads through this module
 
         kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        # An injected checkpoint in the hooks format needs its norms re-attached after loading.
-        load = qknorm.load_injected if qknorm.is_injected_checkpoint(source.path) else AutoModelForCausalLM.from_pretrained
-        model = load(os.fspath(source.path), dtype=dtype, **kwargs).to(device).eval()
+        path = os.fspath(source.path)
+        if qknorm.is_injected_checkpoint(path):  # the hooks format needs its norms re-attached after loading
+            model = qknorm.load_injected(path, dtype=dtype, **kwargs)
+        else:
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True, **kwargs)
+            if info["missing_keys"]:  # transformers would leave them randomly initialised
+                missing = sorted(info["missing_keys"])
+                raise CheckpointError(f"{path}: no weights for {missing[0]}"
+                                      f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}: "
+                                      "the checkpoint does not match its config")
+        model = model.to(device).eval()
     if tokenizer is None and source.tokenizer_path is not None:
         tokenizer = try_load_tokenizer(source.tokenizer_path)
         if tokenizer is None:
