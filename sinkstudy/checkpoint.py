@@ -272,17 +272,17 @@ def gguf_sha256(path: str | os.PathLike) -> str:
     return _stat_sha256(os.fspath(p), st.st_size, st.st_mtime_ns)
 
 
-def gguf_cache_dir(path: str | os.PathLike) -> Path:
+def gguf_cache_dir(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> Path:
     """Where the converted checkpoint of a GGUF file lives: keyed by its sha256, transformers and the format."""
     import transformers
 
     from sinkstudy.io import cache_root
 
     key = hashlib.sha256(f"{gguf_sha256(path)}|{transformers.__version__}|{_GGUF_FORMAT}".encode()).hexdigest()[:20]
-    return cache_root() / "gguf" / f"{Path(path).stem}-{key}"
+    return Path(cache or cache_root()) / "gguf" / f"{Path(path).stem}-{key}"
 
 
-def convert_gguf(path: str | os.PathLike) -> Path:
+def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> Path:
     """Convert a GGUF file once into a float32 safetensors checkpoint + tokenizer; return its (cached) dir.
 
     transformers de-quantizes GGUF weights on load but refuses to save a GGUF-loaded model, so the
@@ -295,7 +295,7 @@ def convert_gguf(path: str | os.PathLike) -> Path:
         import gguf as _gguf  # noqa: F401  (transformers' GGUF reader needs it)
     except ImportError:
         raise SinkstudyError(f"reading {gguf.name} needs the gguf package: pip install 'sinkstudy[real]' (or gguf)") from None
-    out = gguf_cache_dir(gguf)
+    out = gguf_cache_dir(gguf, cache)
     if (out / GGUF_JSON).is_file():
         return out
     import torch
