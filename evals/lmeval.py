@@ -288,7 +288,7 @@ def _is_processor(obj) -> bool:
 
 
 def _load_tokenizer(path):
-    from interventions.pairs import load_tokenizer
+    from sinkstudy.checkpoint import load_tokenizer
 
     try:
         return load_tokenizer(os.fspath(path))
