@@ -253,12 +253,12 @@ def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer):
 
 def test_apply_intervention_reuses_finished_and_refuses_other_requests(trio, tmp_path):
     from interventions.merge import MergeError, RESULT_JSON
-    from interventions.registry import apply_intervention, finished, list_interventions
+    from interventions.registry import apply_intervention, finished, intervention_request, list_interventions
 
     kinds = list_interventions()
     assert kinds["ties"] == "mergekit" and kinds["star"] == "spectral" and kinds["head_restore"].startswith("mitigation")
     out = apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, tmp_path / "t", progress=False)
-    assert finished(out, "ties", {"weight": 1.0, "density": 0.2})
+    assert finished(out, intervention_request("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}))
     stamp = (out / RESULT_JSON).stat().st_mtime_ns
     assert apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, out) == out
     assert (out / RESULT_JSON).stat().st_mtime_ns == stamp  # reused, not redone
