@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Any
+
+from experiments import argtypes
 
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 # CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
@@ -20,18 +23,20 @@ def register(subparsers) -> None:
     m = subparsers.add_parser("merge", help="merge base LLM and VLM LM (mergekit, TSV, STAR), then measure")
     _pair_args(m)
     m.add_argument("--method", required=True, choices=MERGEKIT_METHODS + SPECTRAL_METHODS)
-    m.add_argument("--weight", type=float, help="linear/slerp: VLM share (default 0.5); task vectors: scale (default 1; STAR 1/T)")
-    m.add_argument("--density", type=float, help="kept fraction of each delta (ties: default 0.2, dare_*: 0.1, breadcrumbs)")
-    m.add_argument("--eta", type=float, help="STAR: percent of the nuclear norm kept (default 40)")
+    m.add_argument("--weight", type=argtypes.finite_float,
+                   help="linear/slerp: VLM share (default 0.5); task vectors: scale (default 1; STAR 1/T)")
+    m.add_argument("--density", type=argtypes.finite_float, help="kept fraction of each delta (ties: default 0.2, dare_*: 0.1, breadcrumbs)")
+    m.add_argument("--eta", type=argtypes.finite_float, help="STAR: percent of the nuclear norm kept (default 40)")
     m.add_argument("--select", help="only these tensors: attn, mlp and/or layers:FIRST-LAST (e.g. attn,layers:0-7)")
-    m.add_argument("--root", help="common pretrained ancestor: task vectors (base-root, vlm-root) merged onto it")
+    m.add_argument("--root", help="common pretrained ancestor: task vectors (base-root, vlm-root) merged onto it "
+                                  "(task-vector methods only; config and tokenizer still come from --base)")
     _common_args(m)
     m.set_defaults(func=run_merge)
 
     s = subparsers.add_parser("merge-sweep", help="run and measure a grid of merges; recovery CIs and a Pareto plot")
     _pair_args(s)
     s.add_argument("--config", default=str(DEFAULT_SWEEP_CONFIG), help="sweep YAML (default: experiments/configs/merge_sweep.yaml)")
-    s.add_argument("--max-points", type=int, help="run only the first N grid points")
+    s.add_argument("--max-points", type=argtypes.positive_int, help="run only the first N grid points")
     _eval_args(s)
     s.add_argument("--force", action="store_true", help="redo finished points")
     s.set_defaults(func=run_sweep)
@@ -40,7 +45,7 @@ def register(subparsers) -> None:
     t.add_argument("name", nargs="?", default="head_restore", help="mitigation name (--list shows them)")
     t.add_argument("--list", action="store_true", help="list registered interventions and exit")
     _pair_args(t, required=False)
-    t.add_argument("--top-k", type=int, help="head_restore: number of heads to restore")
+    t.add_argument("--top-k", type=argtypes.positive_int, help="head_restore: number of heads to restore")
     t.add_argument("--texts", help="calibration texts for the sink maps (shipped set name or file)")
     _common_args(t)
     t.set_defaults(func=run_mitigate)
@@ -52,12 +57,12 @@ def _pair_args(p, required: bool = True) -> None:
 
 
 def _eval_args(p) -> None:
-    p.add_argument("--out", help="output directory")
-    p.add_argument("--limit", type=int, help="evaluate only the first N prompts of each task")
+    p.add_argument("--out", help="output directory (default: pair-specific, under runs/)")
+    p.add_argument("--limit", type=argtypes.limit, help="evaluate only the first N prompts of each task (a fraction < 1: that share)")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-gen-toks", type=int, default=256, help="generation cap per prompt (default 256)")
-    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates for recovery CIs")
+    p.add_argument("--batch-size", type=argtypes.positive_int, default=8)
+    p.add_argument("--max-gen-toks", type=argtypes.positive_int, default=256, help="generation cap per prompt (default 256)")
+    p.add_argument("--n-boot", type=argtypes.n_boot, default=2000, help=f"bootstrap replicates for recovery CIs (>= {argtypes.MIN_N_BOOT})")
     p.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
     p.add_argument("--seed", type=int, default=0)
 
@@ -90,43 +95,67 @@ class Measure:
     """Sink Strength + strict evals of checkpoints against the base and the VLM LM (measured once).
 
     All models are evaluated with the base's tokenizer (the extracted LM shares its vocabulary),
-    so prompts are identical and results pair on doc_id.
+    so prompts are identical and results pair on doc_id. A measurement stored in a directory
+    (`sink.json`, `eval/`) is reused only when its key matches: the measured model's fingerprint,
+    the tokenizer, the settings and the code versions (`sink_key`; evals key themselves).
     """
 
     def __init__(self, base: str, vlm_lm: Path, args, ref_dir: Path | None):
+        from interventions.pairs import load_tokenizer
+
         self.base, self.vlm_lm, self.args = base, vlm_lm, args
         self.tasks = [t for t in args.tasks.split(",") if t]
         self.captions = _read_captions(args.captions) if args.captions else None
+        self.tokenizer = load_tokenizer(self.base)
         self.ref = {name: self.measure(path, ref_dir / name if ref_dir else None)
                     for name, path in (("base", base), ("vlm", vlm_lm))}
 
-    def measure(self, path, out: Path | None) -> dict[str, Any]:
-        """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out`."""
-        from evals.lmeval import run_eval
-        from interventions.pairs import load_tokenizer
-        from sinkstudy.io import read_json, write_json_atomic
+    @functools.cached_property
+    def identity(self) -> dict[str, Any]:
+        """What every measurement depends on besides the measured model."""
+        from evals.lmeval import eval_code_version, tokenizer_fingerprint
+        from experiments.runner import sink_code_version
+        from sinkstudy.provenance import code_version
 
-        tokenizer = load_tokenizer(self.base)
+        a = self.args
+        return {"tokenizer": tokenizer_fingerprint(self.tokenizer), "tasks": self.tasks, "limit": a.limit,
+                "batch_size": a.batch_size, "max_gen_toks": a.max_gen_toks, "n_boot": a.n_boot, "seed": a.seed,
+                "captions": _digest(self.captions) if self.captions else None,
+                "code": [sink_code_version(), eval_code_version(), code_version(__file__)]}
+
+    def sink_key(self, path) -> str:
+        from sinkstudy.provenance import model_fingerprint
+
+        ident = self.identity
+        return _digest({"model": model_fingerprint(path), **{k: ident[k] for k in ("tokenizer", "captions", "code")}})
+
+    def measure(self, path, out: Path | None) -> dict[str, Any]:
+        """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out` by key."""
+        from evals.lmeval import run_eval
+        from sinkstudy.io import write_json_atomic
+
+        key = self.sink_key(path)
         cached = out / "sink.json" if out else None
-        if cached and cached.is_file() and read_json(cached).get("captions") == self.args.captions:
-            sink = read_json(cached)
-        else:
-            sink = self._sink(path, tokenizer)
+        sink = _reusable(cached, key)
+        if sink is None:
+            sink = {**self._sink(path), "key": key}
             if cached:
                 write_json_atomic(cached, sink)
-        run = run_eval(path, tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
-                       max_gen_toks=self.args.max_gen_toks, out_dir=out / "eval" if out else None, seed=self.args.seed)
+        # force: the eval dir is a keyed measurement, replaced when the key changes (lm-eval results are cached by key)
+        run = run_eval(path, self.tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
+                       max_gen_toks=self.args.max_gen_toks, out_dir=out / "eval" if out else None, force=True,
+                       seed=self.args.seed)
         return {**sink, "run": run}
 
-    def _sink(self, path, tokenizer) -> dict[str, Any]:
+    def _sink(self, path) -> dict[str, Any]:
         import torch
 
         from evals.sink import sink_strength
         from interventions.pairs import load_causal_lm
 
         model, _ = load_causal_lm(path, dtype=torch.float32)
-        s = sink_strength(model, tokenizer, progress=False)
-        nll = caption_nll(model, tokenizer, self.captions) if self.captions else None
+        s = sink_strength(model, self.tokenizer, progress=False)
+        nll = caption_nll(model, self.tokenizer, self.captions) if self.captions else None
         return {"sink_strength": s.value, "sink_metric": s.metric, "caption_nll": nll, "captions": self.args.captions}
 
     def summary(self, point: dict[str, Any]) -> dict[str, Any]:
@@ -147,6 +176,27 @@ class Measure:
         }
 
 
+def _digest(obj) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _reusable(path: Path | None, key: str) -> dict[str, Any] | None:
+    """The JSON at `path` when it was written under `key` (None: absent, unreadable or stale)."""
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_json
+
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+    except SinkstudyError:
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key else None
+
+
 def _finite(x):
     import math
 
@@ -159,11 +209,10 @@ def _fmt(x, spec: str = ".2f") -> str:
 
 def _read_captions(path: str) -> list[str]:
     from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_text
 
     p = Path(path)
-    if not p.is_file():
-        raise SinkstudyError(f"captions file {p} does not exist")
-    lines = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [line.strip() for line in read_text(p, "captions file").splitlines() if line.strip()]
     if not lines:
         raise SinkstudyError(f"captions file {p} is empty")
     return lines
@@ -223,16 +272,38 @@ def _measure_and_write(out: Path, args) -> dict[str, Any]:
     return summary
 
 
+def check_measure_args(args) -> None:
+    """The measurement's inputs (task names, captions file), checked before any intervention runs."""
+    from evals.lmeval import check_task_names
+
+    if getattr(args, "eval", True):
+        check_task_names(args.tasks)
+        if args.captions:
+            _read_captions(args.captions)
+
+
 # --------------------------------------------------------------------------- commands
 
-def _out(args, default: str) -> Path:
-    import re
+def _check_models(*refs) -> None:
+    """Every model argument resolves (local dir, or a hub id fetched once) before any output exists."""
+    from interventions.merge import local_checkpoint
 
-    return Path(args.out) if args.out else Path("runs") / "interventions" / re.sub(r"[^A-Za-z0-9._-]+", "_", default)
+    for ref in refs:
+        if ref is not None:
+            local_checkpoint(ref)
+
+
+def default_out(base: str, vlm: str, name: str, kind: str = "interventions") -> Path:
+    """runs/<kind>/<base>__<vlm>/<name>: a different pair never lands in the same default dir."""
+    from sinkstudy.io import slugify
+
+    pair = f"{slugify(Path(str(base).rstrip('/')).name)}__{slugify(Path(str(vlm).rstrip('/')).name)}"
+    return Path("runs") / kind / pair / slugify(name)
 
 
 def run_merge(args) -> int:
-    from interventions.registry import apply_intervention
+    from interventions.registry import apply_intervention, validate_intervention
+    from sinkstudy.io import output_lock
 
     params = parse_params(args.param)
     for key in ("weight", "density", "eta", "select", "root"):
@@ -244,17 +315,23 @@ def run_merge(args) -> int:
         params["weight"] = 1.0
     if args.density is None and args.method in PAPER_DENSITY:
         params["density"] = PAPER_DENSITY[args.method]
+    validate_intervention(args.method, params)
+    check_measure_args(args)
+    _check_models(args.base, args.vlm, args.root)
     tag = "-".join([args.method] + [f"{k}{v}" for k, v in sorted(params.items()) if k in ("weight", "density", "eta", "select")])
-    out = apply_intervention(args.method, args.base, args.vlm, params, _out(args, tag), seed=args.seed, force=args.force)
-    print(f"wrote {out}")
-    if args.eval:
-        _measure_and_write(out, args)
+    out = Path(args.out) if args.out else default_out(args.base, args.vlm, tag)
+    with output_lock(out):  # the merge and its measurements
+        out = apply_intervention(args.method, args.base, args.vlm, params, out, seed=args.seed, force=args.force)
+        print(f"wrote {out}")
+        if args.eval:
+            _measure_and_write(out, args)
     return 0
 
 
 def run_mitigate(args) -> int:
-    from interventions.registry import apply_intervention, list_interventions
+    from interventions.registry import apply_intervention, list_interventions, validate_intervention
     from sinkstudy import SinkstudyError
+    from sinkstudy.io import output_lock
 
     if args.list:
         for name, kind in list_interventions().items():
@@ -267,31 +344,44 @@ def run_mitigate(args) -> int:
         params["top_k"] = args.top_k
     if args.texts:
         params["texts"] = args.texts
-    out = apply_intervention(args.name, args.base, args.vlm, params, _out(args, args.name), seed=args.seed, force=args.force)
-    print(f"wrote {out}")
-    if args.eval:
-        _measure_and_write(out, args)
+    validate_intervention(args.name, params)
+    check_measure_args(args)
+    _check_models(args.base, args.vlm)
+    out = Path(args.out) if args.out else default_out(args.base, args.vlm, args.name)
+    with output_lock(out):
+        out = apply_intervention(args.name, args.base, args.vlm, params, out, seed=args.seed, force=args.force)
+        print(f"wrote {out}")
+        if args.eval:
+            _measure_and_write(out, args)
     return 0
 
 
 # --------------------------------------------------------------------------- sweep
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
-    """Read a sweep YAML: `grid` entries expand list-valued keys (cartesian product), `points` are
-    named single settings; returns {"points": [{"name", "method", **params}], ...settings}."""
+    """Read and validate a sweep YAML: `grid` entries expand list-valued keys (cartesian product),
+    `points` are named single settings; returns {"points": [{"name", "method", **params}], ...settings}.
+    Point names (path components) must be slugs; every point's settings are validated (with the
+    sweep's `root` where the method takes one) before any work."""
     import itertools
 
     import yaml
 
+    from interventions.registry import list_interventions, takes_root, validate_intervention
     from sinkstudy import SinkstudyError
+    from sinkstudy.io import check_slug, read_text
 
     p = Path(path)
-    if not p.is_file():
-        raise SinkstudyError(f"sweep config {p} does not exist")
-    cfg = yaml.safe_load(p.read_text()) or {}
+    try:
+        cfg = yaml.safe_load(read_text(p, "sweep config")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise SinkstudyError(f"{p}: not valid YAML{f' (line {mark.line + 1})' if mark else ''}") from None
+    if not isinstance(cfg, dict):
+        raise SinkstudyError(f"{p}: a sweep config is a mapping with grid and/or points")
     points = []
     for entry in cfg.get("grid") or []:
-        if "method" not in entry:
+        if not isinstance(entry, dict) or "method" not in entry:
             raise SinkstudyError(f"{p}: grid entry without a method: {entry}")
         keys = [k for k in entry if k != "method"]
         values = [v if isinstance(v, list) else [v] for v in (entry[k] for k in keys)]
@@ -300,7 +390,7 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
             name = "-".join([entry["method"]] + [f"{k[0]}{v}" for k, v in params.items()])
             points.append({"name": name, "method": entry["method"], **params})
     for entry in cfg.get("points") or []:
-        if "method" not in entry or "name" not in entry:
+        if not isinstance(entry, dict) or "method" not in entry or "name" not in entry:
             raise SinkstudyError(f"{p}: a point needs a name and a method: {entry}")
         points.append(dict(entry))
     names = [pt["name"] for pt in points]
@@ -308,56 +398,80 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
         raise SinkstudyError(f"{p}: duplicate point names")
     if not points:
         raise SinkstudyError(f"{p}: no grid or points")
+    known = list_interventions()
+    root = cfg.get("root")
+    for pt in points:
+        check_slug(pt["name"], f"{p}: point name")
+        if pt["method"] not in known:
+            raise SinkstudyError(f"{p}: point {pt['name']}: unknown method {pt['method']!r}")
+        try:
+            validate_intervention(pt["method"], point_params(pt, root if takes_root(pt["method"]) else None))
+        except SinkstudyError as exc:
+            raise SinkstudyError(f"{p}: point {pt['name']}: {exc}") from None
     return {**{k: v for k, v in cfg.items() if k not in ("grid", "points")}, "points": points}
 
 
+def point_params(pt: dict[str, Any], root=None) -> dict[str, Any]:
+    return {k: v for k, v in pt.items() if k not in ("name", "method")} | ({"root": root} if root is not None else {})
+
+
+def _check_sweep_pair(out: Path, pair: dict[str, str], force: bool) -> None:
+    """A sweep dir belongs to one (base, VLM) pair: another pair is refused unless --force."""
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_json
+
+    recorded = read_json(out / "pair.json").get("models") if (out / "pair.json").is_file() else None
+    used = (out / "summary.json").exists() or (out / "points").exists() or (out / "reference").exists()
+    if (recorded != pair if recorded is not None else used) and not force:
+        raise SinkstudyError(f"{out} holds a sweep of another (base, VLM) pair; choose another --out or pass --force to redo it")
+
+
 def run_sweep(args) -> int:
-    """Each point: intervene (reused when finished), measure (reused via measure.json), summarise."""
+    """Each point: intervene (reused when finished), measure (reused when its key matches), summarise."""
     from tqdm.auto import tqdm
 
     from interventions.merge import local_checkpoint, resolve_lm
-    from interventions.registry import apply_intervention, list_interventions
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import read_json, write_json_atomic, write_text_atomic
+    from interventions.registry import apply_intervention, intervention_request, takes_root
+    from sinkstudy.io import output_lock, remove_tree, write_json_atomic, write_text_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
 
-    sweep = load_sweep(args.config)
+    sweep = load_sweep(args.config)  # every point valid before any work
     points = sweep["points"][: args.max_points] if args.max_points else sweep["points"]
-    known = list_interventions()
-    for pt in points:  # every point valid before any work
-        if pt["method"] not in known:
-            raise SinkstudyError(f"sweep point {pt['name']}: unknown method {pt['method']!r}")
-    out = Path(args.out) if args.out else Path("runs") / "merge-sweep" / Path(args.config).stem
-    root = sweep.get("root")
+    check_measure_args(args)
+    out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.config).stem, "merge-sweep")
+    root = local_checkpoint(sweep["root"]) if sweep.get("root") else None
+    seed = sweep.get("seed", args.seed)
     base = local_checkpoint(args.base)
     vlm_lm = resolve_lm(base, args.vlm)
-    measure = Measure(base, vlm_lm, args, out / "reference")
-    rows = []
-    for pt in tqdm(points, desc="merge sweep"):
-        pdir = out / "points" / pt["name"]
-        done = pdir / "measure.json"
-        params = {k: v for k, v in pt.items() if k not in ("name", "method")} | ({"root": root} if root else {})
-        if done.is_file() and not args.force:
-            row = read_json(done)
-        else:
-            model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model",
-                                           seed=sweep.get("seed", args.seed), force=args.force, progress=False)
-            row = {"name": pt["name"], "method": pt["method"], "params": params,
-                   **measure.summary(measure.measure(model_dir, pdir)),
-                   "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base)}
-            write_json_atomic(done, row)
-            if not sweep.get("keep_models", True):
-                import shutil
-
-                shutil.rmtree(model_dir)  # results stay in measure.json; 7B checkpoints do not fit by dozens
-        rows.append(row)
-    write_json_atomic(out / "summary.json", {
-        "config": str(args.config), "points": rows,
-        "provenance": provenance(seed=args.seed, base=model_fingerprint(args.base), vlm=model_fingerprint(args.vlm),
-                                 tasks=measure.tasks, limit=args.limit, n_boot=args.n_boot),
-    })
-    write_text_atomic(out / "summary.md", format_sweep(rows))
-    plot_pareto(rows, out / "pareto.png")
+    pair = {"base": model_fingerprint(base), "vlm": model_fingerprint(local_checkpoint(args.vlm))}
+    with output_lock(out):
+        _check_sweep_pair(out, pair, args.force)
+        write_json_atomic(out / "pair.json", {"models": pair, "base": str(args.base), "vlm": str(args.vlm)})
+        measure = Measure(base, vlm_lm, args, out / "reference")
+        rows = []
+        for pt in tqdm(points, desc="merge sweep"):
+            pdir = out / "points" / pt["name"]
+            params = point_params(pt, root if takes_root(pt["method"]) else None)
+            key = _digest({"request": intervention_request(pt["method"], base, vlm_lm, params, seed), "measure": measure.identity,
+                           "references": pair})
+            row = None if args.force else _reusable(pdir / "measure.json", key)
+            if row is None:
+                model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model",
+                                               seed=seed, force=args.force, progress=False)
+                row = {"name": pt["name"], "method": pt["method"], "params": {k: str(v) if k == "root" else v for k, v in params.items()},
+                       **measure.summary(measure.measure(model_dir, pdir)),
+                       "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key}
+                write_json_atomic(pdir / "measure.json", row)
+                if not sweep.get("keep_models", True):
+                    remove_tree(model_dir, within=out)  # results stay in measure.json; 7B checkpoints do not fit by dozens
+            rows.append(row)
+        write_json_atomic(out / "summary.json", {
+            "config": str(args.config), "points": rows,
+            "provenance": provenance(seed=args.seed, base=pair["base"], vlm=pair["vlm"], tasks=measure.tasks, limit=args.limit,
+                                     n_boot=args.n_boot),
+        })
+        write_text_atomic(out / "summary.md", format_sweep(rows))
+        plot_pareto(rows, out / "pareto.png")
     print(format_sweep(rows))
     print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'pareto.png'}")
     return 0

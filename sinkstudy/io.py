@@ -62,6 +62,22 @@ def check_output_dir(path: str | os.PathLike, force: bool = False) -> Path:
     return path
 
 
+_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_slug(value: Any, where: str) -> str:
+    """A name that becomes a path component: letters, digits, '.', '_', '-', not starting with a
+    dot or a dash (no '/', no '..', no hidden names); one line naming `where` otherwise."""
+    if not isinstance(value, str) or not _SLUG.fullmatch(value):
+        raise SinkstudyError(f"{where}: must be a name of letters, digits, '.', '_' or '-' starting with a letter or digit, got {value!r}")
+    return value
+
+
+def slugify(text: str) -> str:
+    """A path component made from free text (a model path, a hub id, settings)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-") or "_"
+
+
 def check_deletable(path: str | os.PathLike, within: str | os.PathLike | None = None) -> Path:
     """Refuse (one line) to delete `path` when it is a filesystem root, the home directory or
     one holding it, the working directory or one holding it, or (with `within`) not strictly
