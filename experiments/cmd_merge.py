@@ -311,7 +311,7 @@ def run_merge(args) -> int:
             params[key] = getattr(args, key)
     if args.weight is None and args.method in ("linear", "slerp"):
         params["weight"] = 0.5
-    if args.weight is None and args.method not in ("linear", "slerp", "star"):
+    if args.weight is None and args.method not in ("linear", "slerp", "star", "tsv"):  # TSV: alpha defaults to 1
         params["weight"] = 1.0
     if args.density is None and args.method in PAPER_DENSITY:
         params["density"] = PAPER_DENSITY[args.method]

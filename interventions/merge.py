@@ -120,11 +120,24 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
 
 
 def safetensors_header(file: Path) -> dict[str, dict]:
-    """Tensor name -> {dtype, shape, data_offsets}, read from the header only (no tensor data)."""
-    with open(file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-    header.pop("__metadata__", None)
+    """Tensor name -> {dtype, shape, data_offsets}, read from the header only (no tensor data).
+    A corrupt header or a file shorter than its header says (a truncated shard) fails in one line."""
+    try:
+        size = Path(file).stat().st_size
+        with open(file, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise ValueError("shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8:
+                raise ValueError(f"its header claims {n} bytes, the file has {size}")
+            header = json.loads(fh.read(n))
+        header.pop("__metadata__", None)
+        end = max((int(info["data_offsets"][1]) for info in header.values()), default=0)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise MergeError(f"{file} is not a readable safetensors file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if 8 + n + end > size:
+        raise MergeError(f"{file} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
     return header
 
 

@@ -71,10 +71,14 @@ def validate_intervention(name: str, params: Mapping[str, Any] | None) -> None:
         if mitigation is None:
             raise MergeError(f"unknown intervention {name!r}; known: {', '.join(list_interventions())}")
         resolve_config(mitigation, {k: v for k, v in params.items() if k not in _MITIGATION_RESERVED})
-        if params.get("texts") is not None:
+        texts = params.get("texts")
+        if texts is not None:
             from evals.sink.calibration import resolve_texts
+            from sinkstudy.io import read_text
 
-            resolve_texts(params["texts"], "ifeval15")  # a missing file or an unknown set name fails here
+            if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
+                read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
+            resolve_texts(texts, "ifeval15")  # a missing file or an unknown set name fails here
 
 
 def _spectral_kwargs(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
