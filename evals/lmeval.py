@@ -226,6 +226,7 @@ def run_eval(
         "num_fewshot": num_fewshot,
         "backend": backend,
         "backend_args": dict(backend_args or {}),
+        "device": "cuda" if backend == "vllm" else _device_type(model, device),  # kernels differ: greedy outputs can too
         "seed": seed,
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "lm_eval": package_versions().get("lm_eval"),
@@ -272,6 +273,14 @@ def run_eval(
         if out_dir is not None:
             run.save(out_dir, force=force)
         return run
+
+
+def _device_type(model, device: str | None) -> str:
+    """Where the model runs: `device` for a path, the parameters' device for a loaded model."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(device or "cpu").split(":")[0]
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return param.device.type if param is not None else "cpu"
 
 
 def check_limit(limit) -> None:
