@@ -166,7 +166,7 @@ def _refusal(out_dir: Path, existing: dict | None, request: dict) -> str:
     if existing.get("models") is not None and existing.get("models") != request["models"]:
         which = ", ".join(k for k in sorted(set(existing["models"]) | set(request["models"]))
                           if existing["models"].get(k) != request["models"].get(k))
-        return (f"output {out_dir} holds {existing.get('name')} of another pair of models ({which} differ); "
+        return (f"output {out_dir} holds {existing.get('name')} of another pair of models (the content of {which} differs); "
                 "choose another --out or pass --force to replace it")
     differ = ", ".join(k for k in sorted(set(existing) | set(request)) if existing.get(k) != request.get(k))
     return f"output {out_dir} exists and was made by another request ({differ} differ); pass --force to replace it"
