@@ -21,7 +21,8 @@ COMMAND_MODULES = (
     "experiments.cmd_sink",    # sink
     "experiments.cmd_eval",    # eval / compare
     "experiments.cmd_qknorm",  # qknorm
-    "experiments.cmd_merge",   # merge / merge-sweep / mitigate
+    "experiments.cmd_merge",   # merge / mitigate
+    "experiments.cmd_sweep",   # merge-sweep
     "experiments.cmd_study",   # run / demo / paper
     "experiments.cmd_clean",   # clean
 )

@@ -1,5 +1,6 @@
-"""`sinkstudy merge`, `sinkstudy merge-sweep`, `sinkstudy mitigate`: weight interventions on a
-(base LLM, VLM) pair, each measured by Sink Strength and strict evals against base and VLM LM."""
+"""`sinkstudy merge`, `sinkstudy mitigate`: weight interventions on a (base LLM, VLM) pair, each
+measured by Sink Strength and strict evals against base and VLM LM (`Measure`, shared with
+`sinkstudy merge-sweep` in experiments.cmd_sweep)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from experiments import argtypes
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 # CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
 PAPER_DENSITY = {"ties": 0.2, "dare_ties": 0.1, "dare_linear": 0.1}
-DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent / "configs" / "merge_sweep.yaml"
 
 
 def register(subparsers) -> None:
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
     from interventions.spectral import SPECTRAL_METHODS
 
     m = subparsers.add_parser("merge", help="merge base LLM and VLM LM (mergekit, TSV, STAR), then measure")
-    _pair_args(m)
+    pair_args(m)
     m.add_argument("--method", required=True, choices=MERGEKIT_METHODS + SPECTRAL_METHODS)
     m.add_argument("--weight", type=argtypes.finite_float,
                    help="linear/slerp: VLM share (default 0.5); task vectors: scale (default 1; STAR 1/T)")
@@ -33,30 +33,22 @@ def register(subparsers) -> None:
     _common_args(m)
     m.set_defaults(func=run_merge)
 
-    s = subparsers.add_parser("merge-sweep", help="run and measure a grid of merges; recovery CIs and a Pareto plot")
-    _pair_args(s)
-    s.add_argument("--config", default=str(DEFAULT_SWEEP_CONFIG), help="sweep YAML (default: experiments/configs/merge_sweep.yaml)")
-    s.add_argument("--max-points", type=argtypes.positive_int, help="run only the first N grid points")
-    _eval_args(s)
-    s.add_argument("--force", action="store_true", help="redo finished points")
-    s.set_defaults(func=run_sweep)
-
     t = subparsers.add_parser("mitigate", help="apply a registered mitigation (default head_restore), then measure")
     t.add_argument("name", nargs="?", default="head_restore", help="mitigation name (--list shows them)")
     t.add_argument("--list", action="store_true", help="list registered interventions and exit")
-    _pair_args(t, required=False)
+    pair_args(t, required=False)
     t.add_argument("--top-k", type=argtypes.positive_int, help="head_restore: number of heads to restore")
     t.add_argument("--texts", help="calibration texts for the sink maps (shipped set name or file)")
     _common_args(t)
     t.set_defaults(func=run_mitigate)
 
 
-def _pair_args(p, required: bool = True) -> None:
+def pair_args(p, required: bool = True) -> None:
     p.add_argument("--base", required=required, help="base LLM checkpoint dir")
     p.add_argument("--vlm", required=required, help="VLM checkpoint dir or its extracted language model")
 
 
-def _eval_args(p) -> None:
+def eval_args(p) -> None:
     p.add_argument("--out", help="output directory (default: pair-specific, under runs/)")
     p.add_argument("--limit", type=argtypes.limit, help="evaluate only the first N prompts of each task (a fraction < 1: that share)")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
@@ -68,7 +60,7 @@ def _eval_args(p) -> None:
 
 
 def _common_args(p) -> None:
-    _eval_args(p)
+    eval_args(p)
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="extra parameter (repeatable)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.add_argument("--eval", dest="eval", action=argparse.BooleanOptionalAction, default=True,
@@ -120,14 +112,14 @@ class Measure:
         a = self.args
         return {"tokenizer": tokenizer_fingerprint(self.tokenizer), "tasks": self.tasks, "limit": a.limit,
                 "batch_size": a.batch_size, "max_gen_toks": a.max_gen_toks, "n_boot": a.n_boot, "seed": a.seed,
-                "captions": _digest(self.captions) if self.captions else None,
+                "captions": digest(self.captions) if self.captions else None,
                 "code": [sink_code_version(), eval_code_version(), code_version(__file__)]}
 
     def sink_key(self, path) -> str:
         from sinkstudy.provenance import model_fingerprint
 
         ident = self.identity
-        return _digest({"model": model_fingerprint(path), **{k: ident[k] for k in ("tokenizer", "captions", "code")}})
+        return digest({"model": model_fingerprint(path), **{k: ident[k] for k in ("tokenizer", "captions", "code")}})
 
     def measure(self, path, out: Path | None) -> dict[str, Any]:
         """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out` by key."""
@@ -136,7 +128,7 @@ class Measure:
 
         key = self.sink_key(path)
         cached = out / "sink.json" if out else None
-        sink = _reusable(cached, key)
+        sink = reusable_json(cached, key)
         if sink is None:
             sink = {**self._sink(path), "key": key}
             if cached:
@@ -176,14 +168,14 @@ class Measure:
         }
 
 
-def _digest(obj) -> str:
+def digest(obj) -> str:
     import hashlib
     import json
 
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def _reusable(path: Path | None, key: str) -> dict[str, Any] | None:
+def reusable_json(path: Path | None, key: str) -> dict[str, Any] | None:
     """The JSON at `path` when it was written under `key` (None: absent, unreadable or stale)."""
     from sinkstudy import SinkstudyError
     from sinkstudy.io import read_json
@@ -203,7 +195,7 @@ def _finite(x):
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _fmt(x, spec: str = ".2f") -> str:
+def fmt_or_na(x, spec: str = ".2f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
@@ -254,7 +246,7 @@ def _print_summary(name: str, summary: dict[str, Any]) -> None:
     print(f"{name}: Sink Strength ({s['metric']}) {s['value']:.3f}  [base {s['base']:.3f}, VLM LM {s['vlm']:.3f}]")
     for task, t in summary["tasks"].items():
         print(f"  {task:<18} {t['metric']:<32} {t['score']:.3f}  [base {t['base']:.3f}, VLM LM {t['vlm']:.3f}]  "
-              f"recovery {_fmt(t['recovery'])} ({_fmt(t['ci'][0])}, {_fmt(t['ci'][1])})")
+              f"recovery {fmt_or_na(t['recovery'])} ({fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])})")
 
 
 def _measure_and_write(out: Path, args) -> dict[str, Any]:
@@ -354,198 +346,3 @@ def run_mitigate(args) -> int:
         if args.eval:
             _measure_and_write(out, args)
     return 0
-
-
-# --------------------------------------------------------------------------- sweep
-
-def load_sweep(path: str | Path) -> dict[str, Any]:
-    """Read and validate a sweep YAML: `grid` entries expand list-valued keys (cartesian product),
-    `points` are named single settings; returns {"points": [{"name", "method", **params}], ...settings}.
-    Point names (path components) must be slugs; every point's settings are validated (with the
-    sweep's `root` where the method takes one) before any work."""
-    import itertools
-
-    import yaml
-
-    from interventions.registry import list_interventions, takes_root, validate_intervention
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import check_slug, read_text
-
-    p = Path(path)
-    try:
-        cfg = yaml.safe_load(read_text(p, "sweep config")) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise SinkstudyError(f"{p}: not valid YAML{f' (line {mark.line + 1})' if mark else ''}") from None
-    if not isinstance(cfg, dict):
-        raise SinkstudyError(f"{p}: a sweep config is a mapping with grid and/or points")
-    points = []
-    for entry in cfg.get("grid") or []:
-        if not isinstance(entry, dict) or "method" not in entry:
-            raise SinkstudyError(f"{p}: grid entry without a method: {entry}")
-        keys = [k for k in entry if k != "method"]
-        values = [v if isinstance(v, list) else [v] for v in (entry[k] for k in keys)]
-        for combo in itertools.product(*values):
-            params = dict(zip(keys, combo))
-            name = "-".join([entry["method"]] + [f"{k[0]}{v}" for k, v in params.items()])
-            points.append({"name": name, "method": entry["method"], **params})
-    for entry in cfg.get("points") or []:
-        if not isinstance(entry, dict) or "method" not in entry or "name" not in entry:
-            raise SinkstudyError(f"{p}: a point needs a name and a method: {entry}")
-        points.append(dict(entry))
-    names = [pt["name"] for pt in points]
-    if len(set(names)) != len(names):
-        raise SinkstudyError(f"{p}: duplicate point names")
-    if not points:
-        raise SinkstudyError(f"{p}: no grid or points")
-    known = list_interventions()
-    root = cfg.get("root")
-    for pt in points:
-        check_slug(pt["name"], f"{p}: point name")
-        if pt["method"] not in known:
-            raise SinkstudyError(f"{p}: point {pt['name']}: unknown method {pt['method']!r}")
-        try:
-            validate_intervention(pt["method"], point_params(pt, root if takes_root(pt["method"]) else None))
-        except SinkstudyError as exc:
-            raise SinkstudyError(f"{p}: point {pt['name']}: {exc}") from None
-    return {**{k: v for k, v in cfg.items() if k not in ("grid", "points")}, "points": points}
-
-
-def point_params(pt: dict[str, Any], root=None) -> dict[str, Any]:
-    return {k: v for k, v in pt.items() if k not in ("name", "method")} | ({"root": root} if root is not None else {})
-
-
-def _check_sweep_pair(out: Path, pair: dict[str, str], force: bool) -> None:
-    """A sweep dir belongs to one (base, VLM) pair: another pair is refused unless --force."""
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import read_json
-
-    recorded = read_json(out / "pair.json").get("models") if (out / "pair.json").is_file() else None
-    used = (out / "summary.json").exists() or (out / "points").exists() or (out / "reference").exists()
-    if (recorded != pair if recorded is not None else used) and not force:
-        raise SinkstudyError(f"{out} holds a sweep of another (base, VLM) pair; choose another --out or pass --force to redo it")
-
-
-def run_sweep(args) -> int:
-    """Each point: intervene (reused when finished), measure (reused when its key matches), summarise."""
-    from tqdm.auto import tqdm
-
-    from interventions.merge import local_checkpoint, resolve_lm
-    from interventions.registry import apply_intervention, intervention_request, takes_root
-    from sinkstudy.io import output_lock, remove_tree, write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
-
-    sweep = load_sweep(args.config)  # every point valid before any work
-    points = sweep["points"][: args.max_points] if args.max_points else sweep["points"]
-    check_measure_args(args)
-    out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.config).stem, "merge-sweep")
-    root = local_checkpoint(sweep["root"]) if sweep.get("root") else None
-    seed = sweep.get("seed", args.seed)
-    base = local_checkpoint(args.base)
-    vlm_lm = resolve_lm(base, args.vlm)
-    pair = {"base": model_fingerprint(base), "vlm": model_fingerprint(local_checkpoint(args.vlm))}
-    with output_lock(out):
-        _check_sweep_pair(out, pair, args.force)
-        write_json_atomic(out / "pair.json", {"models": pair, "base": str(args.base), "vlm": str(args.vlm)})
-        measure = Measure(base, vlm_lm, args, out / "reference")
-        rows = []
-        for pt in tqdm(points, desc="merge sweep"):
-            pdir = out / "points" / pt["name"]
-            params = point_params(pt, root if takes_root(pt["method"]) else None)
-            key = _digest({"request": intervention_request(pt["method"], base, vlm_lm, params, seed), "measure": measure.identity,
-                           "references": pair})
-            row = None if args.force else _reusable(pdir / "measure.json", key)
-            if row is None:
-                model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model",
-                                               seed=seed, force=args.force, progress=False)
-                row = {"name": pt["name"], "method": pt["method"], "params": {k: str(v) if k == "root" else v for k, v in params.items()},
-                       **measure.summary(measure.measure(model_dir, pdir)),
-                       "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key}
-                write_json_atomic(pdir / "measure.json", row)
-                if not sweep.get("keep_models", True):
-                    remove_tree(model_dir, within=out)  # results stay in measure.json; 7B checkpoints do not fit by dozens
-            rows.append(row)
-        write_json_atomic(out / "summary.json", {
-            "config": str(args.config), "points": rows,
-            "provenance": provenance(seed=args.seed, base=pair["base"], vlm=pair["vlm"], tasks=measure.tasks, limit=args.limit,
-                                     n_boot=args.n_boot),
-        })
-        write_text_atomic(out / "summary.md", format_sweep(rows))
-        plot_pareto(rows, out / "pareto.png")
-    print(format_sweep(rows))
-    print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'pareto.png'}")
-    return 0
-
-
-def text_recovery(row: dict[str, Any]) -> float:
-    """Mean recovery over the tasks (NaN-free tasks only)."""
-    vals = [t["recovery"] for t in row["tasks"].values() if t["recovery"] is not None]
-    return sum(vals) / len(vals) if vals else float("nan")
-
-
-def _proxy(row: dict[str, Any], key: str):
-    return row[key] if key == "weight_distance_to_vlm" else (row.get(key) or {}).get("value")
-
-
-def pareto_front(rows: list[dict[str, Any]], key: str = "weight_distance_to_vlm") -> list[str]:
-    """Names of points no other point beats on both: higher text recovery, lower VL proxy `key`
-    (weight distance to the VLM LM, or caption NLL)."""
-    import math
-
-    pts = [(r["name"], text_recovery(r), _proxy(r, key)) for r in rows]
-    pts = [p for p in pts if math.isfinite(p[1]) and p[2] is not None]  # undefined recovery: off the front
-    return [n for n, rec, d in pts
-            if not any((r2 >= rec and d2 <= d) and (r2 > rec or d2 < d) for _, r2, d2 in pts)]
-
-
-def format_sweep(rows: list[dict[str, Any]]) -> str:
-    tasks = list(rows[0]["tasks"]) if rows else []
-    head = ["point", "S"] + [f"{t} recovery [CI]" for t in tasks] + ["dist to VLM"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["name"], f"{r['sink_strength']['value']:.3f}"]
-        cells += [f"{_fmt(r['tasks'][t]['recovery'])} [{_fmt(r['tasks'][t]['ci'][0])}, {_fmt(r['tasks'][t]['ci'][1])}]" for t in tasks]
-        cells.append(f"{r['weight_distance_to_vlm']:.3f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    if rows:
-        s = rows[0]["sink_strength"]
-        lines.append(f"\nSink Strength: base {s['base']:.3f}, VLM LM {s['vlm']:.3f}. "
-                     "Recovery = (merged - VLM) / (base - VLM), 0 = none, 1 = back to base.")
-        lines.append(f"Pareto front (recovery vs distance to VLM LM): {', '.join(pareto_front(rows))}")
-    return "\n".join(lines) + "\n"
-
-
-def plot_pareto(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from sinkstudy.io import save_figure_atomic
-
-    with_ppl = any(r.get("caption_nll") for r in rows)
-    fig, axes = plt.subplots(1, 2 if with_ppl else 1, figsize=(11 if with_ppl else 6, 4.5), squeeze=False)
-    methods = sorted({r["method"] for r in rows})
-    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
-    proxies = [("weight_distance_to_vlm", "weight distance to VLM LM (0 = VLM, 1 = base)")]
-    if with_ppl:
-        proxies.append(("caption_nll", "caption NLL, text-only (lower = closer to VLM)"))
-    for ax, (key, label) in zip(axes[0], proxies):
-        front = set(pareto_front(rows, key))
-        for r in rows:
-            x = _proxy(r, key)
-            if x is None:
-                continue
-            ax.scatter(x, text_recovery(r), color=colors[r["method"]], edgecolor="black" if r["name"] in front else "none",
-                       s=40, label=r["method"])
-        handles, labels = ax.get_legend_handles_labels()
-        uniq = dict(zip(labels, handles))
-        ax.legend(uniq.values(), uniq.keys(), fontsize=8)
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.axhline(1, color="grey", lw=0.5, ls="--")
-        ax.set_xlabel(label)
-        ax.set_ylabel("text recovery (mean over tasks)")
-    fig.suptitle("Merges: text recovery vs VL-side proxy (outlined: Pareto front)")
-    fig.tight_layout()
-    save_figure_atomic(fig, path, dpi=120)
-    plt.close(fig)

@@ -194,12 +194,6 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
     return results
 
 
-def _is_mitigation(method: str) -> bool:
-    from interventions.mitigations import list_mitigations
-
-    return method in list_mitigations()
-
-
 def _needs_sink_maps(method: str) -> bool:
     from interventions.mitigations import list_mitigations
 

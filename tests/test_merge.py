@@ -290,7 +290,7 @@ def test_cli_merge_and_mitigate_list(trio, tmp_path, capsys):
 
 
 def test_sweep_configs_expand_and_pareto_front():
-    from experiments.cmd_merge import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
+    from experiments.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
 
     grid = load_sweep(DEFAULT_SWEEP_CONFIG)["points"]
     assert len(grid) == 9 + 27 + 27
@@ -309,7 +309,7 @@ def test_sweep_configs_expand_and_pareto_front():
 
 
 def test_sweep_summary_table_and_plot(tmp_path):
-    from experiments.cmd_merge import format_sweep, plot_pareto
+    from experiments.cmd_sweep import format_sweep, plot_pareto
 
     def row(name, method, rec, dist, nll):
         return {"name": name, "method": method, "weight_distance_to_vlm": dist, "caption_nll": {"value": nll},
@@ -461,7 +461,7 @@ class _FakeMeasure:
 def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, monkeypatch):
     import yaml
 
-    import experiments.cmd_merge as cm
+    import experiments.cmd_sweep as cm
     from experiments.cli import main
     from sinkstudy import SinkstudyError
 
