@@ -316,9 +316,11 @@ def lm_eval_task_kinds() -> dict[str, str]:
     version = package_versions().get("lm_eval")
     f = cache_root() / f"lm_eval_tasks-{version}-{hashlib.sha256(lm_eval.__file__.encode()).hexdigest()[:8]}.json"
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
+        cached = json.loads(f.read_text(encoding="utf-8"))
+        if isinstance(cached, dict) and cached:
+            return cached
     except (OSError, ValueError):
-        pass
+        pass  # absent or damaged: rebuilt
     kinds = {name: entry.kind.name.lower() for name, entry in builtin_task_manager().task_index.items()}
     with contextlib.suppress(OSError):
         write_json_atomic(f, kinds)

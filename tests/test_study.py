@@ -150,7 +150,9 @@ def test_deep_merge_keeps_siblings():
 
 
 def test_paper_dry_run_prints_all_six_pairs_offline():
-    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    import os
+
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin", "SINKSTUDY_CACHE": os.environ["SINKSTUDY_CACHE"]}
     r = subprocess.run([sys.executable, "-m", "experiments.cli", "paper", "--dry-run"], capture_output=True, text=True,
                        cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
