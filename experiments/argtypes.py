@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import math
 
-MIN_N_BOOT = 100  # fewer bootstrap replicates give CIs that move with the seed
 
 
 def _number(text: str) -> float:
@@ -38,7 +37,7 @@ def int_at_least(minimum: int):
 
 
 positive_int = int_at_least(1)
-n_boot = int_at_least(MIN_N_BOOT)
+n_boot = int_at_least(1)  # bootstrap replicates: 0 would give no CI at all
 
 
 def limit(text: str) -> int | float:

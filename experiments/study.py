@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.argtypes import MIN_N_BOOT
 from sinkstudy import SinkstudyError
 
 
@@ -348,7 +347,7 @@ def _check_evals(ev: dict, where: str) -> None:
     _int(ev["batch_size"], f"{where}.batch_size", 1)
     _int(ev["max_gen_toks"], f"{where}.max_gen_toks", 1, allow_none=True)
     _int(ev["num_fewshot"], f"{where}.num_fewshot", 0, allow_none=True)
-    _int(ev["n_boot"], f"{where}.n_boot", MIN_N_BOOT)
+    _int(ev["n_boot"], f"{where}.n_boot", 100)
     from evals.lmeval import check_limit, check_task_names
 
     try:
