@@ -96,5 +96,6 @@ paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with 
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
 	$(SINKSTUDY) paper --dry-run $(ARGS)
 
-clean: ## remove the virtualenv and caches (runs/ is kept)
+clean: ## remove temporaries of killed runs (runs/, cache), then the virtualenv and caches (runs/ is kept)
+	-$(if $(wildcard $(SINKSTUDY)),$(SINKSTUDY),python3 -m experiments.cli) clean
 	rm -rf $(VENV) .pytest_cache *.egg-info

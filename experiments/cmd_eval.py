@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+from experiments import argtypes
 
 DEFAULT_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"  # evals.lmeval.DEFAULT_TASKS, kept here so --help stays light
 
@@ -13,11 +13,11 @@ def register(subparsers) -> None:
                               "shipped task sets sinkstudy_ifeval,sinkstudy_gsm or --data TASK=FILE.")
     p.add_argument("model", help="checkpoint path or hub id")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS})")
-    p.add_argument("--limit", type=_limit, default=None, help="first N docs per task (a fraction < 1: that share)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--limit", type=argtypes.limit, default=None, help="first N docs per task (a fraction < 1: that share)")
+    p.add_argument("--batch-size", type=argtypes.positive_int, default=8)
     p.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
-    p.add_argument("--max-gen-toks", type=int, default=256, help="generation length; 0 keeps each task's own")
-    p.add_argument("--num-fewshot", type=int, default=None, help="override the tasks' few-shot count")
+    p.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=256, help="generation length; 0 keeps each task's own")
+    p.add_argument("--num-fewshot", type=argtypes.int_at_least(0), default=None, help="override the tasks' few-shot count")
     p.add_argument("--data", action="append", default=None, metavar="TASK=FILE", help="local jsonl for a task (repeatable)")
     p.add_argument("--tokenizer", default=None, help="tokenizer path/id when it is not beside the model")
     p.add_argument("--out", default=None, help="write the run (results.json + samples/) here")
@@ -38,8 +38,8 @@ def register(subparsers) -> None:
     c.add_argument("run_a", help="eval run dir (the reference, e.g. the base LLM)")
     c.add_argument("run_b", help="eval run dir (e.g. the VLM's language model)")
     c.add_argument("--tasks", default=None, help="comma-separated subset of tasks")
-    c.add_argument("--n-boot", type=int, default=10_000)
-    c.add_argument("--confidence", type=float, default=0.95)
+    c.add_argument("--n-boot", type=argtypes.n_boot, default=10_000, help="bootstrap replicates (>= 1)")
+    c.add_argument("--confidence", type=argtypes.confidence, default=0.95)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", default=None, metavar="FILE", help="also write the comparisons as JSON")
     c.add_argument("--published", action="store_true",
@@ -48,13 +48,6 @@ def register(subparsers) -> None:
     sink.add_argument("--sink-strength", type=float, default=None, metavar="S", help="--published: Sink Strength S of A (the base)")
     sink.add_argument("--sink-json", default=None, metavar="FILE", help="--published: a sink.json of A from `sinkstudy sink` (logodds metric)")
     c.set_defaults(func=_compare)
-
-
-def _limit(text: str) -> int | float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"limit must be positive, got {text}")
-    return int(value) if value >= 1 else value
 
 
 def _backend_args(text: str | None) -> dict:
@@ -96,10 +89,18 @@ def _compare(args) -> int:
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
+    from sinkstudy import SinkstudyError
+
     sink = _published_sink(args)  # every input checked before the runs are read
     a, b = EvalRun.load(args.run_a), EvalRun.load(args.run_b)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    if args.tasks is not None and not tasks:
+        raise SinkstudyError("--tasks is empty")
     ifeval = _published_task(a, b, tasks) if args.published else None
+    for run, path in ((a, args.run_a), (b, args.run_b)):
+        missing = [t for t in tasks or [] if t not in run.samples and t not in run.groups]
+        if missing:
+            raise SinkstudyError(f"run {path} has no task {', '.join(missing)}; it has {', '.join([*run.samples, *run.groups]) or 'none'}")
     comps = compare_runs(a, b, tasks, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
     print(f"A = {args.run_a} ({a.model_name})\nB = {args.run_b} ({b.model_name})")
     print(format_table(comps))

@@ -4,7 +4,10 @@ Every step writes `<out>/steps/<step id>.json` atomically: its result, a key and
 key is a hash of the step's settings and the keys of the steps it reads from, so a rerun reuses a
 step whose settings and inputs are unchanged and re-runs (overwriting its outputs) one whose
 config changed, and everything downstream of it. An interrupted run continues at the first
-unfinished step.
+unfinished step. Settings include what the step reads, by content: the fingerprints of its input
+models (`sinkstudy.provenance.model_fingerprint`: weights, config, tokenizer, chat template...),
+data files by hash, and the version of the code that computes it (sink code, eval code, pair
+loader, intervention code or plug-in source). The whole run holds the output directory's lock.
 
 Per pair: extract the VLM's language model -> Sink maps + Strength of base, VLM LM and every
 intervened model -> strict evals through lm-eval of each -> interventions (mergekit / TSV / STAR
@@ -20,13 +23,13 @@ import json
 import math
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sinkstudy import SinkstudyError
-from sinkstudy.io import read_json, write_json_atomic
+from sinkstudy.io import output_lock, read_json, remove_tree, write_json_atomic
+from sinkstudy.provenance import code_version, model_fingerprint
 
 log = logging.getLogger(__name__)
 STEP_FORMAT = "sinkstudy.step/1"
@@ -114,38 +117,31 @@ def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
     """Run every step of `study` (reusing finished ones); write the report; return a summary."""
     from experiments.report import write_report
 
-    _check_inputs(study)
     t0 = time.perf_counter()
     runner = Runner(study, force=force, progress=progress)
     built: dict[str, str] = {}
-    if study.build:
-        from experiments.demo.build import run_build
+    with output_lock(study.out):  # a second run into the same directory fails at once
+        if study.build:
+            from experiments.demo.build import run_build
 
-        built = run_build(runner, study.build)
-    pairs = {}
-    for pair in study.pairs:
-        pairs[pair["name"]] = run_pair(runner, study, pair, deps=[built[pair["name"]]] if pair["name"] in built else [])
-    summary = summarise(study, pairs, runner)
-    write_json_atomic(study.out / "summary.json", summary)
-    report = write_report(study, summary)
+            built = run_build(runner, study.build)
+        pairs = {}
+        for pair in study.pairs:
+            pairs[pair["name"]] = run_pair(runner, study, pair, deps=[built[pair["name"]]] if pair["name"] in built else [])
+        summary = summarise(study, pairs, runner)
+        write_json_atomic(study.out / "summary.json", summary)
+        report = write_report(study, summary)
     reused = sum(e["reused"] for e in runner.log)
     return {"report": str(report), "html": str(report.with_suffix(".html")), "steps": len(runner.log), "reused": reused,
             "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": runner.timings()}
 
 
-def _check_inputs(study) -> None:
-    """Fail before any work when a local input the study does not build is missing."""
-    if study.build is not None:
-        return
-    for pair in study.pairs:
-        for k in ("base", "vlm", "root"):
-            p = pair.get(k)
-            # A hub id is "org/name": a path with more parts, or starting with . / ~, must exist here.
-            if p and not Path(p).exists() and (p.startswith((".", "/", "~")) or p.count("/") > 1):
-                raise SinkstudyError(f"pair {pair['name']}: {k} {p} does not exist")
-    for task, f in study.evals["data_files"].items():
-        if not Path(f).is_file():
-            raise SinkstudyError(f"evals.data_files.{task}: {f} does not exist")
+_HERE = Path(__file__).resolve().parent.parent
+
+
+def sink_code_version() -> str:
+    """The sink measurement code (evals/sink): part of every sink result's key."""
+    return code_version(_HERE / "evals" / "sink")
 
 
 def _dtype(study):
@@ -156,10 +152,14 @@ def _dtype(study):
 
 def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
     """Every step of one pair; returns {model label: {"path", "sink", "eval", ...}}."""
+    from experiments.study import model_dir
+    from interventions.registry import intervention_request, takes_root
+
     p = pair["name"]
-    models_dir = runner.out / "models"
-    lm_dir = models_dir / f"{p}-vlm-lm"
-    model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"]}
+    lm_dir = model_dir(runner.out, p, "vlm", "lm")
+    model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"],
+                  "models": {"base": model_fingerprint(pair["base"]), "vlm": model_fingerprint(pair["vlm"])},
+                  "code": code_version(_HERE / "interventions" / "pairs")}
     runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study), deps=deps, outputs=lm_dir)
     models: dict[str, dict] = {"base": {"path": pair["base"], "step": deps[0] if deps else None},
                                "vlm": {"path": str(lm_dir), "step": f"{p}/extract"}}
@@ -174,29 +174,24 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
             continue
         params = dict(iv["params"])
         iv_deps = [f"{p}/extract"] + deps
-        if pair.get("root") and not _is_mitigation(iv["method"]):
+        if pair.get("root") and takes_root(iv["method"]):
             params.setdefault("root", pair["root"])  # task vectors from the common pretrained ancestor
         if _needs_sink_maps(iv["method"]):
             params["sink_maps"] = {"base": results["base"]["sink"]["maps"], "vlm": results["vlm"]["sink"]["maps"]}
             iv_deps += [f"{p}/sink/base", f"{p}/sink/vlm"]
-        out_dir = models_dir / f"{p}-{name}"
-        spec = {"method": iv["method"], "params": {k: v for k, v in params.items() if k != "sink_maps"}, "seed": study.seed}
+        out_dir = model_dir(runner.out, p, name)
+        # Input fingerprints, full settings, seed and the intervention's code (a plug-in's source).
+        spec = intervention_request(iv["method"], pair["base"], lm_dir, params, study.seed)
         step = f"{p}/intervene/{name}"
         make = lambda iv=iv, params=params, out_dir=out_dir: intervene_step(study, pair, iv, params, lm_dir, out_dir, runner.progress)  # noqa: E731
-        runner.run(step, spec, make, deps=iv_deps, outputs=out_dir if study.keep_models else None)
-        if not out_dir.exists() and not _measured(runner, study, pair, name, str(out_dir), step):
-            runner.force_step(step, spec, make, deps=iv_deps)  # deleted after an earlier run (keep_models: false)
-        results[name] = measure(runner, study, pair, name, str(out_dir), deps=[step])
+        made = runner.run(step, spec, make, deps=iv_deps, outputs=out_dir if study.keep_models else None)
+        if not out_dir.exists() and not _measured(runner, study, pair, name, str(out_dir), step, made["fingerprint"]):
+            made = runner.force_step(step, spec, make, deps=iv_deps)  # deleted after an earlier run (keep_models: false)
+        results[name] = measure(runner, study, pair, name, str(out_dir), deps=[step], fingerprint=made["fingerprint"])
         results[name]["method"] = iv["method"]
         if not study.keep_models and out_dir.exists():
-            shutil.rmtree(out_dir)
+            remove_tree(out_dir, within=runner.out)
     return results
-
-
-def _is_mitigation(method: str) -> bool:
-    from interventions.mitigations import list_mitigations
-
-    return method in list_mitigations()
 
 
 def _needs_sink_maps(method: str) -> bool:
@@ -206,19 +201,32 @@ def _needs_sink_maps(method: str) -> bool:
     return bool(m and m.needs_sink_maps)
 
 
-def _measured(runner: Runner, study, pair: dict, label: str, path: str, dep: str) -> bool:
+def _measured(runner: Runner, study, pair: dict, label: str, path: str, dep: str, fingerprint: str) -> bool:
     p = pair["name"]
-    return (runner.finished(f"{p}/sink/{label}", {"sink": study.sink, "path": path}, [dep])
-            and runner.finished(f"{p}/eval/{label}", {"evals": _eval_spec(study), "path": path}, [dep]))
+    return (runner.finished(f"{p}/sink/{label}", _sink_spec(study, path, fingerprint), [dep])
+            and runner.finished(f"{p}/eval/{label}", _eval_step_spec(study, path, fingerprint), [dep]))
 
 
-def measure(runner: Runner, study, pair: dict, label: str, path: str, deps: list[str]) -> dict:
+def measure(runner: Runner, study, pair: dict, label: str, path: str, deps: list[str], fingerprint: str | None = None) -> dict:
+    """Sink and eval steps of one model, keyed on its fingerprint (`fingerprint` when the checkpoint
+    may be gone: the one its producing step recorded)."""
     p = pair["name"]
-    sink = runner.run(f"{p}/sink/{label}", {"sink": study.sink, "path": path},
+    fingerprint = fingerprint or model_fingerprint(path)
+    sink = runner.run(f"{p}/sink/{label}", _sink_spec(study, path, fingerprint),
                       lambda: sink_step(study, pair, label, path, runner.progress), deps=deps)
-    ev = runner.run(f"{p}/eval/{label}", {"evals": _eval_spec(study), "path": path},
+    ev = runner.run(f"{p}/eval/{label}", _eval_step_spec(study, path, fingerprint),
                     lambda: eval_step(study, pair, label, path, runner.progress), deps=deps)
     return {"path": path, "sink": sink, "eval": ev}
+
+
+def _sink_spec(study, path: str, fingerprint: str) -> dict:
+    return {"sink": study.sink, "path": path, "model": fingerprint, "dtype": study.model["dtype"], "code": sink_code_version()}
+
+
+def _eval_step_spec(study, path: str, fingerprint: str) -> dict:
+    from evals.lmeval import eval_code_version
+
+    return {"evals": _eval_spec(study), "path": path, "model": fingerprint, "code": eval_code_version()}
 
 
 def _eval_spec(study) -> dict:
@@ -228,15 +236,15 @@ def _eval_spec(study) -> dict:
 
 
 def _file_digest(path: str) -> str:
-    f = Path(path)
-    return hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.is_file() else f"missing:{path}"
+    from sinkstudy.provenance import file_digest
+
+    return file_digest(path) if Path(path).is_file() else f"missing:{path}"
 
 
 # --------------------------------------------------------------------------- step bodies
 
 def extract_step(pair: dict, lm_dir: Path, study) -> dict:
     from interventions.pairs import load_pair, save_causal_lm
-    from sinkstudy.provenance import model_fingerprint
 
     mp = load_pair(pair["base"], pair["vlm"], dtype=_dtype(study), device=study.model["device"] or "cpu")
     save_causal_lm(mp.vlm_lm, mp.tokenizer, lm_dir, force=True, extra={"extraction": mp.report.to_dict(), "vlm": pair["vlm"]})
@@ -253,7 +261,6 @@ def _load(path: str, study):
 
 def sink_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     from evals.sink import compute_sink_maps, strength_from_maps
-    from sinkstudy.provenance import model_fingerprint
 
     model, tok = _load(path, study)
     if tok is None:
@@ -290,7 +297,6 @@ def eval_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
 
 def intervene_step(study, pair: dict, iv: dict, params: dict, lm_dir: Path, out_dir: Path, progress: bool) -> dict:
     from interventions.registry import apply_intervention
-    from sinkstudy.provenance import model_fingerprint
 
     out = apply_intervention(iv["method"], pair["base"], lm_dir, params, out_dir, seed=study.seed, force=True, progress=progress)
     info = read_json(Path(out) / "intervention.json") if (Path(out) / "intervention.json").is_file() else {}
@@ -311,19 +317,22 @@ def _native_qk(pair: dict) -> bool:
 def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> dict:
     """Inject QK-RMSNorm into the base (pairs without native QK-norm); measure the injected base and,
     with `vl: true` (the demo), re-run the same VL recipe on it and measure that VLM's LM."""
+    from experiments.study import model_dir
+
     p, name = pair["name"], iv["name"]
     if _native_qk(pair):
         return {}
     params = {"init": "scale-preserving", "train_steps": 0, "trainable": "all", "lr": 1e-3, "vl": False, **iv["params"]}
-    models = runner.out / "models"
-    base_out = models / f"{p}-{name}-base"
-    runner.run(f"{p}/intervene/{name}", {"qknorm": params, "seed": study.seed},
+    base_out = model_dir(runner.out, p, name, "base")
+    spec = {"qknorm": params, "seed": study.seed, "base": model_fingerprint(pair["base"]),
+            "code": code_version(_HERE / "interventions" / "qknorm.py", _HERE / "interventions" / "training.py")}
+    runner.run(f"{p}/intervene/{name}", spec,
                lambda: qknorm_step(study, pair, params, base_out, runner.progress), deps=deps, outputs=base_out)
     out = {f"{name}": {**measure(runner, study, pair, name, str(base_out), deps=[f"{p}/intervene/{name}"]), "method": "qknorm"}}
     if params["vl"]:
         from experiments.demo.build import vl_step
 
-        vlm_out, lm_out = models / f"{p}-{name}-vlm", models / f"{p}-{name}-vlm-lm"
+        vlm_out, lm_out = model_dir(runner.out, p, name, "vlm"), model_dir(runner.out, p, name, "vlm", "lm")
         runner.run(f"{p}/intervene/{name}-vl", {"vl": study.build["vl"]},
                    lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress), deps=[f"{p}/intervene/{name}"],
                    outputs=vlm_out)
@@ -337,7 +346,6 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
 
 def qknorm_step(study, pair: dict, params: dict, out_dir: Path, progress: bool) -> dict:
     from interventions.qknorm import init_report, inject_qk_norm, save_injected, trainable_filter
-    from sinkstudy.provenance import model_fingerprint
 
     model, tok = _load(pair["base"], study)
     tok = tok or _load_tokenizer(pair["base"])
