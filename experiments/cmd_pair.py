@@ -1,4 +1,8 @@
-"""`sinkstudy pair extract` and `sinkstudy pair diff`: the VLM's language model in the base LLM's class."""
+"""`sinkstudy pair extract` and `sinkstudy pair diff`: the VLM's language model in the base LLM's class.
+
+Both stream: `extract` writes the language model shard by shard (never the vision tower, never the whole
+model in memory), `diff` reads one tensor of each model at a time.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +13,36 @@ def register(subparsers) -> None:
 
     ext = sub.add_parser("extract", help="write the VLM's language model as a causal-LM checkpoint in the base's class")
     _common(ext)
+    ext.add_argument("--dtype", default=None, help="output dtype (default: the VLM checkpoint's own, e.g. bfloat16)")
+    ext.add_argument("--max-shard-size", default="1GB", type=_bytes,
+                     help="largest output shard, e.g. 1GB or 500MB (peak memory is about one shard; default 1GB)")
     ext.add_argument("--out", required=True, help="output checkpoint directory")
     ext.add_argument("--force", action="store_true", help="replace an existing --out")
     ext.set_defaults(func=run_extract)
 
     diff = sub.add_parser("diff", help="per-layer relative weight change ||W_vlm - W_base|| / ||W_base||")
     _common(diff)
+    diff.add_argument("--dtype", default=None, help="cast both tensors to this dtype first (default: as stored; "
+                                                     "the sums are float32/float64 either way)")
+    diff.add_argument("--device", default=None, help="torch device for the per-tensor arithmetic (default cpu)")
     diff.add_argument("--json", metavar="FILE", help="also write every tensor's row and the summary as JSON")
     diff.add_argument("--force", action="store_true", help="replace an existing --json file")
     diff.set_defaults(func=run_diff)
 
 
 def _common(p) -> None:
-    p.add_argument("--base", required=True, help="base LLM: hub id or local path")
+    p.add_argument("--base", required=True, help="base LLM: hub id, local path or .gguf file")
     p.add_argument("--vlm", required=True, help="VLM (or an already-extracted language model): hub id or local path")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    p.add_argument("--device", default="cpu", help="torch device for the models (default cpu)")
+
+
+def _bytes(text: str) -> int:
+    import argparse
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*", text.upper())
+    if not m or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 1GB, 500MB)")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)])
 
 
 def _provenance_extra(args, report) -> dict:
@@ -38,35 +56,44 @@ def _provenance_extra(args, report) -> dict:
 
 
 def run_extract(args) -> int:
-    from interventions.pairs import load_pair, save_causal_lm
+    from interventions.pairs import plan_extraction, resolve, write_language_model
+    from interventions.pairs.resolve import resolve_dtype
+    from sinkstudy.checkpoint import try_load_tokenizer
     from sinkstudy.io import check_output_dir
 
     check_output_dir(args.out, args.force)  # before any loading
-    pair = load_pair(args.base, args.vlm, dtype=args.dtype, device=args.device)
-    print(pair.report.summary())
-    out = save_causal_lm(pair.vlm_lm, pair.tokenizer, args.out, force=args.force,
-                         extra=_provenance_extra(args, pair.report))
+    if args.dtype is not None:
+        resolve_dtype(args.dtype)
+    base = resolve(args.base)
+    plan = plan_extraction(args.vlm, base)  # every check before any weight is read
+    print(plan.report.summary())
+    out = write_language_model(plan, args.out, tokenizer=try_load_tokenizer(base.tokenizer_path or args.base),
+                               dtype=args.dtype, force=args.force, max_shard_bytes=args.max_shard_size,
+                               extra=_provenance_extra(args, plan.report), progress=True)
     print(f"wrote {out}")
     return 0
 
 
 def run_diff(args) -> int:
-    from interventions.pairs import diff_summary, format_diff_table, load_pair, weight_diff
+    from interventions.pairs import diff_summary, format_diff_table, plan_extraction, resolve, tensors_of, weight_diff
+    from interventions.pairs.resolve import resolve_dtype
     from sinkstudy.io import check_output_dir, write_json_atomic
     from sinkstudy.provenance import provenance
 
     if args.json:
         check_output_dir(args.json, args.force)  # before any loading
-    pair = load_pair(args.base, args.vlm, dtype=args.dtype, device=args.device)
-    print(pair.report.summary())
-    rows = weight_diff(pair.base, pair.vlm_lm, progress=True)
+    dtype = resolve_dtype(args.dtype) if args.dtype else None
+    base = resolve(args.base)
+    plan = plan_extraction(args.vlm, base)
+    print(plan.report.summary())
+    rows = weight_diff(tensors_of(base), plan.tensors, dtype=dtype, device=args.device, progress=True)
     print("relative change ||W_vlm - W_base|| / ||W_base|| per layer and group ('-': outside the layers)")
     print(format_diff_table(rows))
     if args.json:
         write_json_atomic(args.json, {
             "base": args.base, "vlm": args.vlm,
             "summary": diff_summary(rows), "rows": rows,
-            "provenance": provenance(**_provenance_extra(args, pair.report)),
+            "provenance": provenance(**_provenance_extra(args, plan.report)),
         })
         print(f"wrote {args.json}")
     return 0

@@ -37,11 +37,13 @@ def run_sink(args) -> int:
     from evals.sink import DEFAULT_METRIC, get_metric
     from evals.sink.calibration import resolve_texts
     from sinkstudy import SinkstudyError
-    from sinkstudy.io import check_output_dir
+    from sinkstudy.io import check_output_dir, output_lock, read_text
 
     # Every input is checked before the model is loaded.
     spec = get_metric(args.metric or DEFAULT_METRIC)
     if args.texts:
+        if Path(args.texts).is_file():
+            read_text(args.texts, "texts file")  # names a non-UTF-8 file
         resolve_texts(args.texts, spec.calibration)  # fail now on a missing or malformed file
     params = {k: v for k, v in (("last_layers", args.last_layers), ("argmax", args.argmax), ("noise_seed", args.noise_seed))
               if v is not None}
@@ -58,7 +60,8 @@ def run_sink(args) -> int:
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=args.device)
     if tokenizer is None:
         raise SinkstudyError(f"no tokenizer found for {args.model}")
-    return _measure_and_write(args, spec, params, model, tokenizer, out)
+    with output_lock(out):  # a second writer into the same --out fails at once
+        return _measure_and_write(args, spec, params, model, tokenizer, out)
 
 
 def _measure_and_write(args, spec, params, model, tokenizer, out: Path) -> int:

@@ -4,7 +4,15 @@ Every step writes `<out>/steps/<step id>.json` atomically: its result, a key and
 key is a hash of the step's settings and the keys of the steps it reads from, so a rerun reuses a
 step whose settings and inputs are unchanged and re-runs (overwriting its outputs) one whose
 config changed, and everything downstream of it. An interrupted run continues at the first
-unfinished step.
+unfinished step. Settings include what the step reads, by content: the fingerprints of its input
+models (`sinkstudy.provenance.model_fingerprint`: weights, config, tokenizer, chat template...),
+data files by hash, and the version of the code that computes it (sink code, eval code, pair
+loader, intervention code or plug-in source).
+
+A whole run holds the output directory's lock. `plan_study` lists every step as an independent
+command (`run_step`: one step, once its dependencies finished) for a scheduler; a plan takes no
+lock, and each step holds its own (`steps/<id>.json`'s) from the reuse check to its record, so
+parallel jobs of different steps run side by side while a second job of one step fails at once.
 
 Per pair: extract the VLM's language model -> Sink maps + Strength of base, VLM LM and every
 intervened model -> strict evals through lm-eval of each -> interventions (mergekit / TSV / STAR
@@ -20,13 +28,13 @@ import json
 import math
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sinkstudy import SinkstudyError
-from sinkstudy.io import read_json, write_json_atomic
+from sinkstudy.io import output_lock, read_json, remove_tree, write_json_atomic
+from sinkstudy.provenance import code_version, model_fingerprint
 
 log = logging.getLogger(__name__)
 STEP_FORMAT = "sinkstudy.step/1"
@@ -65,16 +73,24 @@ class Runner:
         except ValueError:
             return False
 
+    def fingerprint(self, path, recorded) -> str:
+        """The fingerprint of a model a step made, for the keys of the steps that read it: read from
+        disk in a whole run (an edited checkpoint is measured again), the producing step's record
+        in a plan or a single step (the checkpoint may not exist yet)."""
+        return model_fingerprint(path) if self.executes else recorded
+
     def run(self, step_id: str, spec: dict, fn: Callable[[], dict], deps: Sequence[str] = (), outputs: Path | None = None) -> dict:
         """Reuse the finished step with this key, or run `fn` and record it. A step whose `outputs`
-        (a checkpoint dir or file it writes) has gone is run again."""
+        (a checkpoint dir or file it writes) has gone is run again. The step's own lock is held from
+        the reuse check to its record, so a `--step` job running it elsewhere fails this at once."""
         key = self.key(spec, deps)
         self.keys[step_id] = key
-        done = None if self.force else self.stored(step_id, key, outputs)
-        if done is not None:
-            self.log.append({"step": step_id, "reused": True, "seconds": 0.0})
-            return done
-        return self.execute(step_id, spec, fn, deps, key)
+        with output_lock(self.path(step_id)):
+            done = None if self.force else self.stored(step_id, key, outputs)
+            if done is not None:
+                self.log.append({"step": step_id, "reused": True, "seconds": 0.0})
+                return done
+            return self.execute(step_id, spec, fn, deps, key)
 
     def stored(self, step_id: str, key: str, outputs: Path | None = None) -> dict | None:
         """The recorded result of a finished step with this key whose outputs still exist, else None."""
@@ -195,10 +211,11 @@ class StepRunner(Runner):
         if waiting:
             raise SinkstudyError(f"step {step_id} depends on {', '.join(waiting)}, not finished: run "
                                  + " then ".join(f"`{self.command} --step {d}`" for d in waiting) + " first")
-        done = None if self.force_target else self.stored(step_id, key, outputs)
-        if done is not None:
-            raise _StepDone(done, reused=True)
-        raise _StepDone(self.execute(step_id, spec, fn, deps, key), reused=False)
+        with output_lock(self.path(step_id)):  # parallel jobs of other steps run; a second job of this one fails at once
+            done = None if self.force_target else self.stored(step_id, key, outputs)
+            if done is not None:
+                raise _StepDone(done, reused=True)
+            raise _StepDone(self.execute(step_id, spec, fn, deps, key), reused=False)
 
     def force_step(self, step_id, spec, fn, deps=()):
         # An intervention deleted after measuring (keep_models: false) is made again only as a target.
@@ -256,7 +273,7 @@ def run_step(study, step_id: str, *, force: bool = False, progress: bool = True,
     """Run one step of the study (its dependencies must have finished); reuse it when finished unless `force`."""
     import difflib
 
-    _check_inputs(study)
+    _check_backend(study)
     runner = StepRunner(study, step_id, force=force, progress=progress, command=command)
     t0 = time.perf_counter()
     try:
@@ -275,34 +292,32 @@ def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
     """Run every step of `study` (reusing finished ones); write the report; return a summary."""
     from experiments.report import write_report
 
-    _check_inputs(study)
+    _check_backend(study)
     t0 = time.perf_counter()
     runner = Runner(study, force=force, progress=progress)
-    pairs = _walk(runner, study)
-    summary = summarise(study, pairs, runner)
-    write_json_atomic(study.out / "summary.json", summary)
-    report = write_report(study, summary)
+    with output_lock(study.out):  # a second run into the same directory fails at once
+        pairs = _walk(runner, study)
+        summary = summarise(study, pairs, runner)
+        write_json_atomic(study.out / "summary.json", summary)
+        report = write_report(study, summary)
     reused = sum(e["reused"] for e in runner.log)
     return {"report": str(report), "html": str(report.with_suffix(".html")), "steps": len(runner.log), "reused": reused,
             "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": runner.timings()}
 
 
-def _check_inputs(study) -> None:
-    """Fail before any work when a local input the study does not build is missing, or the eval backend is not installed."""
+def _check_backend(study) -> None:
+    """The eval backend's package is installed (vLLM is optional): checked when steps run, not by --plan."""
     from evals.protocol import check_backend
 
     check_backend(study.evals["backend"])
-    if study.build is not None:
-        return
-    for pair in study.pairs:
-        for k in ("base", "vlm", "root"):
-            p = pair.get(k)
-            # A hub id is "org/name": a path with more parts, or starting with . / ~, must exist here.
-            if p and not Path(p).exists() and (p.startswith((".", "/", "~")) or p.count("/") > 1):
-                raise SinkstudyError(f"pair {pair['name']}: {k} {p} does not exist")
-    for task, f in study.evals["data_files"].items():
-        if not Path(f).is_file():
-            raise SinkstudyError(f"evals.data_files.{task}: {f} does not exist")
+
+
+_HERE = Path(__file__).resolve().parent.parent
+
+
+def sink_code_version() -> str:
+    """The sink measurement code (evals/sink): part of every sink result's key."""
+    return code_version(_HERE / "evals" / "sink")
 
 
 def _dtype(study):
@@ -313,16 +328,20 @@ def _dtype(study):
 
 def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
     """Every step of one pair; returns {model label: {"path", "sink", "eval", ...}}."""
+    from experiments.study import model_dir
+    from interventions.registry import intervention_request, takes_root
+
     p = pair["name"]
-    models_dir = runner.out / "models"
-    lm_dir = models_dir / f"{p}-vlm-lm"
-    model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"]}
-    runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study), deps=deps, outputs=lm_dir)
-    models: dict[str, dict] = {"base": {"path": pair["base"], "step": deps[0] if deps else None},
-                               "vlm": {"path": str(lm_dir), "step": f"{p}/extract"}}
-    results: dict[str, dict] = {}
-    for label in ("base", "vlm"):
-        results[label] = measure(runner, study, pair, label, models[label]["path"], deps=[d for d in [models[label]["step"]] if d])
+    lm_dir = model_dir(runner.out, p, "vlm", "lm")
+    model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"],
+                  "models": {"base": model_fingerprint(pair["base"]), "vlm": model_fingerprint(pair["vlm"])},
+                  "code": code_version(_HERE / "interventions" / "pairs")}
+    extracted = runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study), deps=deps, outputs=lm_dir)
+    results: dict[str, dict] = {
+        "base": measure(runner, study, pair, "base", pair["base"], deps=deps[:1]),
+        "vlm": measure(runner, study, pair, "vlm", str(lm_dir), deps=[f"{p}/extract"],
+                       fingerprint=runner.fingerprint(lm_dir, extracted["fingerprints"][str(lm_dir)])),
+    }
 
     for iv in study.interventions:
         name = iv["name"]
@@ -331,29 +350,24 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
             continue
         params = dict(iv["params"])
         iv_deps = [f"{p}/extract"] + deps
-        if pair.get("root") and not _is_mitigation(iv["method"]):
+        if pair.get("root") and takes_root(iv["method"]):
             params.setdefault("root", pair["root"])  # task vectors from the common pretrained ancestor
         if _needs_sink_maps(iv["method"]):
             params["sink_maps"] = {"base": results["base"]["sink"]["maps"], "vlm": results["vlm"]["sink"]["maps"]}
             iv_deps += [f"{p}/sink/base", f"{p}/sink/vlm"]
-        out_dir = models_dir / f"{p}-{name}"
-        spec = {"method": iv["method"], "params": {k: v for k, v in params.items() if k != "sink_maps"}, "seed": study.seed}
+        out_dir = model_dir(runner.out, p, name)
+        # Input fingerprints, full settings, seed and the intervention's code (a plug-in's source).
+        spec = intervention_request(iv["method"], pair["base"], lm_dir, params, study.seed)
         step = f"{p}/intervene/{name}"
         make = lambda iv=iv, params=params, out_dir=out_dir: intervene_step(study, pair, iv, params, lm_dir, out_dir, runner.progress)  # noqa: E731
-        runner.run(step, spec, make, deps=iv_deps, outputs=out_dir if study.keep_models else None)
-        if not out_dir.exists() and not _measured(runner, study, pair, name, str(out_dir), step):
-            runner.force_step(step, spec, make, deps=iv_deps)  # deleted after an earlier run (keep_models: false)
-        results[name] = measure(runner, study, pair, name, str(out_dir), deps=[step])
+        made = runner.run(step, spec, make, deps=iv_deps, outputs=out_dir if study.keep_models else None)
+        if not out_dir.exists() and not _measured(runner, study, pair, name, str(out_dir), step, made["fingerprint"]):
+            made = runner.force_step(step, spec, make, deps=iv_deps)  # deleted after an earlier run (keep_models: false)
+        results[name] = measure(runner, study, pair, name, str(out_dir), deps=[step], fingerprint=made["fingerprint"])
         results[name]["method"] = iv["method"]
         if not study.keep_models and runner.executes and out_dir.exists():
-            shutil.rmtree(out_dir)
+            remove_tree(out_dir, within=runner.out)
     return results
-
-
-def _is_mitigation(method: str) -> bool:
-    from interventions.mitigations import list_mitigations
-
-    return method in list_mitigations()
 
 
 def _needs_sink_maps(method: str) -> bool:
@@ -363,19 +377,32 @@ def _needs_sink_maps(method: str) -> bool:
     return bool(m and m.needs_sink_maps)
 
 
-def _measured(runner: Runner, study, pair: dict, label: str, path: str, dep: str) -> bool:
+def _measured(runner: Runner, study, pair: dict, label: str, path: str, dep: str, fingerprint: str) -> bool:
     p = pair["name"]
-    return (runner.finished(f"{p}/sink/{label}", {"sink": study.sink, "path": path}, [dep])
-            and runner.finished(f"{p}/eval/{label}", {"evals": _eval_spec(study), "path": path}, [dep]))
+    return (runner.finished(f"{p}/sink/{label}", _sink_spec(study, path, fingerprint), [dep])
+            and runner.finished(f"{p}/eval/{label}", _eval_step_spec(study, path, fingerprint), [dep]))
 
 
-def measure(runner: Runner, study, pair: dict, label: str, path: str, deps: list[str]) -> dict:
+def measure(runner: Runner, study, pair: dict, label: str, path: str, deps: list[str], fingerprint: str | None = None) -> dict:
+    """Sink and eval steps of one model, keyed on its fingerprint (`fingerprint`: the one its
+    producing step recorded, where the checkpoint may be gone or not made yet)."""
     p = pair["name"]
-    sink = runner.run(f"{p}/sink/{label}", {"sink": study.sink, "path": path},
+    fingerprint = model_fingerprint(path) if fingerprint is None else fingerprint  # a pending one is an empty dict
+    sink = runner.run(f"{p}/sink/{label}", _sink_spec(study, path, fingerprint),
                       lambda: sink_step(study, pair, label, path, runner.progress), deps=deps, outputs=_sink_file(study, p, label))
-    ev = runner.run(f"{p}/eval/{label}", {"evals": _eval_spec(study), "path": path},
+    ev = runner.run(f"{p}/eval/{label}", _eval_step_spec(study, path, fingerprint),
                     lambda: eval_step(study, pair, label, path, runner.progress), deps=deps, outputs=_eval_dir(study, p, label))
     return {"path": path, "sink": sink, "eval": ev}
+
+
+def _sink_spec(study, path: str, fingerprint: str) -> dict:
+    return {"sink": study.sink, "path": path, "model": fingerprint, "dtype": study.model["dtype"], "code": sink_code_version()}
+
+
+def _eval_step_spec(study, path: str, fingerprint: str) -> dict:
+    from evals.lmeval import eval_code_version
+
+    return {"evals": _eval_spec(study), "path": path, "model": fingerprint, "code": eval_code_version()}
 
 
 def _eval_spec(study) -> dict:
@@ -385,15 +412,15 @@ def _eval_spec(study) -> dict:
 
 
 def _file_digest(path: str) -> str:
-    f = Path(path)
-    return hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.is_file() else f"missing:{path}"
+    from sinkstudy.provenance import file_digest
+
+    return file_digest(path) if Path(path).is_file() else f"missing:{path}"
 
 
 # --------------------------------------------------------------------------- step bodies
 
 def extract_step(pair: dict, lm_dir: Path, study) -> dict:
     from interventions.pairs import load_pair, save_causal_lm
-    from sinkstudy.provenance import model_fingerprint
 
     mp = load_pair(pair["base"], pair["vlm"], dtype=_dtype(study), device=study.model["device"] or "cpu")
     save_causal_lm(mp.vlm_lm, mp.tokenizer, lm_dir, force=True, extra={"extraction": mp.report.to_dict(), "vlm": pair["vlm"]})
@@ -410,7 +437,6 @@ def _load(path: str, study):
 
 def sink_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     from evals.sink import compute_sink_maps, strength_from_maps
-    from sinkstudy.provenance import model_fingerprint
 
     model, tok = _load(path, study)
     if tok is None:
@@ -441,7 +467,7 @@ def _eval_dir(study, pair: str, label: str) -> Path:
 
 def eval_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     from evals.lmeval import run_eval
-    from experiments.loaders import eval_loaders
+    from experiments.loaders import load_model
 
     ev = study.evals
     out_dir = _eval_dir(study, pair["name"], label)
@@ -452,13 +478,12 @@ def eval_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
                                    "backend_args")}
     run = run_eval(path, _load_tokenizer(pair["base"]), tasks=ev["tasks"], data_files=ev["data_files"] or None, out_dir=out_dir,
                    force=True, device=study.model["device"], dtype=study.model["dtype"], seed=study.seed, progress=progress,
-                   **protocol, **eval_loaders())
+                   loader=load_model, **protocol)
     return {"dir": str(out_dir), "scores": run.scores, "path": path, "fingerprint": run.fingerprint}
 
 
 def intervene_step(study, pair: dict, iv: dict, params: dict, lm_dir: Path, out_dir: Path, progress: bool) -> dict:
     from interventions.registry import apply_intervention
-    from sinkstudy.provenance import model_fingerprint
 
     out = apply_intervention(iv["method"], pair["base"], lm_dir, params, out_dir, seed=study.seed, force=True, progress=progress)
     info = read_json(Path(out) / "intervention.json") if (Path(out) / "intervention.json").is_file() else {}
@@ -479,33 +504,37 @@ def _native_qk(pair: dict) -> bool:
 def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> dict:
     """Inject QK-RMSNorm into the base (pairs without native QK-norm); measure the injected base and,
     with `vl: true` (the demo), re-run the same VL recipe on it and measure that VLM's LM."""
+    from experiments.study import model_dir
+
     p, name = pair["name"], iv["name"]
     if _native_qk(pair):
         return {}
     params = {"init": "scale-preserving", "train_steps": 0, "trainable": "all", "lr": 1e-3, "vl": False, **iv["params"]}
-    models = runner.out / "models"
-    base_out = models / f"{p}-{name}-base"
-    runner.run(f"{p}/intervene/{name}", {"qknorm": params, "seed": study.seed},
-               lambda: qknorm_step(study, pair, params, base_out, runner.progress), deps=deps, outputs=base_out)
-    out = {f"{name}": {**measure(runner, study, pair, name, str(base_out), deps=[f"{p}/intervene/{name}"]), "method": "qknorm"}}
+    base_out = model_dir(runner.out, p, name, "base")
+    spec = {"qknorm": params, "seed": study.seed, "base": model_fingerprint(pair["base"]),
+            "code": code_version(_HERE / "interventions" / "qknorm.py", _HERE / "interventions" / "training.py")}
+    made = runner.run(f"{p}/intervene/{name}", spec,
+                      lambda: qknorm_step(study, pair, params, base_out, runner.progress), deps=deps, outputs=base_out)
+    out = {name: {**measure(runner, study, pair, name, str(base_out), deps=[f"{p}/intervene/{name}"],
+                            fingerprint=runner.fingerprint(base_out, made["fingerprint"])), "method": "qknorm"}}
     if params["vl"]:
         from experiments.demo.build import vl_step
 
-        vlm_out, lm_out = models / f"{p}-{name}-vlm", models / f"{p}-{name}-vlm-lm"
+        vlm_out, lm_out = model_dir(runner.out, p, name, "vlm"), model_dir(runner.out, p, name, "vlm", "lm")
         runner.run(f"{p}/intervene/{name}-vl", {"vl": study.build["vl"]},
                    lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress), deps=[f"{p}/intervene/{name}"],
                    outputs=vlm_out)
         qk_pair = {**pair, "base": str(base_out), "vlm": str(vlm_out)}
-        runner.run(f"{p}/intervene/{name}-vl-extract", {}, lambda: extract_step(qk_pair, lm_out, study),
-                   deps=[f"{p}/intervene/{name}-vl"], outputs=lm_out)
-        out[f"{name}-vl"] = {**measure(runner, study, pair, f"{name}-vl", str(lm_out), deps=[f"{p}/intervene/{name}-vl-extract"]),
+        extracted = runner.run(f"{p}/intervene/{name}-vl-extract", {}, lambda: extract_step(qk_pair, lm_out, study),
+                               deps=[f"{p}/intervene/{name}-vl"], outputs=lm_out)
+        out[f"{name}-vl"] = {**measure(runner, study, pair, f"{name}-vl", str(lm_out), deps=[f"{p}/intervene/{name}-vl-extract"],
+                                       fingerprint=runner.fingerprint(lm_out, extracted["fingerprints"][str(lm_out)])),
                              "method": "qknorm+vl"}
     return out
 
 
 def qknorm_step(study, pair: dict, params: dict, out_dir: Path, progress: bool) -> dict:
     from interventions.qknorm import init_report, inject_qk_norm, save_injected, trainable_filter
-    from sinkstudy.provenance import model_fingerprint
 
     model, tok = _load(pair["base"], study)
     tok = tok or _load_tokenizer(pair["base"])

@@ -1,5 +1,9 @@
 """Study configs: a YAML file says which pairs, which sink metric, which strict evals and which
-interventions; `load_study` validates it (one-line errors, before any work) and fills defaults.
+interventions; `load_study` validates it completely (one-line errors, before any work) and fills
+defaults: keys, names that become path components (slugs; no two outputs of the runner may share a
+directory), every intervention's settings (`interventions.registry.validate_intervention`), task
+names, the sink metric and texts, and local inputs (model paths, data files) that the study does
+not build itself.
 
 Schema (every key but `name` and `pairs`/`build` optional; unknown keys are errors):
 
@@ -27,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +60,6 @@ DEFAULT_EVALS = {"tasks": ["sinkstudy_ifeval", "sinkstudy_gsm"], "data_files": {
                  "confidence": 0.95, "chat_template_kwargs": {}, "system_instruction": None, "gen_kwargs": {},
                  "confirm_run_unsafe_code": False, "backend": "hf", "backend_args": {}}
 DEFAULT_MODEL = {"dtype": "float32", "device": None}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass
@@ -107,20 +109,31 @@ def _int(value, where: str, minimum: int = 0, allow_none: bool = False):
 
 
 def _name(value, where: str) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        _fail(where, f"must be a name of letters, digits, '.', '_' or '-', got {value!r}")
-    return value
+    """A name that becomes a path component (sinkstudy.io.check_slug)."""
+    from sinkstudy.io import check_slug
+
+    try:
+        return check_slug(value, where)
+    except SinkstudyError as exc:
+        raise StudyConfigError(str(exc)) from None
+
+
+def model_dir(out: str | os.PathLike, *parts: str) -> Path:
+    """OUT/models/<part>-<part>...: where the runner (and the demo build) puts a checkpoint."""
+    return Path(out) / "models" / "-".join(parts)
 
 
 def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None, overrides: dict | None = None) -> Study:
     """Read and validate a study YAML; `out` replaces its output dir, `overrides` are merged on top."""
     import yaml
 
+    from sinkstudy.io import read_text
+
     path = Path(path)
     if not path.is_file():
         raise StudyConfigError(f"study config {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(read_text(path, "study config"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -153,6 +166,8 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
         from experiments.demo.build import validate_build
 
         build = validate_build(build, f"{where}: build")
+        for i, b in enumerate(build["backbones"]):
+            _name(b["name"], f"{where}: build.backbones[{i}].name")
 
     pairs_raw = cfg.get("pairs")
     if pairs_raw is None and build is not None:
@@ -202,16 +217,88 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
                   protocol, dict(report))
     for p in study.pairs:
-        for k in ("base", "vlm"):
-            p[k] = study.expand(p[k])
+        for k in ("base", "vlm", "root"):
+            if isinstance(p.get(k), str):
+                p[k] = study.expand(p[k])
     study.evals["data_files"] = {t: study.expand(f) for t, f in study.evals["data_files"].items()}
+    _check_outputs_distinct(study, where)
+    _check_local_inputs(study, where)
     return study
+
+
+def _check_outputs_distinct(study: Study, where: str) -> None:
+    """No two things the runner writes may share a checkpoint dir or a result label (e.g. pair
+    "a" with intervention "b-c" and pair "a-b" with intervention "c" both make models/a-b-c)."""
+    owners: dict[Path, str] = {}
+
+    def claim(path: Path, what: str) -> None:
+        if path in owners:
+            _fail(where, f"{what} and {owners[path]} would both write {path}; rename one")
+        owners[path] = what
+
+    for b in (study.build or {}).get("backbones", []):
+        claim(model_dir(study.out, b["name"], "base"), f"backbone {b['name']}")
+        claim(model_dir(study.out, b["name"], "vlm"), f"backbone {b['name']}")
+    for p in study.pairs:
+        claim(model_dir(study.out, p["name"], "vlm", "lm"), f"pair {p['name']}")
+        labels = {"base", "vlm"}
+        for iv in study.interventions:
+            what = f"pair {p['name']} intervention {iv['name']}"
+            if iv["method"] == "qknorm":
+                claim(model_dir(study.out, p["name"], iv["name"], "base"), what)
+                mine = [iv["name"]]
+                if iv["params"].get("vl"):
+                    claim(model_dir(study.out, p["name"], iv["name"], "vlm"), what)
+                    claim(model_dir(study.out, p["name"], iv["name"], "vlm", "lm"), what)
+                    mine.append(f"{iv['name']}-vl")
+            else:
+                claim(model_dir(study.out, p["name"], iv["name"]), what)
+                mine = [iv["name"]]
+            clash = labels.intersection(mine)
+            if clash:
+                _fail(where, f"{what}: result label {sorted(clash)[0]!r} is used twice in pair {p['name']}")
+            labels.update(mine)
+
+
+def _local_input(study: Study, path: str) -> bool:
+    """A path (not a hub id "org/name") that the study does not build itself (under OUT)."""
+    p = Path(path).expanduser()
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1 or p.exists()
+    built = study.build is not None and (p.resolve() == Path(study.out).resolve() or Path(study.out).resolve() in p.resolve().parents)
+    return looks_local and not built
+
+
+def _check_local_inputs(study: Study, where: str) -> None:
+    """Model paths, data files and calibration texts that must exist before the run starts."""
+    for p in study.pairs:
+        for k in ("base", "vlm", "root"):
+            v = p.get(k)
+            if v and _local_input(study, v) and not Path(v).expanduser().exists():
+                _fail(where, f"pair {p['name']}: {k} {v} does not exist")
+    for task, f in study.evals["data_files"].items():
+        if _local_input(study, f):
+            from sinkstudy.io import read_text
+
+            try:
+                read_text(Path(f).expanduser(), f"evals.data_files.{task}")
+            except SinkstudyError as exc:
+                _fail(where, str(exc))
+    if study.sink["texts"] is not None:
+        from evals.sink.calibration import resolve_texts
+        from evals.sink.metrics import get_metric
+
+        try:
+            resolve_texts(study.sink["texts"], get_metric(study.sink["metric"]).calibration)
+        except SinkstudyError as exc:
+            _fail(f"{where}: sink.texts", str(exc))
 
 
 def _expand_includes(items, path: Path | None, where: str) -> list:
     """`{include: FILE}` entries are replaced by FILE's `points` (the merge-sweep format:
     name, method and the method's parameters in one mapping), relative to the config's directory."""
     import yaml
+
+    from sinkstudy.io import read_text
 
     if not isinstance(items, list):
         _fail(where, "must be a list")
@@ -223,7 +310,11 @@ def _expand_includes(items, path: Path | None, where: str) -> list:
                 f = path.parent / f
             if not f.is_file():
                 _fail(where, f"include {item['include']} does not exist")
-            points = (yaml.safe_load(f.read_text(encoding="utf-8")) or {}).get("points")
+            try:
+                loaded = yaml.safe_load(read_text(f, "include"))
+            except yaml.YAMLError:
+                _fail(where, f"include {item['include']} is not valid YAML")
+            points = loaded.get("points") if isinstance(loaded, dict) else None
             if not isinstance(points, list):
                 _fail(where, f"include {item['include']} has no `points` list")
             out += [{"name": pt.get("name"), "method": pt.get("method"),
@@ -260,8 +351,16 @@ def _check_evals(ev: dict, where: str) -> None:
     _int(ev["max_gen_toks"], f"{where}.max_gen_toks", 1, allow_none=True)
     _int(ev["num_fewshot"], f"{where}.num_fewshot", 0, allow_none=True)
     _int(ev["n_boot"], f"{where}.n_boot", 100)
-    if ev["limit"] is not None and (not isinstance(ev["limit"], (int, float)) or isinstance(ev["limit"], bool) or ev["limit"] <= 0):
-        _fail(f"{where}.limit", f"must be a positive number or null, got {ev['limit']!r}")
+    from evals.lmeval import check_limit, check_task_names
+
+    try:
+        check_limit(ev["limit"])
+    except SinkstudyError as exc:
+        _fail(f"{where}.limit", str(exc))
+    try:
+        check_task_names(tasks)  # shipped names at once; others against lm-eval's (cached) index
+    except SinkstudyError as exc:
+        _fail(f"{where}.tasks", str(exc))
     if not isinstance(ev["apply_chat_template"], bool):
         _fail(f"{where}.apply_chat_template", "must be true or false")
     if not isinstance(ev["confidence"], float) or not 0 < ev["confidence"] < 1:
@@ -289,14 +388,39 @@ def _protocol(ev: dict, where: str) -> None:
 def _check_method(iv: dict, where: str, has_build: bool) -> None:
     method = iv.get("method")
     if method == "qknorm":
-        unknown = sorted(set(iv["params"]) - QKNORM_PARAMS)
-        if unknown:
-            _fail(f"{where}.params", f"qknorm has no parameter(s) {', '.join(unknown)}; it takes {', '.join(sorted(QKNORM_PARAMS))}")
-        if iv["params"].get("vl") and not has_build:
-            _fail(f"{where}.params.vl", "VL re-training after injection needs the demo's build section (the digits recipe)")
+        _check_qknorm(iv["params"], f"{where}.params", has_build)
         return
-    from interventions.registry import list_interventions
+    from interventions.registry import list_interventions, validate_intervention
 
     known = list_interventions()
     if method not in known:
         _fail(f"{where}.method", f"unknown method {method!r}; known: qknorm, {', '.join(sorted(known))}")
+    try:
+        validate_intervention(method, iv["params"])  # the pair's root is added by the runner where it applies
+    except SinkstudyError as exc:
+        _fail(f"{where}.params", str(exc))
+
+
+def _check_qknorm(params: dict, where: str, has_build: bool) -> None:
+    import math
+
+    from interventions.qknorm import INIT_MODES, TRAINABLE_MODES
+
+    unknown = sorted(set(params) - QKNORM_PARAMS)
+    if unknown:
+        _fail(where, f"qknorm has no parameter(s) {', '.join(unknown)}; it takes {', '.join(sorted(QKNORM_PARAMS))}")
+    if params.get("vl") and not has_build:
+        _fail(f"{where}.vl", "VL re-training after injection needs the demo's build section (the digits recipe)")
+    if "init" in params and params["init"] not in INIT_MODES:
+        _fail(f"{where}.init", f"must be one of {', '.join(INIT_MODES)}, got {params['init']!r}")
+    if "trainable" in params and params["trainable"] not in TRAINABLE_MODES:
+        _fail(f"{where}.trainable", f"must be one of {', '.join(TRAINABLE_MODES)}, got {params['trainable']!r}")
+    if "train_steps" in params:
+        _int(params["train_steps"], f"{where}.train_steps", 0)
+    for key, (lo, hi) in {"lr": (0.0, 1.0), "alpha": (0.0, 1.0)}.items():
+        v = params.get(key)
+        if key in params and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or not lo <= v <= hi or (key == "lr" and v == 0)):
+            _fail(f"{where}.{key}", f"must be a finite number in {'(' if key == 'lr' else '['}{lo}, {hi}], got {v!r}")
+    if "vl" in params and not isinstance(params["vl"], bool):
+        _fail(f"{where}.vl", "must be true or false")

@@ -24,7 +24,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from sinkstudy import SinkstudyError
 from sinkstudy.io import cache_root
@@ -35,7 +35,9 @@ LOG = logging.getLogger(__name__)
 MERGEKIT_METHODS = ("linear", "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties")
 _SPARSE_METHODS = frozenset({"ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties"})
 # Extra mergekit parameters a user may pass through (`--param key=value`).
-_PASSTHROUGH = {"gamma", "lambda", "normalize", "rescale", "int8_mask"}
+PASSTHROUGH_PARAMS = {"gamma", "lambda", "normalize", "rescale", "int8_mask"}
+# Numeric pass-through parameters and their ranges (the others are booleans).
+_PASSTHROUGH_RANGES = {"gamma": {"lo": 0.0, "hi": 1.0, "hi_open": True}, "lambda": {"lo": 0.0, "hi": 10.0}}
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 _SAFETENSORS_TO_NAME = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
@@ -118,11 +120,24 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
 
 
 def safetensors_header(file: Path) -> dict[str, dict]:
-    """Tensor name -> {dtype, shape, data_offsets}, read from the header only (no tensor data)."""
-    with open(file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-    header.pop("__metadata__", None)
+    """Tensor name -> {dtype, shape, data_offsets}, read from the header only (no tensor data).
+    A corrupt header or a file shorter than its header says (a truncated shard) fails in one line."""
+    try:
+        size = Path(file).stat().st_size
+        with open(file, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise ValueError("shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8:
+                raise ValueError(f"its header claims {n} bytes, the file has {size}")
+            header = json.loads(fh.read(n))
+        header.pop("__metadata__", None)
+        end = max((int(info["data_offsets"][1]) for info in header.values()), default=0)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise MergeError(f"{file} is not a readable safetensors file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if 8 + n + end > size:
+        raise MergeError(f"{file} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
     return header
 
 
@@ -197,14 +212,18 @@ def local_checkpoint(ref: str | os.PathLike) -> Path:
 
 def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
-    once by the pair loader (base's class, vocabulary and tokenizer) into a cache keyed by its hash."""
-    from sinkstudy.provenance import model_fingerprint
+    once by the pair loader (base's class, vocabulary and tokenizer) into a cache keyed by both
+    models' fingerprints and the pair loader's code version."""
+    import hashlib
+
+    from sinkstudy.provenance import code_version, model_fingerprint
 
     vlm = local_checkpoint(vlm)
     if not is_vlm_checkpoint(vlm):
         return vlm
     extracted = Path(cache_dir) if cache_dir else cache_root() / "vlm_lm"
-    target = extracted / model_fingerprint(vlm).split(":")[-1]
+    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs")])
+    target = extracted / hashlib.sha256(key.encode()).hexdigest()[:32]
     if not (target / "config.json").is_file():
         from interventions.pairs import extract_language_model, load_tokenizer, save_causal_lm
 
@@ -228,19 +247,47 @@ def check_pair(base: str | os.PathLike, vlm_lm: str | os.PathLike, root: str | o
 
 # --------------------------------------------------------------------------- mergekit config
 
-def validate_merge_args(method: str, weight: float, density: float | None, select, params: dict | None) -> Selection | None:
+def check_number(where: str, value, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+                 hi_open: bool = False, integer: bool = False) -> None:
+    """A setting must be a finite real (an int with `integer`) inside [lo, hi] (open ends as given)."""
+    import math
+
+    kind = "an integer" if integer else "a finite number"
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not math.isfinite(value):
+        raise MergeError(f"{where} must be {kind}, got {value!r}")
+    if lo is not None and (value < lo or (lo_open and value == lo)) or hi is not None and (value > hi or (hi_open and value == hi)):
+        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise MergeError(f"{where} must be in {left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}, got {value!r}")
+
+
+def takes_root(method: str) -> bool:
+    """Whether `method` merges task vectors from a common ancestor (`root`): not linear or slerp."""
+    return method not in ("linear", "slerp")
+
+
+def validate_merge_args(method: str, weight: float, density: float | None, select, params: dict | None,
+                        root=None) -> Selection | None:
     """Method, ranges and parameter names; returns the parsed selection. Cheap: runs first."""
     if method not in MERGEKIT_METHODS:
         raise MergeError(f"unknown mergekit method {method!r}; choose from {', '.join(MERGEKIT_METHODS)}")
-    if not 0.0 <= weight <= (1.0 if method in ("linear", "slerp") else 10.0):
-        raise MergeError(f"weight {weight} out of range for {method}")
-    if density is not None and not 0.0 < density <= 1.0:
-        raise MergeError(f"density must be in (0, 1], got {density}")
-    if density is not None and method not in _SPARSE_METHODS:
-        raise MergeError(f"{method} has no density parameter")
-    unknown = set(params or {}) - _PASSTHROUGH
+    check_number(f"{method} weight", weight, lo=0.0, hi=1.0 if method in ("linear", "slerp") else 10.0)
+    if density is not None:
+        if method not in _SPARSE_METHODS:
+            raise MergeError(f"{method} has no density parameter")
+        check_number("density", density, lo=0.0, hi=1.0, lo_open=True)
+    if root is not None and not takes_root(method):
+        raise MergeError(f"{method} interpolates base and VLM directly and takes no --root; use a task-vector method "
+                         "(task_arithmetic, ties, dare_*, breadcrumbs*, tsv, star) with a root")
+    params = dict(params or {})
+    unknown = set(params) - PASSTHROUGH_PARAMS
     if unknown:
-        raise MergeError(f"unknown merge parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_PASSTHROUGH))}")
+        raise MergeError(f"unknown merge parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(PASSTHROUGH_PARAMS))}")
+    for key, value in params.items():
+        if key in _PASSTHROUGH_RANGES:
+            check_number(f"{method} {key}", value, **_PASSTHROUGH_RANGES[key])
+        elif not isinstance(value, bool):
+            raise MergeError(f"{method} {key} must be true or false, got {value!r}")
     return Selection.parse(select) if isinstance(select, str) or select is None else select
 
 
@@ -262,12 +309,13 @@ def merge_config(
     `out_dtype` (default: the base's stored dtype). Unselected tensors get the VLM weight 0 (and
     density 1), which leaves them exactly the base's.
     """
-    selection = validate_merge_args(method, weight, density, select, params)
+    selection = validate_merge_args(method, weight, density, select, params, root)
     params = dict(params or {})
     base_s, vlm_s = str(Path(base).resolve()), str(Path(vlm).resolve())
     cfg: dict[str, Any] = {"merge_method": method, "dtype": "float32", "out_dtype": out_dtype or checkpoint_dtype(base)}
 
     if method == "linear":
+        cfg["base_model"] = base_s  # linear ignores it in the arithmetic; it fixes the config/tokenizer donor
         cfg["models"] = [
             {"model": base_s, "parameters": {"weight": _selective(1.0 - weight, 1.0, selection)}},
             {"model": vlm_s, "parameters": {"weight": _selective(weight, 0.0, selection)}},
@@ -294,14 +342,16 @@ def merge_config(
         cfg["parameters"] = {"normalize": False}
     if params:
         cfg.setdefault("parameters", {}).update(params)
-    # No tokenizer_source: mergekit then copies the tokenizer of base_model (or of the first model,
-    # the base LLM, for linear) untouched, while `tokenizer_source` would rebuild the embeddings to
-    # len(tokenizer) (NOTES.md). The output config is the base's too (keeps rope_theta, template).
+    # mergekit copies config and tokenizer from base_model (without one, from the first element of
+    # a set: which model depends on the hash seed). No tokenizer_source: it would rebuild the
+    # embeddings to len(tokenizer) (NOTES.md). With a root, run_mergekit_merge puts the base's
+    # config and tokenizer back after mergekit (the root has no chat template).
     return cfg
 
 
-def config_yaml(cfg: dict[str, Any], seed: int | None) -> str:
-    """The YAML written beside a merge: runnable as is with `mergekit-yaml`."""
+def config_yaml(cfg: dict[str, Any], seed: int | None, base: str | os.PathLike | None = None) -> str:
+    """The YAML written beside a merge: runnable as is with `mergekit-yaml`. With a root, the
+    header says which files to copy from the base LLM afterwards (what sinkstudy did)."""
     import yaml
 
     seed_flag = f" --random-seed {seed}" if seed is not None else ""
@@ -309,6 +359,12 @@ def config_yaml(cfg: dict[str, Any], seed: int | None) -> str:
         "# Written by sinkstudy; reproduce these weights with:\n"
         f"#   mergekit-yaml {MERGEKIT_YAML} OUT_DIR{seed_flag}\n"
     )
+    if base is not None and Path(cfg["base_model"]) != Path(base).resolve():
+        header += (f"# base_model is the common root; sinkstudy then replaced the root's config.json,\n"
+                   f"# generation_config.json and tokenizer files by the base LLM's ({Path(base).resolve()}):\n"
+                   f"#   see `files` in {RESULT_JSON}\n")
+    else:
+        header += "# config.json, generation_config.json and the tokenizer come from base_model (the base LLM).\n"
     return header + yaml.safe_dump(cfg, sort_keys=False)
 
 
@@ -329,18 +385,21 @@ def run_mergekit_merge(
     force: bool = False,
     progress: bool = True,
     cache_dir: str | os.PathLike | None = None,
+    request: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
 ) -> Path:
     """Merge base and the VLM's LM with mergekit into `out_dir`; returns `out_dir`.
 
-    All checks (method, parameters, pair layout, disk space, existing output) run before mergekit.
+    All checks (method, parameters, execution options, pair layout, disk space, existing output)
+    run before mergekit; the output is scanned for non-finite tensors before it is moved into place.
+    `request` (the registry's identity of this intervention) is stored in `intervention.json`.
     `options` go to mergekit's `MergeOptions` as `mergekit-yaml` flags would: cuda, lazy_unpickle,
-    low_cpu_memory (how it runs, not what it computes).
+    low_cpu_memory (how it runs, not what it computes: recorded beside the request, not in it).
     """
     from sinkstudy.io import atomic_output_dir, check_output_dir
 
-    validate_merge_args(method, weight, density, select, params)
-    options = _mergekit_options(options)
+    validate_merge_args(method, weight, density, select, params, root)
+    options = check_mergekit_options(options)
     out_dir = check_output_dir(out_dir, force)
     base_in, vlm_in = base, vlm
     base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
@@ -348,20 +407,26 @@ def run_mergekit_merge(
     check_pair(base, vlm_lm, root)
     cfg = merge_config(method, base, vlm_lm, weight=weight, density=density, select=select, root=root, params=params)
     check_disk_space(out_dir, estimate_output_bytes(base, cfg["out_dtype"]))
-    text = config_yaml(cfg, seed)
+    text = config_yaml(cfg, seed, base)
     with atomic_output_dir(out_dir, force) as tmp:
         _run_mergekit(cfg, text, tmp, seed, progress, options)
+        if root is None:
+            files = {f: "base LLM (mergekit base_model)" for f in side_files(tmp)}
+        else:  # mergekit took them from the root
+            files = {f: "base LLM (copied after mergekit)" for f in replace_side_files(base, tmp)}
+        check_finite_checkpoint(tmp)
         write_result(tmp, method=method, base=base_in, vlm=vlm_in, vlm_lm=vlm_lm, root=root, seed=seed,
                      settings={"weight": weight, "density": density, "select": str(select or "") or None, **(params or {})},
-                     extra={"mergekit_config": cfg, "mergekit_options": options})
+                     extra={"mergekit_config": cfg, "mergekit_options": options, "files": {"weights": "mergekit", **files},
+                            **({"request": request} if request else {})})
     return out_dir
 
 
 _EXECUTION_OPTIONS = ("cuda", "lazy_unpickle", "low_cpu_memory")
 
 
-def _mergekit_options(options: dict[str, Any] | None) -> dict[str, bool]:
-    """Known execution options, checked before any work; --cuda without a GPU is one line."""
+def check_mergekit_options(options: Mapping[str, Any] | None) -> dict[str, bool]:
+    """All execution options, known ones checked before any work; --cuda without a GPU is one line."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(_EXECUTION_OPTIONS))
     if unknown:
@@ -383,8 +448,7 @@ def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | No
     from mergekit.merge import MergeOptions, run_merge
 
     config = MergeConfiguration.model_validate(cfg)
-    options = MergeOptions(copy_tokenizer=True, random_seed=seed, quiet=not progress,
-                           **options)
+    options = MergeOptions(copy_tokenizer=True, random_seed=seed, quiet=not progress, **options)
     try:
         run_merge(config, str(out), options=options, config_source=yaml_text)
     except (RuntimeError, ValueError) as exc:  # mergekit's own errors become one line
@@ -409,9 +473,50 @@ def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, setti
     })
 
 
-def copy_side_files(src: str | os.PathLike, dst: Path) -> None:
-    """Copy config, generation config and tokenizer files of a checkpoint (not its weights or results)."""
-    for f in Path(src).iterdir():
-        if (f.is_file() and f.suffix not in (".safetensors", ".bin", ".pt") and not f.name.endswith(".index.json")
-                and f.name not in (RESULT_JSON, MERGEKIT_YAML)):
-            shutil.copy2(f, dst / f.name)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def side_files(path: str | os.PathLike) -> list[str]:
+    """Names of a checkpoint's config, generation config, tokenizer and processor files: every
+    file its fingerprint covers except the weights (and their index)."""
+    from sinkstudy.provenance import fingerprinted_files
+
+    return [f.name for f in fingerprinted_files(path)
+            if not f.name.endswith(_WEIGHT_SUFFIXES) and not f.name.endswith(".index.json")]
+
+
+def copy_side_files(src: str | os.PathLike, dst: Path) -> list[str]:
+    """Copy the side files of checkpoint `src` into `dst`; returns their names."""
+    names = side_files(src)
+    for name in names:
+        shutil.copy2(Path(src) / name, dst / name)
+    return names
+
+
+def replace_side_files(src: str | os.PathLike, dst: Path) -> list[str]:
+    """Make `dst`'s side files exactly `src`'s (a root's tokenizer.model must not outlive it)."""
+    for name in side_files(dst):
+        os.unlink(dst / name)
+    return copy_side_files(src, dst)
+
+
+def check_finite_checkpoint(path: str | os.PathLike) -> None:
+    """Refuse a checkpoint with NaN or infinite weights (read shard by shard, tensor by tensor)."""
+    import torch
+    from safetensors import safe_open
+
+    for f in weight_files(path):
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                t = fh.get_tensor(name)
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    raise MergeError(f"the merge produced non-finite values in {name}; nothing was written")
+
+
+def check_finite_model(model) -> None:
+    """Refuse to save an in-memory model with NaN or infinite parameters or buffers."""
+    import torch
+
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise MergeError(f"the intervention produced non-finite values in {name}; nothing was written")

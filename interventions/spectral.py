@@ -33,6 +33,7 @@ from interventions.merge import (
     MergeError,
     Selection,
     check_disk_space,
+    check_number,
     check_pair,
     copy_side_files,
     estimate_output_bytes,
@@ -136,6 +137,10 @@ class _ShardWriter:
         self.shards: list[tuple[str, list[str]]] = []
 
     def add(self, name: str, tensor) -> None:
+        import torch
+
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise MergeError(f"the merge produced non-finite values in {name}; nothing was written")
         nbytes = tensor.numel() * tensor.element_size()
         if self.current and self.size + nbytes > self.max_bytes:
             self._flush()
@@ -169,6 +174,22 @@ class _ShardWriter:
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
+def validate_spectral_args(method: str, weight: float | None = None, eta: float = 40.0, k_fraction: float | None = None,
+                           select=None, device: str = "cpu") -> Selection | None:
+    """Method and every setting's range, before anything is read; returns the parsed selection."""
+    if method not in SPECTRAL_METHODS:
+        raise MergeError(f"unknown spectral method {method!r}; choose from {', '.join(SPECTRAL_METHODS)}")
+    if weight is not None:
+        check_number(f"{method} {'alpha' if method == 'tsv' else 'lambda'} (weight)", weight, lo=0.0, hi=10.0)
+    if method == "star":
+        check_number("STAR eta (percent of the nuclear norm)", eta, lo=0.0, hi=100.0, lo_open=True)
+    if k_fraction is not None:
+        check_number("k_fraction", k_fraction, lo=0.0, hi=1.0, lo_open=True)
+    if not isinstance(device, str) or not (device in ("cpu", "auto") or device.startswith("cuda")):
+        raise MergeError(f"device must be cpu, cuda[:N] or auto, got {device!r}")
+    return Selection.parse(select) if isinstance(select, str) or select is None else select
+
+
 def run_spectral_merge(
     method: str,
     base: str | os.PathLike,
@@ -185,24 +206,21 @@ def run_spectral_merge(
     progress: bool = True,
     device: str = "cpu",
     cache_dir: str | os.PathLike | None = None,
+    request: dict[str, Any] | None = None,
 ) -> Path:
     """TSV (`weight` = alpha, default 1) or STAR (`weight` = lambda, default 1/T) into `out_dir`.
 
     Same checks, outputs and `intervention.json` as the mergekit merges; tensors outside `select`
-    are copied from the base unchanged. `device="cuda"` runs the SVDs on a GPU.
+    are copied from the base unchanged; config and tokenizer files are the base LLM's. A
+    non-finite merged tensor stops the merge before anything is moved into place.
+    `device="cuda"` runs the SVDs on a GPU.
     """
     import torch
     from tqdm.auto import tqdm
 
     from sinkstudy.io import atomic_output_dir, check_output_dir
 
-    if method not in SPECTRAL_METHODS:
-        raise MergeError(f"unknown spectral method {method!r}; choose from {', '.join(SPECTRAL_METHODS)}")
-    if method == "star" and not 0 < eta <= 100:
-        raise MergeError(f"STAR eta is a percentage in (0, 100], got {eta}")
-    if k_fraction is not None and not 0 < k_fraction <= 1:
-        raise MergeError(f"k_fraction must be in (0, 1], got {k_fraction}")
-    selection = Selection.parse(select) if isinstance(select, str) or select is None else select
+    selection = validate_spectral_args(method, weight, eta, k_fraction, select, device)
     out_dir = check_output_dir(out_dir, force)
     base_in = base
     base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
@@ -230,9 +248,10 @@ def run_spectral_merge(
             merged = anchor + merge_tensor(method, deltas, **params)
             writer.add(name, merged.to("cpu", b.dtype))
         writer.close()
-        copy_side_files(base, tmp)
+        files = {f: "base LLM" for f in copy_side_files(base, tmp)}
         write_result(tmp, method=method, base=base_in, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
                      settings={"weight": weight, "eta": eta if method == "star" else None,
                                "k_fraction": k_fraction if method == "tsv" else None,
-                               "select": str(selection) if selection else None, "device": device})
+                               "select": str(selection) if selection else None, "device": device},
+                     extra={"files": {"weights": f"sinkstudy {method}", **files}, **({"request": request} if request else {})})
     return out_dir

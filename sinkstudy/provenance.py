@@ -1,8 +1,27 @@
-"""What made a number: package versions, git revision, seeds and model fingerprints."""
+"""What made a number: package versions, git revision, seeds, model fingerprints and code versions.
+
+Model identity (`model_fingerprint`), the key of every cached result:
+- a local checkpoint directory: sha256 over the content of every top-level file that can change
+  what the model computes or how it is prompted — weights, config.json, generation_config.json,
+  tokenizer files and chat template, processor configs, QK-norm sidecars, and anything else a
+  loader might read — except the result and provenance files in `FINGERPRINT_EXCLUDE` (and hidden
+  files: locks, temporaries, .gitattributes). Sub-directories are not read by loaders and are
+  skipped (cmd_merge keeps its `eval/` measurements there).
+- a single file (a .gguf): its content.
+- a hub id that is not a local path: `hub:<id>`, `hub:<id>@<revision>` with a revision. Only a
+  pinned revision (a commit) identifies weights; a branch name can move under the same key.
+- a loaded model: its state dict (names, dtypes, shapes, bytes), its config (minus the load path,
+  the transformers version and the tie flag, whose effect is already in the state dict), the
+  attention implementation and its generation config.
+Files of 1 MiB or more are hashed once per (resolved path, size, mtime_ns, ctime_ns, inode,
+device) and the digest cached under the sinkstudy cache: ctime changes on every write and every
+`touch`/`os.utime`, so restoring an edit with the old mtime is caught. Smaller files are re-hashed.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
+import fnmatch
 import hashlib
 import importlib.metadata
 import json
@@ -13,6 +32,20 @@ from pathlib import Path
 from typing import Any
 
 _PACKAGES = ("sinkstudy", "torch", "transformers", "mergekit", "lm_eval", "datasets", "scipy", "numpy", "tokenizers", "safetensors")
+
+# Files of a checkpoint dir that record results or provenance and never change outputs.
+FINGERPRINT_EXCLUDE = (
+    "intervention.json",          # interventions.merge.RESULT_JSON: settings, request, provenance
+    "sinkstudy_extraction.json",  # interventions.pairs.EXTRACTION_JSON: extraction provenance
+    "mergekit_config.yml",        # the merge recipe (its outcome is in the weights)
+    "measure.json", "sink.json",  # cmd_merge measurements written beside a merged model
+    "sink_maps_*.json",           # head_restore's calibration maps, saved for reuse
+    "README*", "*.md", "LICENSE*", "NOTICE*", "USE_POLICY*",
+    ".*",                         # hidden: .gitattributes, locks, temporaries
+)
+_HASH_CACHE_MIN_BYTES = 1 << 20
+# Config keys of a loaded model that do not change what it computes (see the module doc).
+_VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "tie_word_embeddings")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -48,52 +81,113 @@ def provenance(**extra: Any) -> dict[str, Any]:
     }
 
 
+def code_version(*paths: str | os.PathLike) -> str:
+    """sha256 over the source files at `paths` (files, or directories read recursively without
+    caches and hidden files): part of the key of every result that code shapes."""
+    h = hashlib.sha256()
+    for root in map(Path, paths):
+        files = [root] if root.is_file() else sorted(
+            f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+            and not any(part.startswith(".") for part in f.relative_to(root).parts))
+        for f in files:
+            h.update(f"{root.name}/{f.relative_to(root) if f != root else ''}\n".encode())
+            h.update(f.read_bytes())
+    return "code-sha256:" + h.hexdigest()[:24]
+
+
 def state_dict_fingerprint(model) -> str:
     """sha256 over names, dtypes, shapes and bytes of a loaded model's parameters and buffers."""
+    h = hashlib.sha256()
+    _hash_state_dict(h, model)
+    return "sd-sha256:" + h.hexdigest()[:32]
+
+
+def _hash_state_dict(h, model) -> None:
     import torch
 
-    h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def loaded_model_fingerprint(model) -> str:
+    """A loaded model: state dict + config + attention implementation + generation config."""
+    h = hashlib.sha256()
+    _hash_state_dict(h, model)
+    config = getattr(model, "config", None)
+    if config is not None:
+        h.update(json.dumps(_without_volatile(config.to_dict()), sort_keys=True, default=str).encode())
+        h.update(str(getattr(config, "_attn_implementation", None)).encode())
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        h.update(json.dumps(_without_volatile(generation.to_dict()), sort_keys=True, default=str).encode())
     return "sd-sha256:" + h.hexdigest()[:32]
 
 
-def checkpoint_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 of a local checkpoint's weight files, cached by (path, size, mtime).
+def _without_volatile(obj):
+    if isinstance(obj, dict):
+        return {k: _without_volatile(v) for k, v in obj.items() if k not in _VOLATILE_CONFIG_KEYS}
+    return obj
 
-    A hub id (not a local path) is fingerprinted by its name: pin a revision for exactness.
-    """
-    p = Path(path)
+
+def fingerprinted_files(path: str | os.PathLike) -> list[Path]:
+    """The files of a checkpoint dir its fingerprint covers (see FINGERPRINT_EXCLUDE)."""
+    return sorted(f for f in Path(path).iterdir()
+                  if f.is_file() and not any(fnmatch.fnmatchcase(f.name, pat) for pat in FINGERPRINT_EXCLUDE))
+
+
+def checkpoint_fingerprint(path: str | os.PathLike, revision: str | None = None) -> str:
+    """The content fingerprint of a local checkpoint dir or file; `hub:<id>[@revision]` otherwise."""
+    p = Path(path).expanduser()
     if not p.exists():
-        return f"hub:{path}"
-    if p.is_dir():
-        # Weights only: a rewritten README or tokenizer must not invalidate cached eval results.
-        files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.bin")) or sorted(x for x in p.iterdir() if x.is_file())
-    else:
-        files = [p]
-    key_parts = [f"{f.resolve()}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in files]
-    key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()
+        return f"hub:{os.fspath(path)}" + (f"@{revision}" if revision else "")
+    files = fingerprinted_files(p) if p.is_dir() else [p]
     cache = _load_cache()
-    if key in cache:
-        return cache[key]
     h = hashlib.sha256()
+    changed = False
     for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    fp = "ckpt-sha256:" + h.hexdigest()[:32]
-    cache[key] = fp
-    _save_cache(cache)
-    return fp
+        digest, fresh = _file_digest(f, cache)
+        changed |= fresh
+        h.update(f"{f.name}\0{digest}\n".encode())
+    if changed:
+        _save_cache(cache)
+    return "ckpt-sha256:" + h.hexdigest()[:32]
 
 
-def model_fingerprint(model_or_path) -> str:
+def _file_digest(f: Path, cache: dict[str, Any]) -> tuple[str, bool]:
+    """(sha256 of f, whether the cache gained an entry)."""
+    st = f.stat()
+    if st.st_size < _HASH_CACHE_MIN_BYTES:
+        return _sha256(f), False
+    resolved = os.fspath(f.resolve())
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    hit = cache.get(resolved)
+    if isinstance(hit, dict) and hit.get("stat") == stamp:
+        return hit["sha256"], False
+    digest = _sha256(f)
+    cache[resolved] = {"stat": stamp, "sha256": digest}
+    return digest, True
+
+
+def _sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_fingerprint(model_or_path, revision: str | None = None) -> str:
+    """Identity of a model (a path, hub id or loaded model): see the module doc."""
     if isinstance(model_or_path, (str, os.PathLike)):
-        return checkpoint_fingerprint(model_or_path)
-    return state_dict_fingerprint(model_or_path)
+        return checkpoint_fingerprint(model_or_path, revision)
+    return loaded_model_fingerprint(model_or_path)
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of one file's content (data files, calibration texts): short form for keys."""
+    return _sha256(Path(path))[:24]
 
 
 def _fingerprint_cache() -> Path:
@@ -102,14 +196,15 @@ def _fingerprint_cache() -> Path:
     return cache_root() / "fingerprints.json"
 
 
-def _load_cache() -> dict[str, str]:
+def _load_cache() -> dict[str, Any]:
     try:
-        return json.loads(_fingerprint_cache().read_text())
+        cache = json.loads(_fingerprint_cache().read_text())
     except (OSError, ValueError):
         return {}
+    return cache if isinstance(cache, dict) else {}
 
 
-def _save_cache(cache: dict[str, str]) -> None:
+def _save_cache(cache: dict[str, Any]) -> None:
     from sinkstudy.io import write_json_atomic
 
     try:

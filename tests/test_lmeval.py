@@ -11,14 +11,15 @@ from evals import lmeval
 from evals.lmeval import EvalRun, run_eval
 from evals.tasks import SHIPPED_TASKS, UnknownTaskError, load_task_yaml
 from experiments.cli import main as cli_main
-from experiments.loaders import eval_loaders
+from experiments.loaders import load_model
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm
 
 pytestmark = pytest.mark.slow
 LIMIT = 10
-# The CLI's loaders: a generic tokenizer saved beside a qwen2 model keeps its class (AutoTokenizer would not).
-SETTINGS = dict(limit=LIMIT, max_gen_toks=24, batch_size=5, progress=False, **eval_loaders())
+# The CLI's loader (paths load as the commands load them); tokenizers come from sinkstudy.checkpoint,
+# so a generic tokenizer saved beside a qwen2 model keeps its class (AutoTokenizer would not).
+SETTINGS = dict(limit=LIMIT, max_gen_toks=24, batch_size=5, progress=False, loader=load_model)
 
 
 @pytest.fixture(scope="module")

@@ -126,10 +126,11 @@ def test_dare_rescales_kept_deltas(trio, tmp_path):
     assert not torch.equal(_w(other)[EMB], m[EMB])
 
 
-def test_emitted_yaml_reproduces_weights_through_mergekit_cli(trio, tmp_path):
+@pytest.mark.parametrize("method, density", [("dare_ties", 0.5), ("linear", None)])
+def test_emitted_yaml_reproduces_weights_through_mergekit_cli(trio, tmp_path, method, density):
     from interventions.merge import MERGEKIT_YAML, run_mergekit_merge
 
-    out = run_mergekit_merge("dare_ties", trio["base"], trio["vlm"], tmp_path / "m", weight=0.7, density=0.5, seed=11, progress=False)
+    out = run_mergekit_merge(method, trio["base"], trio["vlm"], tmp_path / "m", weight=0.7, density=density, seed=11, progress=False)
     text = (out / MERGEKIT_YAML).read_text()
     assert "--random-seed 11" in text
     # mergekit-yaml's own entry point (the console script's target), run in process to spare a start-up.
@@ -253,12 +254,12 @@ def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer):
 
 def test_apply_intervention_reuses_finished_and_refuses_other_requests(trio, tmp_path):
     from interventions.merge import MergeError, RESULT_JSON
-    from interventions.registry import apply_intervention, finished, list_interventions
+    from interventions.registry import apply_intervention, finished, intervention_request, list_interventions
 
     kinds = list_interventions()
     assert kinds["ties"] == "mergekit" and kinds["star"] == "spectral" and kinds["head_restore"].startswith("mitigation")
     out = apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, tmp_path / "t", progress=False)
-    assert finished(out, "ties", {"weight": 1.0, "density": 0.2})
+    assert finished(out, intervention_request("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}))
     stamp = (out / RESULT_JSON).stat().st_mtime_ns
     assert apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, out) == out
     assert (out / RESULT_JSON).stat().st_mtime_ns == stamp  # reused, not redone
@@ -289,7 +290,7 @@ def test_cli_merge_and_mitigate_list(trio, tmp_path, capsys):
 
 
 def test_sweep_configs_expand_and_pareto_front():
-    from experiments.cmd_merge import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
+    from experiments.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
 
     grid = load_sweep(DEFAULT_SWEEP_CONFIG)["points"]
     assert len(grid) == 9 + 27 + 27
@@ -308,7 +309,7 @@ def test_sweep_configs_expand_and_pareto_front():
 
 
 def test_sweep_summary_table_and_plot(tmp_path):
-    from experiments.cmd_merge import format_sweep, plot_pareto
+    from experiments.cmd_sweep import format_sweep, plot_pareto
 
     def row(name, method, rec, dist, nll):
         return {"name": name, "method": method, "weight_distance_to_vlm": dist, "caption_nll": {"value": nll},
@@ -321,3 +322,188 @@ def test_sweep_summary_table_and_plot(tmp_path):
     assert "Pareto front (recovery vs distance to VLM LM): lin, star" in table
     plot_pareto(rows, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+# --------------------------------------------------------------------------- issue 12 items 2 and 3
+
+def _variant(src: Path, dst: Path, rope_theta: float, template_word: str, extra_file: str | None = None) -> Path:
+    """A copy of checkpoint `src` whose config and chat template say where they came from."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["rope_parameters"]["rope_theta"] = rope_theta
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    template = dst / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|assistant|>", f"<|assistant|>{template_word}"))
+    if extra_file:
+        (dst / extra_file).write_text("{}")
+    return dst
+
+
+def _donor(out: Path) -> tuple[float, str]:
+    import json
+
+    theta = json.loads((out / "config.json").read_text())["rope_parameters"]["rope_theta"]
+    return theta, (out / "chat_template.jinja").read_text()
+
+
+LINEAR_SCRIPT = """
+import sys, torch
+torch.set_num_threads(1)
+from interventions.merge import run_mergekit_merge
+base, vlms, outs = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+for vlm, out in zip(vlms, outs):
+    run_mergekit_merge("linear", base, vlm, out, weight=0.5, progress=False)
+"""
+
+
+def test_linear_merge_takes_config_and_tokenizer_from_the_base_whatever_the_hash_seed(trio, tmp_path):
+    """mergekit copies config and tokenizer from base_model, else from the first model of a set
+    (hash-seed order): the linear merge names the base LLM as base_model."""
+    import os
+    import subprocess
+    import sys
+
+    import interventions
+
+    base = _variant(trio["base"], tmp_path / "base", 10000.0, "")
+    vlms = [_variant(trio["vlm"], tmp_path / f"vlm{i}", 500000.0, " [VLM]") for i in range(4)]
+    root = Path(interventions.__file__).resolve().parent.parent  # the code under test
+    procs = []
+    for seed in ("1", "2"):
+        outs = [tmp_path / f"out-{seed}-{i}" for i in range(len(vlms))]
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
+        procs.append((outs, subprocess.Popen([sys.executable, "-c", LINEAR_SCRIPT, str(base), ",".join(map(str, vlms)),
+                                              ",".join(map(str, outs))], env=env, cwd=root, stderr=subprocess.PIPE, text=True)))
+    for outs, proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        for out in outs:
+            assert _donor(out) == _donor(base), f"{out.name}: config/tokenizer not the base LLM's"
+
+
+def test_root_is_refused_for_linear_and_slerp(trio, tmp_path, capsys):
+    from experiments.cli import main
+    from interventions.merge import MergeError, run_mergekit_merge
+
+    for method in ("linear", "slerp"):
+        with pytest.raises(MergeError, match="takes no --root"):
+            run_mergekit_merge(method, trio["base"], trio["vlm"], tmp_path / "m", root=trio["root"], progress=False)
+        assert main(["merge", "--method", method, "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--root", str(trio["root"]),
+                     "--out", str(tmp_path / "cli"), "--no-eval"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "takes no --root" in err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "cli").exists()
+
+
+def test_root_merge_takes_config_and_tokenizer_from_the_base_and_says_so(trio, tmp_path):
+    import json
+
+    from interventions.merge import MERGEKIT_YAML, RESULT_JSON, run_mergekit_merge
+
+    base = _variant(trio["base"], tmp_path / "base", 10000.0, "")
+    root = _variant(trio["root"], tmp_path / "root", 20000.0, " [pretrained]", extra_file="added_tokens.json")
+    out = run_mergekit_merge("ties", base, trio["vlm"], tmp_path / "m", weight=1.0, density=0.5, root=root, progress=False)
+    assert _donor(out) == _donor(base)
+    assert not (out / "added_tokens.json").exists()  # a root-only tokenizer file does not survive
+    files = json.loads((out / RESULT_JSON).read_text())["files"]
+    assert files["config.json"].startswith("base LLM") and files["chat_template.jinja"].startswith("base LLM")
+    assert files["weights"] == "mergekit"
+    assert "base LLM" in (out / MERGEKIT_YAML).read_text().split("merge_method")[0]
+    # Without a root, the donor is mergekit's base_model (the base LLM) and intervention.json says so.
+    plain = run_mergekit_merge("ties", base, trio["vlm"], tmp_path / "p", weight=1.0, density=0.5, progress=False)
+    assert _donor(plain) == _donor(base)
+    assert json.loads((plain / RESULT_JSON).read_text())["files"]["config.json"] == "base LLM (mergekit base_model)"
+
+
+def test_a_different_pair_into_the_same_out_is_refused_never_reused(trio, tmp_path, monkeypatch, capsys):
+    from experiments.cli import main
+    from interventions.merge import MergeError
+    from interventions.registry import apply_intervention
+
+    out = apply_intervention("linear", trio["base"], trio["vlm"], {"weight": 0.5}, tmp_path / "o", progress=False)
+    before = _w(out)
+    with pytest.raises(MergeError, match="another pair") as err:
+        apply_intervention("linear", trio["base"], trio["root"], {"weight": 0.5}, out, progress=False)
+    assert "\n" not in str(err.value)
+    assert all(torch.equal(before[k], v) for k, v in _w(out).items())
+    apply_intervention("linear", trio["base"], trio["root"], {"weight": 0.5}, out, force=True, progress=False)
+    b, r, m = _w(trio["base"]), _w(trio["root"]), _w(out)
+    torch.testing.assert_close(m[UP], 0.5 * (b[UP] + r[UP]), rtol=1e-5, atol=1e-6)
+    # Default outputs are pair-specific: two pairs never meet in one directory.
+    monkeypatch.chdir(tmp_path)
+    for vlm in ("vlm", "root"):
+        assert main(["merge", "--method", "linear", "--base", str(trio["base"]), "--vlm", str(trio[vlm]), "--no-eval"]) == 0
+    made = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("interventions/*/*"))
+    assert made == ["runs/interventions/base__root/linear-weight0.5", "runs/interventions/base__vlm/linear-weight0.5"]
+
+
+class _FakeMeasure:
+    """cmd_merge.Measure without lm-eval: what a sweep reuses is decided by keys, not by scores."""
+
+    calls: list = []
+
+    def __init__(self, base, vlm_lm, args, ref_dir):
+        self.tasks = ["t"]
+        self.identity = {"tasks": ["t"]}
+
+    def measure(self, path, out):
+        _FakeMeasure.calls.append(Path(path).parent.name)
+        return {"sink_strength": 1.0, "sink_metric": "logodds", "caption_nll": None}
+
+    def summary(self, point):
+        return {"sink_strength": {"value": 1.0, "base": 1.0, "vlm": 0.5, "metric": "logodds"},
+                "tasks": {"t": {"recovery": 0.5, "ci": [0.4, 0.6]}}, "caption_nll": None}
+
+
+def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, monkeypatch):
+    import yaml
+
+    import experiments.cmd_sweep as cm
+    from experiments.cli import main
+    from sinkstudy import SinkstudyError
+
+    monkeypatch.setattr(cm, "Measure", _FakeMeasure)
+    monkeypatch.setattr(cm, "plot_pareto", lambda rows, path: None)
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({"keep_models": False, "grid": [{"method": "linear", "weight": [0.2, 0.8]}]}))
+    out = tmp_path / "sweep"
+
+    def sweep(vlm, *extra):
+        _FakeMeasure.calls = []
+        args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio[vlm]), "--config", str(config), "--out", str(out), *extra]
+        return main(args)
+
+    assert sweep("vlm") == 0 and _FakeMeasure.calls == ["linear-w0.2", "linear-w0.8"]
+    assert not list(out.glob("points/*/model"))  # keep_models: false, removed inside the sweep dir
+    assert sweep("vlm") == 0 and _FakeMeasure.calls == []  # same pair and settings: reused
+    assert sweep("root") == 2 and _FakeMeasure.calls == []  # another pair: refused, not reused
+    assert sweep("root", "--force") == 0 and _FakeMeasure.calls == ["linear-w0.2", "linear-w0.8"]
+    with pytest.raises(SinkstudyError, match="point name"):
+        config.write_text(yaml.safe_dump({"points": [{"name": "../../escape", "method": "linear", "weight": 0.5}]}))
+        cm.load_sweep(config)
+
+
+def test_sweep_mergekit_options_reach_the_mergekit_points_only(trio, tmp_path, monkeypatch):
+    """`merge-sweep --lazy-unpickle` runs mergekit's points with it (recorded beside each) and the
+    TSV point as it runs: a sweep mixing mergekit and spectral methods is not refused mid-way."""
+    import json
+
+    import yaml
+
+    import experiments.cmd_sweep as cm
+    from experiments.cli import main
+
+    monkeypatch.setattr(cm, "Measure", _FakeMeasure)
+    monkeypatch.setattr(cm, "plot_pareto", lambda rows, path: None)
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({"points": [{"name": "lin", "method": "linear", "weight": 0.5},
+                                                 {"name": "tsv", "method": "tsv", "alpha": 1.0}]}))
+    out = tmp_path / "sweep"
+    assert main(["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--config", str(config),
+                 "--out", str(out), "--lazy-unpickle"]) == 0
+    lin = json.loads((out / "points" / "lin" / "model" / "intervention.json").read_text())
+    assert lin["mergekit_options"] == {"cuda": False, "lazy_unpickle": True, "low_cpu_memory": False}
+    assert "mergekit_options" not in json.loads((out / "points" / "tsv" / "model" / "intervention.json").read_text())

@@ -1,19 +1,73 @@
 """The pair loader: every supported VLM's language model extracted, saved, reloaded, and equal in logits."""
 
+import contextlib
 import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from interventions.pairs import (
     EXTRACTION_JSON, PairMismatchError, check_same_layout, extract_language_model, format_diff_table,
-    load_causal_lm, load_pair, save_causal_lm, weight_diff,
+    load_causal_lm, load_pair, plan_extraction, save_causal_lm, weight_diff, write_language_model,
 )
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import weight_files
+from sinkstudy.provenance import model_fingerprint
 from vlm_factories import BASE_VOCAB, EXTRA_VOCAB, VLM_TEXT_FAMILIES, save_tiny_vlm, tiny_base, tiny_vlm
 
 CASES = [(arch, fam) for arch, fams in VLM_TEXT_FAMILIES.items() for fam in fams]
+# On-disk key prefixes of the vision towers and projectors of the tiny VLMs (test oracle, read off their files).
+VISION_KEYS = ("visual.", "model.visual.", "vision_tower.", "model.vision_model.", "model.vision_backbone.",
+               "multi_modal_projector.", "model.connector.", "image_newline")
+
+
+def _is_vision(key: str) -> bool:
+    return key.startswith(VISION_KEYS)
+
+
+@contextlib.contextmanager
+def tensor_reads(poison=lambda key: False):
+    """Record every safetensors tensor read (sinkstudy's reader and transformers' loader); raise on poisoned keys."""
+    import safetensors
+    import transformers.modeling_utils
+
+    from sinkstudy import checkpoint
+
+    reads, real_open = [], safetensors.safe_open
+
+    class Recorder:
+        def __init__(self, path, *args, **kwargs):
+            self._f = real_open(path, *args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self._f.__exit__(*exc)
+
+        def __getattr__(self, attr):
+            return getattr(self._f, attr)
+
+        def _read(self, key, how):
+            if poison(key):
+                raise AssertionError(f"poisoned tensor read: {key}")
+            reads.append(key)
+            return getattr(self._f, how)(key)
+
+        def get_tensor(self, key):
+            return self._read(key, "get_tensor")
+
+        def get_slice(self, key):
+            return self._read(key, "get_slice")
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(checkpoint, "safe_open", Recorder)
+    patch.setattr(transformers.modeling_utils, "safe_open", Recorder)
+    try:
+        yield reads
+    finally:
+        patch.undo()
 TARGET_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
 
@@ -55,7 +109,9 @@ def qwen_pair(tmp_path_factory, tokenizer):
 def test_extract_save_reload_matches_vlm_text_logits(tmp_path, tokenizer, base_dirs, arch, family):
     vlm_dir = save_tiny_vlm(tmp_path / "vlm", arch, family, tokenizer=tokenizer)
     base_dir = base_dirs(family)
-    pair = load_pair(base_dir, vlm_dir, attn_implementation="eager")
+    with tensor_reads(poison=_is_vision) as reads:  # in memory too, the vision tower is never read
+        pair = load_pair(base_dir, vlm_dir, attn_implementation="eager")
+    assert reads
     out = save_causal_lm(pair.vlm_lm, pair.tokenizer, tmp_path / "lm", extra={"report": pair.report.to_dict()})
 
     lm = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32).eval()
@@ -151,10 +207,9 @@ def test_already_extracted_dir_loads_as_pair(tmp_path, qwen_pair):
 def test_mismatched_pair_fails_before_reading_weights(tmp_path, tokenizer, qwen_pair, overrides, match):
     _, vlm_dir = qwen_pair
     base_dir = _save_base(tmp_path / "base", "qwen2", tokenizer, **overrides)
-    (base_dir / "model.safetensors").unlink()  # proves no weights are read before the check
-    with pytest.raises(PairMismatchError, match=match) as info:
+    with tensor_reads(poison=lambda key: True) as reads, pytest.raises(PairMismatchError, match=match) as info:
         load_pair(base_dir, vlm_dir)
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and reads == []
 
 
 def test_family_mismatch_and_check_same_layout_on_models(qwen_pair, tmp_path, tokenizer):
@@ -245,3 +300,100 @@ def test_cli_extract_and_diff(tmp_path, qwen_pair, capsys):
     expected = {r["name"]: r["rel_change"] for r in weight_diff(pair.base, pair.vlm_lm)}
     assert {r["name"]: r["rel_change"] for r in data["rows"]} == pytest.approx(expected)
     assert main(["pair", "diff", "--base", str(base_dir), "--vlm", str(out), "--json", str(report)]) == 2
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+
+
+@pytest.mark.parametrize("arch,family", CASES, ids=[f"{a}-{f}" for a, f in CASES])
+def test_streamed_extraction_of_a_sharded_vlm_reads_only_the_language_model(tmp_path, tokenizer, base_dirs, arch, family):
+    vlm_dir = save_tiny_vlm(tmp_path / "vlm", arch, family, tokenizer=tokenizer, max_shard_size="40KB")
+    assert len(weight_files(vlm_dir).files) > 2  # a real index with several shards
+    with tensor_reads(poison=_is_vision) as reads:
+        plan = plan_extraction(vlm_dir, base_dirs(family))
+        assert reads == []  # planning reads headers only
+        out = write_language_model(plan, tmp_path / "lm", max_shard_bytes=60_000)
+    lm_keys = [k for k in weight_files(vlm_dir).tensors if not _is_vision(k)]
+    assert sorted(set(reads)) == sorted(lm_keys)  # every language-model tensor, nothing else
+    written = weight_files(out)
+    assert written.indexed and len(written.files) > 1 and written.float_dtype() == "float32"
+    lm = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    ids = _ids()
+    torch.testing.assert_close(_logits(lm, ids), _logits(tiny_vlm(arch, family), ids)[..., :BASE_VOCAB], atol=1e-5, rtol=0)
+    meta = json.loads((out / EXTRACTION_JSON).read_text())
+    assert meta["provenance"]["model_fingerprint"] == model_fingerprint(out) and meta["model_class"] == TARGET_CLASS[family]
+
+
+def test_streamed_extraction_keeps_the_checkpoint_dtype_unless_told(tmp_path, tokenizer, base_dirs):
+    vlm_dir = save_tiny_vlm(tmp_path / "vlm", "llava", "qwen2", tokenizer=tokenizer, dtype=torch.bfloat16)
+    plan = plan_extraction(vlm_dir, base_dirs("qwen2"))
+    bf16 = write_language_model(plan, tmp_path / "bf16")
+    assert {t.dtype for t in weight_files(bf16).tensors.values()} == {"BF16"}
+    lm = AutoModelForCausalLM.from_pretrained(bf16)
+    assert lm.dtype == torch.bfloat16
+    ref, _ = extract_language_model(tiny_vlm("llava", "qwen2").to(torch.bfloat16), tiny_base("qwen2"))
+    assert all(torch.equal(t, ref.state_dict()[n]) for n, t in lm.state_dict().items())  # bit-identical bf16
+    fp32 = write_language_model(plan, tmp_path / "fp32", dtype="float32")
+    assert {t.dtype for t in weight_files(fp32).tensors.values()} == {"F32"}
+    with pytest.raises(SinkstudyError, match="already exists; pass --force"):
+        write_language_model(plan, tmp_path / "fp32")
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl"])
+def test_extracted_config_is_the_bases_with_the_vlms_real_changes(tmp_path, tokenizer, arch):
+    # Released Qwen2-VL / Qwen2.5-VL configs carry `rope_scaling: {"type": "mrope", ...}` and their own θ.
+    vlm_dir = save_tiny_vlm(tmp_path / "vlm", arch, tokenizer=tokenizer)
+    cfg = json.loads((vlm_dir / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    text.pop("rope_parameters", None)
+    text["rope_theta"] = 10000.0
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": [4, 2, 2]}
+    (vlm_dir / "config.json").write_text(json.dumps(cfg))
+    base_dir = _save_base(tmp_path / "base", "qwen2", tokenizer, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                          max_position_embeddings=777, initializer_range=0.05)
+    plan = plan_extraction(vlm_dir, base_dir)
+    out = write_language_model(plan, tmp_path / "lm")
+    saved = (out / "config.json").read_text()
+    assert "mrope" not in saved
+    config = json.loads(saved)
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}  # the VLM's θ
+    assert config["max_position_embeddings"] == 777 or "max_position_embeddings" in plan.report.config_changes
+    assert config["initializer_range"] == 0.05  # not a VLM setting: the base's
+    assert plan.report.config_changes["rope_parameters"] == [{"rope_type": "default", "rope_theta": 1e6},
+                                                             {"rope_type": "default", "rope_theta": 10000.0}]
+    assert "initializer_range" not in plan.report.config_changes and "vocab_size" not in plan.report.config_changes
+    config_line = next(line for line in plan.report.summary().splitlines() if line.startswith("config: the base's, with the VLM's"))
+    assert "rope_parameters {'rope_theta': 1000000.0, 'rope_type': 'default'} -> {'rope_theta': 10000.0" in config_line
+    lm = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    vlm = AutoModelForImageTextToText.from_pretrained(vlm_dir, attn_implementation="eager").eval()
+    ids = _ids()
+    torch.testing.assert_close(_logits(lm, ids), _logits(vlm, ids)[..., :BASE_VOCAB], atol=1e-5, rtol=0)
+
+
+def test_pair_diff_streams_and_matches_the_in_memory_diff(tmp_path, qwen_pair, capsys, monkeypatch):
+    from transformers import AutoModelForImageTextToText as VLMAuto
+
+    from experiments.cli import main
+
+    base_dir, _ = qwen_pair
+    vlm_dir = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", max_shard_size="40KB")
+    expected = {r["name"]: r["rel_change"] for r in weight_diff(*_loaded_pair(base_dir, vlm_dir))}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pair diff loaded a whole model")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(VLMAuto, "from_pretrained", refuse)
+    report = tmp_path / "diff.json"
+    with tensor_reads(poison=_is_vision):
+        assert main(["pair", "diff", "--base", str(base_dir), "--vlm", str(vlm_dir), "--json", str(report)]) == 0
+    rows = {r["name"]: r["rel_change"] for r in json.loads(report.read_text())["rows"]}
+    assert rows == pytest.approx(expected) and len(rows) == len(expected)
+    assert "lm_head" in capsys.readouterr().out
+
+
+def _loaded_pair(base_dir, vlm_dir):
+    pair = load_pair(base_dir, vlm_dir)
+    return pair.base, pair.vlm_lm

@@ -114,3 +114,48 @@ def test_unknown_step_names_close_matches(config, tmp_path, capsys):
     rc = cli_main(["run", str(config), "--out", str(tmp_path / "o"), "--step", f"{PAIR}/eval/linn"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and f"no step '{PAIR}/eval/linn'" in err and f"{PAIR}/eval/lin" in err
+
+
+def test_step_jobs_lock_their_step_and_a_plan_locks_nothing(config, tmp_path, capsys):
+    """A --step job holds its own step's lock (a second job of that step fails at once, in one line,
+    before any work); it takes no lock on the output directory, and neither does --plan."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    hold = ("import sys, time\nfrom sinkstudy.io import output_lock\n"
+            "with output_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n")
+
+    def holding(path):
+        proc = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    proc = holding(out / "steps" / PAIR / "extract.json")  # another job is running the extract step
+    try:
+        rc = cli_main(["run", str(config), "--out", str(out), "--step", f"{PAIR}/extract"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and f"pid {proc.pid}" in err
+        assert not (out / "models").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+    proc = holding(out)  # a plain run holds the directory: a plan still works
+    try:
+        assert len(_plan(config, out, capsys)) == len(EXPECTED_STEPS)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_plan_keys_made_models_on_their_steps_records(config, tmp_path, monkeypatch):
+    """The runner fingerprints no checkpoint that a step makes (the VLM LM, interventions) while
+    planning: those steps' records give the fingerprints (the folders do not exist yet)."""
+    import experiments.runner as runner_mod
+    from experiments.study import load_study
+
+    out = tmp_path / "run"
+    read = []
+    monkeypatch.setattr(runner_mod, "model_fingerprint", lambda path: read.append(str(path)) or "fp")
+    runner_mod.plan_study(load_study(config, out=out))
+    assert read and not [p for p in read if p.startswith(str(out))]

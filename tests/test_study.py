@@ -59,6 +59,49 @@ def test_validation_errors_are_one_line(patch, needle):
     assert needle in _err({**MINIMAL, **patch})
 
 
+_TINY_BACKBONE = {"family": "qwen2", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+@pytest.mark.parametrize("patch, needle", [
+    # item 12: what used to fail hours into a run fails at load
+    ({"interventions": [{"name": "t", "method": "ties", "params": {"density": 2}}]}, "interventions[0].params: density must be in (0.0, 1.0]"),
+    ({"interventions": [{"name": "t", "method": "tsv", "params": {"alpha": float("nan")}}]}, "must be a finite number"),
+    ({"interventions": [{"name": "s", "method": "star", "params": {"eta": 0}}]}, "eta"),
+    ({"interventions": [{"name": "h", "method": "head_restore", "params": {"top_k": 0}}]}, "top_k"),
+    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"lr": float("nan")}}]}, "params.lr"),
+    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"init": "magic"}}]}, "params.init"),
+    ({"evals": {"tasks": ["sinkstudy_gsm", "nosuch_task_xyz"]}}, "unknown task 'nosuch_task_xyz'"),
+    ({"evals": {"tasks": ["sinkstudy_gsm"], "limit": float("nan")}}, "evals.limit"),
+    ({"pairs": [{"name": "p", "base": "./missing/base", "vlm": "org/vlm"}]}, "base ./missing/base does not exist"),
+    ({"pairs": [{"name": "p", "base": "org/base", "vlm": "org/vlm", "root": "/no/such/root"}]}, "root /no/such/root does not exist"),
+    ({"evals": {"tasks": ["sinkstudy_gsm"], "data_files": {"sinkstudy_gsm": "./missing.jsonl"}}}, "missing.jsonl does not exist"),
+    ({"sink": {"texts": "./missing_texts.txt"}}, "sink.texts"),
+    # item 7: names that become path components are slugs; no two outputs share a directory
+    ({"name": "../../x"}, "name: must be a name"),
+    ({"pairs": [{"name": "..", "base": "org/b", "vlm": "org/v"}]}, "pairs[0].name"),
+    ({"interventions": [{"name": "../../..", "method": "linear"}]}, "interventions[0].name"),
+    ({"interventions": [{"name": "lin\n", "method": "linear"}]}, "interventions[0].name"),
+    ({"build": {"backbones": [{"name": "../../escape", **_TINY_BACKBONE}]}}, "build.backbones[0].name"),
+    ({"pairs": [{"name": "a", "base": "org/b", "vlm": "org/v"}, {"name": "a-b", "base": "org/b", "vlm": "org/v"}],
+      "interventions": [{"name": "b-lin", "method": "linear"}, {"name": "lin", "method": "linear"}]}, "would both write"),
+    ({"interventions": [{"name": "vlm-lm", "method": "linear"}]}, "would both write"),
+    ({"build": {"backbones": [{"name": "p", **_TINY_BACKBONE}]},
+      "interventions": [{"name": "q", "method": "qknorm", "params": {"vl": True}}, {"name": "q-vl", "method": "linear"}]},
+     "used twice"),
+])
+def test_load_validates_settings_tasks_inputs_and_names(patch, needle):
+    assert needle in _err({**MINIMAL, **patch})
+
+
+def test_a_pair_root_reaches_only_methods_that_take_one():
+    from interventions.registry import takes_root
+
+    assert [m for m in ("linear", "slerp", "ties", "task_arithmetic", "tsv", "star", "head_restore") if takes_root(m)] == [
+        "ties", "task_arithmetic", "tsv", "star"]
+    study = validate({**MINIMAL, "pairs": [{"name": "p", "base": "org/b", "vlm": "org/v", "root": "org/r"}]})
+    assert study.pairs[0]["root"] == "org/r" and study.interventions[0]["method"] == "linear"
+
+
 def test_build_section_errors():
     bad = {"name": "d", "build": {"backbones": [{"name": "a", "family": "gpt2", "hidden_size": 64, "num_hidden_layers": 2,
                                                 "num_attention_heads": 4}]}}
@@ -107,7 +150,9 @@ def test_deep_merge_keeps_siblings():
 
 
 def test_paper_dry_run_prints_all_six_pairs_offline():
-    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    import os
+
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin", "SINKSTUDY_CACHE": os.environ["SINKSTUDY_CACHE"]}
     r = subprocess.run([sys.executable, "-m", "experiments.cli", "paper", "--dry-run"], capture_output=True, text=True,
                        cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -160,14 +160,22 @@ def tiny_base(text_family: str, seed: int = 1, **overrides):
     return AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
 
 
-def save_tiny_vlm(out: str | Path, arch: str, text_family: str | None = None, seed: int = 0, tokenizer=None) -> Path:
-    """Save a tiny VLM and a locally trained tokenizer (sinkstudy.tiny) to `out`; returns the path."""
+def save_tiny_vlm(out: str | Path, arch: str, text_family: str | None = None, seed: int = 0, tokenizer=None,
+                  dtype=None, max_shard_size: str | None = None) -> Path:
+    """Save a tiny VLM and a locally trained tokenizer (sinkstudy.tiny) to `out`; returns the path.
+
+    `dtype` (e.g. torch.bfloat16) converts the weights before saving; `max_shard_size` (e.g. "20KB")
+    writes several shards with a model.safetensors.index.json, as real checkpoints have.
+    """
     from sinkstudy.tiny import train_bpe_tokenizer
 
     import copy
 
     out = Path(out)
-    tiny_vlm(arch, text_family, seed).save_pretrained(out)
+    model = tiny_vlm(arch, text_family, seed)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     # Like real VLMs, the VLM's tokenizer adds its image/special tokens after the base vocabulary.
     tok = copy.deepcopy(tokenizer) if tokenizer is not None else train_bpe_tokenizer(vocab_size=BASE_VOCAB)
     tok.add_tokens([f"<|vlm_{i}|>" for i in range(BASE_VOCAB + EXTRA_VOCAB - len(tok))], special_tokens=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import file_sha256
 
 TASKS_DIR = Path(__file__).resolve().parent
 SHIPPED_TASKS = {
@@ -121,15 +121,8 @@ def _with_data_file(cfg: dict[str, Any], data_file: str) -> dict[str, Any]:
     return cfg
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _close_matches(name: str, candidates: Iterable[str]) -> str:
+def close_matches(name: str, candidates: Iterable[str]) -> str:
+    """"; did you mean: a, b?" for an unknown task name (empty when nothing is close)."""
     close = difflib.get_close_matches(name, list(candidates), n=5, cutoff=0.6)
     return f"; did you mean: {', '.join(close)}?" if close else ""
 
@@ -153,7 +146,7 @@ def resolve_tasks(tasks: str | Iterable[str], data_files: Mapping[str, str] | st
             split, shipped = next(iter(cfg["dataset_kwargs"]["data_files"].items()))
             data_file = data_file or shipped
             cfg["dataset_kwargs"] = {"data_files": {split: data_file}}  # read by utils.load_jsonl
-            specs.append(TaskSpec(name, cfg, cfg["metadata"].get("version"), data_file, _sha256(data_file)))
+            specs.append(TaskSpec(name, cfg, cfg["metadata"].get("version"), data_file, file_sha256(data_file)))
             continue
         specs.append(_resolve_builtin(name, data_file))
     return specs
@@ -166,7 +159,7 @@ def _resolve_builtin(name: str, data_file: str | None) -> TaskSpec:
     tm = builtin_task_manager()
     entry = tm.task_index.get(name)
     if entry is None:
-        raise UnknownTaskError(f"unknown task {name!r}{_close_matches(name, [*SHIPPED_TASKS, *tm.all_tasks])}")
+        raise UnknownTaskError(f"unknown task {name!r}{close_matches(name, [*SHIPPED_TASKS, *tm.all_tasks])}")
     if entry.kind == Kind.TAG:
         raise SinkstudyError(f"{name!r} is an lm-eval tag, not a task or group; name its tasks instead")
     # Unresolved for the version: resolving imports the task's utils, which for some tasks reaches
@@ -180,4 +173,4 @@ def _resolve_builtin(name: str, data_file: str | None) -> TaskSpec:
     if is_group:
         raise SinkstudyError(f"{name!r} is a group: give data files per subtask (e.g. one of its tasks=FILE)")
     cfg = _with_data_file(cfg, data_file)
-    return TaskSpec(name, cfg, version, data_file, _sha256(data_file))
+    return TaskSpec(name, cfg, version, data_file, file_sha256(data_file))

@@ -13,12 +13,21 @@ idea is one small function:
 
 Modules inside this package are imported on first use, so a file dropped here registers itself.
 `sink_maps` is {"base": SinkMaps, "vlm": SinkMaps, "shift": evals.sink.sink_shift(...)} (None
-unless `needs_sink_maps`); `config` is the defaults updated with the user's parameters.
+unless `needs_sink_maps`); `config` is the defaults updated with the user's parameters (every
+number must be finite; `validate` checks the rest).
+
+A plug-in's source (`source_hash`: the files defining `fn` and `validate`) is part of the identity
+of every model it makes (`interventions.registry.intervention_request`): editing it re-runs the
+interventions it produced instead of reusing them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
+import math
+import marshal
 import os
 import pkgutil
 from dataclasses import dataclass, field
@@ -91,9 +100,33 @@ def resolve_config(mitigation: Mitigation, params: Mapping[str, Any] | None) -> 
         raise MitigationError(f"mitigation {mitigation.name} has no parameter(s) {', '.join(sorted(unknown))}; "
                               f"it takes {', '.join(mitigation.defaults) or 'none'}")
     config = {**mitigation.defaults, **params}
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MitigationError(f"mitigation {mitigation.name}: {key} must be a finite number, got {value!r}")
     if mitigation.validate is not None:
         mitigation.validate(config)
     return config
+
+
+def source_hash(mitigation: Mitigation) -> str:
+    """sha256 of the source files that define the plug-in (its function and validator); of the
+    compiled code where there is no file (a function defined interactively)."""
+    h = hashlib.sha256()
+    seen: set[str] = set()
+    for fn in (mitigation.fn, mitigation.validate):
+        if fn is None:
+            continue
+        try:
+            source = inspect.getsourcefile(fn)
+        except TypeError:
+            source = None
+        if source and os.path.isfile(source):
+            if source not in seen:
+                seen.add(source)
+                h.update(Path(source).read_bytes())
+        else:
+            h.update(marshal.dumps(fn.__code__))
+    return "plugin-sha256:" + h.hexdigest()[:24]
 
 
 def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, progress: bool = True) -> dict[str, Any]:
@@ -133,16 +166,19 @@ def run_mitigation(
     force: bool = False,
     progress: bool = True,
     cache_dir: str | os.PathLike | None = None,
+    request: dict[str, Any] | None = None,
 ) -> Path:
     """Apply a registered mitigation to (base, VLM LM) and save the resulting causal LM to `out_dir`.
 
     Checks (name, parameters, pair layout, disk, existing output) run before any loading. Sink maps
     are computed on `texts` (default: the metric's calibration set) when the mitigation needs them
-    and none are given; both maps are saved beside the model for reuse.
+    and none are given; both maps are saved beside the model for reuse. A model with non-finite
+    values is refused before anything is written. `request` goes into `intervention.json`.
     """
     import torch
 
-    from interventions.merge import check_disk_space, check_pair, estimate_output_bytes, local_checkpoint, resolve_lm, write_result
+    from interventions.merge import (check_disk_space, check_finite_model, check_pair, estimate_output_bytes, local_checkpoint,
+                                     resolve_lm, side_files, write_result)
     from interventions.pairs import load_causal_lm
     from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
 
@@ -162,14 +198,20 @@ def run_mitigation(
     with torch.no_grad():
         result = mitigation.fn(base_model, vlm_model, maps, config)
     model, report = result if isinstance(result, tuple) else (result, {})
+    check_finite_model(model)
     with atomic_output_dir(out_dir, force) as tmp:
         model.save_pretrained(tmp)
+        model_files = side_files(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if maps is not None:
             for k in ("base", "vlm"):
                 if hasattr(maps.get(k), "to_json"):
                     write_json_atomic(tmp / f"sink_maps_{k}.json", maps[k].to_json())
+        saved_tokenizer = set(side_files(tmp)) - set(model_files)
+        files = {f: ("base LLM tokenizer" if f in saved_tokenizer else "VLM LM (the mitigated model)") for f in side_files(tmp)}
         write_result(tmp, method=name, base=base, vlm=vlm, vlm_lm=vlm_lm, root=None, seed=seed,
-                     settings=config, extra={"report": report})
+                     settings=config, extra={"report": report, "plugin": source_hash(mitigation),
+                                             "files": {"weights": f"mitigation {name}", **files},
+                                             **({"request": request} if request else {})})
     return out_dir

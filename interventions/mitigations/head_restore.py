@@ -104,8 +104,13 @@ def restore_heads(base, target, heads: Iterable[tuple[int, int]], *, scope: str 
 
 
 def validate(config: dict[str, Any]) -> None:
-    if not isinstance(config["top_k"], int) or config["top_k"] < 1:
+    import math
+
+    if not isinstance(config["top_k"], int) or isinstance(config["top_k"], bool) or config["top_k"] < 1:
         raise MitigationError(f"top_k must be a positive integer, got {config['top_k']!r}")
+    min_loss = config["min_loss"]
+    if isinstance(min_loss, bool) or not isinstance(min_loss, (int, float)) or not math.isfinite(min_loss) or min_loss < 0:
+        raise MitigationError(f"min_loss must be a finite number >= 0, got {min_loss!r}")
     if config["scope"] not in SCOPES:
         raise MitigationError(f"scope must be one of {', '.join(SCOPES)}, got {config['scope']!r}")
     if config["kv"] not in KV_MODES:

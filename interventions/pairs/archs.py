@@ -7,6 +7,7 @@ and its head as a top-level `lm_head`. Only the text model_type and a few config
 
 from __future__ import annotations
 
+from interventions.pairs.layout import PairMismatchError, compare_layouts
 from sinkstudy import SinkstudyError
 
 # VLM config model_type -> human name (transformers-native classes only).
@@ -94,8 +95,6 @@ def choose_causal_type(text_config, base_type: str | None) -> str:
     if base_type is None:
         return candidates[0]
     if base_type not in candidates:
-        from interventions.pairs.layout import PairMismatchError
-
         raise PairMismatchError(
             f"architecture mismatch: the VLM's language model ({text_config.model_type}) maps to "
             f"{'/'.join(candidates)} but the base is {base_type}"
@@ -103,26 +102,76 @@ def choose_causal_type(text_config, base_type: str | None) -> str:
     return base_type
 
 
-def causal_config_from_text(text_config, target_type: str, vocab_size: int):
-    """The causal-LM config (class `target_type`) that reproduces the VLM text model's computation."""
+def translated_kwargs(text_config, target_type: str) -> dict:
+    """The VLM text config's settings that the causal class `target_type` has, in that class's terms."""
     from transformers import CONFIG_MAPPING
 
-    target_cls = CONFIG_MAPPING[target_type]
     src = text_config.to_dict()
     if text_config.model_type == "molmo2_text":
         src = _molmo2_text_kwargs(text_config, target_type)
-    allowed = set(target_cls().to_dict())
+    allowed = set(CONFIG_MAPPING[target_type]().to_dict())
     kwargs = {k: v for k, v in src.items() if k in allowed and k not in _NEVER_COPY}
-    rope = kwargs.get("rope_parameters")
-    if isinstance(rope, dict) and "mrope_section" in rope:
-        # M-RoPE -> 1D RoPE: identical for text-only positions (three equal streams).
-        kwargs["rope_parameters"] = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
-    kwargs["vocab_size"] = vocab_size
-    return target_cls(**kwargs)
+    if isinstance(kwargs.get("rope_parameters"), dict):
+        kwargs["rope_parameters"] = one_d_rope(kwargs["rope_parameters"])
+    return kwargs
 
 
+def one_d_rope(rope: dict) -> dict:
+    """M-RoPE -> 1D RoPE: identical for text-only positions (three equal streams); θ and scaling are kept.
+
+    Qwen2-VL's legacy `rope_scaling: {"type": "mrope", "mrope_section": ...}` arrives here as
+    `rope_parameters` with `type: mrope` beside `rope_type: default`: none of it may survive.
+    """
+    if "full_attention" in rope or "sliding_attention" in rope:  # keyed by layer type (OLMo-3, Gemma-3)
+        return {k: one_d_rope(v) if isinstance(v, dict) else v for k, v in rope.items()}
+    out = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
+    if out.get("type") == "mrope":
+        del out["type"]
+    if out.get("rope_type") == "mrope":
+        out["rope_type"] = "default"
+    return out
+
+
+# Settings that are never the VLM's to change: identity, format, training-only init, the tokenizer's ids
+# (the extracted LM is used with the base's tokenizer), vocabulary size (aligned to the base), tying (follows
+# the weights).
 _NEVER_COPY = {"model_type", "architectures", "transformers_version", "_name_or_path", "auto_map", "id2label",
-               "label2id", "tie_word_embeddings", "vocab_size"}
+               "label2id", "tie_word_embeddings", "vocab_size", "dtype", "torch_dtype", "bos_token_id",
+               "eos_token_id", "pad_token_id", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+               "initializer_range"}
+
+
+def plan_target_config(vlm_config, base_config=None):
+    """(causal config, text config, changes) for a VLM (or causal-LM) config. Cheap: no weights.
+
+    Without a base the config reproduces the VLM's text model as is. With a base it is the base's own
+    config, overridden only where the VLM's text model really differs (θ, window, ...): `changes` maps
+    each such key to [base value, VLM value]. The layout is checked against the base's.
+    """
+    from transformers import CONFIG_MAPPING
+
+    classify(vlm_config)
+    text_config = text_config_of(vlm_config)
+    base_type = base_config.model_type if base_config is not None else None
+    target_type = choose_causal_type(text_config, base_type)
+    kwargs = translated_kwargs(text_config, target_type)
+    vocab = base_config.vocab_size if base_config is not None else text_config.vocab_size
+    translated = CONFIG_MAPPING[target_type](**kwargs, vocab_size=vocab)
+    translated.tie_word_embeddings = bool(getattr(vlm_config, "tie_word_embeddings", False))
+    if base_config is None:
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            setattr(translated, key, _first_set(key, text_config, vlm_config))
+        return translated, text_config, {}
+    base_dict, vlm_dict = base_config.to_dict(), translated.to_dict()
+    changes = {k: [base_dict.get(k), vlm_dict[k]] for k in kwargs if base_dict.get(k) != vlm_dict[k]}
+    target = type(base_config).from_dict({**base_dict, **{k: new for k, (_, new) in changes.items()}})
+    target.tie_word_embeddings = bool(getattr(vlm_config, "tie_word_embeddings", False))
+    compare_layouts(base_config, target)
+    return target, text_config, changes
+
+
+def _first_set(key: str, *configs):
+    return next((getattr(c, key) for c in configs if getattr(c, key, None) is not None), None)
 
 
 def _molmo2_text_kwargs(tc, target_type: str) -> dict:

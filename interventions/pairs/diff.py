@@ -7,7 +7,8 @@ import re
 
 from tqdm.auto import tqdm
 
-from interventions.pairs.layout import check_same_layout
+from interventions.pairs.layout import compare_layouts
+from interventions.pairs.tensors import HEAD, ModelTensors
 
 GROUPS = ("q", "k", "v", "o", "mlp", "norm", "embed", "lm_head", "other")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -28,23 +29,22 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def weight_diff(base_model, other_model, *, progress: bool = False) -> list[dict]:
+def weight_diff(base, other, *, dtype=None, device=None, progress: bool = False) -> list[dict]:
     """One row per base tensor: name, module, layer (None outside decoder layers), group, shape, norms, rel_change.
 
-    The two models must share names and shapes (PairMismatchError otherwise). A tensor tied to an
-    earlier one in both models (lm_head under tied embeddings) is skipped. rel_change is None where
-    ||W_base|| = 0.
+    `base` / `other`: loaded causal LMs, or tensor views (`plan_extraction(...).tensors`,
+    `tensors_of(resolve(path))`) that read one tensor at a time: one tensor of each model is in memory.
+    The two must share names and shapes (PairMismatchError otherwise). `dtype` casts both first (default:
+    each as stored); sums run in float32/float64 either way. lm_head tied to the embeddings in both models
+    is skipped. rel_change is None where ||W_base|| = 0.
     """
-    check_same_layout(base_model, other_model, names=("base", "other"))
-    a, b = base_model.state_dict(), other_model.state_dict()
-    seen_a, seen_b, rows = {}, {}, []
-    for name in tqdm(list(a), desc="weight diff", disable=not progress):
-        wa, wb = a[name], b[name]
-        ka, kb = _storage_key(wa), _storage_key(wb)
-        if ka in seen_a and kb in seen_b:
-            continue  # tied in both: already counted under seen_a[ka]
-        seen_a.setdefault(ka, name)
-        seen_b.setdefault(kb, name)
+    a, b = _view(base), _view(other)
+    compare_layouts({n: a.shape(n) for n in a.names}, {n: b.shape(n) for n in b.names}, names=("base", "other"))
+    rows = []
+    for name in tqdm(a.names, desc="weight diff", disable=not progress):
+        if name == HEAD and a.tied and b.tied:
+            continue  # tied in both: counted as the embedding
+        wa, wb = _cast(a.get(name), dtype, device), _cast(b.get(name), dtype, device)
         base_norm, diff_norm = _norms(wa.detach(), wb.detach().to(wa.device))
         m = _LAYER.search(name)
         rows.append({
@@ -58,6 +58,16 @@ def weight_diff(base_model, other_model, *, progress: bool = False) -> list[dict
             "rel_change": diff_norm / base_norm if base_norm > 0 else None,
         })
     return rows
+
+
+def _view(obj):
+    if hasattr(obj, "state_dict"):
+        return ModelTensors(obj, obj.config, obj.config.model_type)
+    return obj
+
+
+def _cast(t, dtype, device):
+    return t.to(device=device or t.device, dtype=dtype or t.dtype)
 
 
 def _norms(wa, wb, chunk: int = 1 << 22) -> tuple[float, float]:
@@ -113,7 +123,3 @@ def _fmt(x) -> str:
 
 def _layer_key(layer):
     return -1 if layer is None else layer
-
-
-def _storage_key(t):
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))

@@ -1,14 +1,20 @@
-"""Extract a VLM's language model as a standalone causal LM in the base LLM's class and vocabulary."""
+"""Extract a VLM's language model as a standalone causal LM in the base LLM's class and vocabulary.
+
+`plan_extraction` does every check and decision from configs and safetensors headers alone (target
+class and config, vocabulary alignment, tying); its `tensors` then yield the aligned tensors one at a
+time, for `extract_language_model` (in memory) or `writer.write_language_model` (streamed to disk).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 from interventions.pairs import archs
-from interventions.pairs.layout import PairMismatchError, check_same_layout
-from interventions.pairs.resolve import is_model, load_config, model_id, resolve_dtype, try_load_tokenizer
+from interventions.pairs.layout import PairMismatchError
+from interventions.pairs.resolve import ModelSource, resolve, resolve_dtype
+from interventions.pairs.tensors import EMBED, HEAD, tensors_of
+from sinkstudy.checkpoint import try_load_tokenizer
 
 
 @dataclasses.dataclass
@@ -30,6 +36,9 @@ class ExtractionReport:
     tie_note: str
     extracted: bool = True  # False when the source already was a causal LM
     notes: list[str] = dataclasses.field(default_factory=list)
+    # Settings where the VLM's text model differs from the base's config: key -> [base value, VLM value].
+    # The extracted config is the base's config with exactly these keys taken from the VLM.
+    config_changes: dict[str, list] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -44,136 +53,152 @@ class ExtractionReport:
         if self.padded_rows:
             lines.append(f"vocabulary: padded {self.padded_rows} rows from {self.pad_source}")
         lines.append(f"vocabulary: {self.source_vocab} -> {self.target_vocab} rows; embeddings: {self.tie_note}")
+        if self.config_changes:
+            changed = "; ".join(f"{k} {_short(old)} -> {_short(new)}" for k, (old, new) in self.config_changes.items())
+            lines.append(f"config: the base's, with the VLM's {changed}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
-def plan_target_config(vlm_config, base_config=None, vocab_size: int | None = None):
-    """(causal config, text config) for a VLM config, checked against the base's layout. Cheap: no weights."""
-    archs.classify(vlm_config)
-    text_config = archs.text_config_of(vlm_config)
-    base_type = base_config.model_type if base_config is not None else None
-    target_type = archs.choose_causal_type(text_config, base_type)
-    if vocab_size is None:
-        vocab_size = base_config.vocab_size if base_config is not None else text_config.vocab_size
-    target = archs.causal_config_from_text(text_config, target_type, vocab_size)
-    target.tie_word_embeddings = bool(getattr(vlm_config, "tie_word_embeddings", False))
-    if base_config is not None:
-        # The extracted LM is used with the base's tokenizer, so it takes the base's special-token ids.
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            setattr(target, key, getattr(base_config, key, None))
-        check_same_layout(base_config, target)
-    return target, text_config
+@dataclasses.dataclass
+class ExtractionPlan:
+    """Everything decided before any weight is read."""
+
+    source: ModelSource
+    config: Any  # the extracted causal LM's config (the base's, with the VLM's real changes)
+    tensors: "AlignedTensors"
+    report: ExtractionReport
+
+
+def plan_extraction(vlm, base=None, *, vlm_tokenizer=None) -> ExtractionPlan:
+    """Resolve and check `vlm` against `base` (path, config, loaded model or ModelSource); read no weights.
+
+    Raises PairMismatchError / SinkstudyError (one line) for unsupported or mismatched architectures and
+    for missing, truncated or inconsistent checkpoint files.
+    """
+    source = resolve(vlm)
+    base_source = None if base is None or _is_config(base) else resolve(base)
+    base_config = base if _is_config(base) else (base_source.config if base_source else None)
+    config, text_config, changes = archs.plan_target_config(source.config, base_config)
+    lm = tensors_of(source, config.model_type)
+    vocab = config.vocab_size
+    pad_from = tensors_of(base_source) if base_source is not None and lm.shape(EMBED)[0] < vocab else None
+    tensors = AlignedTensors(lm, vocab, pad_from)
+    config.tie_word_embeddings = tensors.tied
+    report = ExtractionReport(
+        source=source.id, source_arch=_class_name(source), source_text_type=text_config.model_type,
+        target_class=_causal_class_name(config), source_vocab=lm.shape(EMBED)[0], source_lm_head_rows=lm.shape(HEAD)[0],
+        target_vocab=vocab, dropped_rows=[], dropped_tokens=[], padded_rows=0, pad_source=None, tied=tensors.tied,
+        tie_note="tied (lm_head = embed_tokens)" if tensors.tied else "untied (own lm_head)",
+        extracted=source.kind == "vlm", config_changes=changes,
+    )
+    rows = max(report.source_vocab, report.source_lm_head_rows)
+    if rows > vocab:
+        report.dropped_rows = [vocab, rows]
+        if vlm_tokenizer is None and source.tokenizer_path:
+            vlm_tokenizer = try_load_tokenizer(source.tokenizer_path)
+        if vlm_tokenizer is not None:
+            names = vlm_tokenizer.convert_ids_to_tokens(list(range(vocab, min(rows, vocab + 50))))
+            report.dropped_tokens = [t for t in names if t is not None]
+    if min(report.source_vocab, report.source_lm_head_rows) < vocab:
+        report.padded_rows = vocab - min(report.source_vocab, report.source_lm_head_rows)
+        report.pad_source = "base" if pad_from is not None else "zeros"
+    base_tied = getattr(base_config, "tie_word_embeddings", None)
+    if base_tied is not None and base_tied != tensors.tied:
+        report.tie_note += f"; the base is {'tied' if base_tied else 'untied'}: merges must treat lm_head explicitly"
+    if text_config.model_type in ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text"):
+        report.notes.append("M-RoPE -> 1D RoPE: identical for text-only input (three equal position streams)")
+    if text_config.model_type == "molmo2_text" and config.model_type == "olmo3":
+        report.notes.append("Molmo2 attends over the full context: OLMo-3 sliding window set to "
+                            f"{config.sliding_window} (the base windows its sliding layers)")
+    return ExtractionPlan(source, config, tensors, report)
+
+
+class AlignedTensors:
+    """A language model's tensors with embed_tokens / lm_head cut or padded to `vocab` rows.
+
+    Rows past the base's vocabulary are the VLM's added tokens (dropped); missing rows are copied from
+    `pad_from` (the base's tensors) or zero. `tied`: the result's lm_head equals its embed_tokens, by
+    the source's tying (as from_pretrained decides it) unless padding copies rows of an untied base. The
+    config flag must match the weights: lm-eval's HFLM calls tie_weights().
+    """
+
+    def __init__(self, lm, vocab: int, pad_from=None):
+        self.lm, self.vocab, self.pad_from = lm, vocab, pad_from
+        self.names = list(lm.names)
+        self.tied = lm.tied and (pad_from is None or pad_from.tied or lm.shape(EMBED)[0] >= vocab)
+
+    def shape(self, name: str) -> tuple:
+        shape = self.lm.shape(name)
+        return (self.vocab, *shape[1:]) if name in (EMBED, HEAD) else shape
+
+    def dtype(self, name: str):
+        return self.lm.dtype(name)
+
+    def get(self, name: str):
+        import torch
+
+        if name == HEAD and self.tied:
+            name = EMBED
+        if name not in (EMBED, HEAD):
+            return self.lm.get(name)
+        rows = self.lm.shape(name)[0]
+        if rows >= self.vocab:
+            return self.lm.get(name, rows=self.vocab)
+        out = torch.empty(self.shape(name), dtype=self.dtype(name))  # filled in place: no second copy
+        out[:rows] = self.lm.get(name)
+        out[rows:] = self.pad_from.get(name, rows=self.vocab)[rows:] if self.pad_from is not None else 0
+        return out
 
 
 def extract_language_model(vlm, base=None, *, dtype=None, device="cpu", attn_implementation=None, vlm_tokenizer=None):
-    """Return (causal_lm, ExtractionReport) for a VLM given as a path, hub id or loaded model.
+    """Return (causal_lm, ExtractionReport) for a VLM given as a path, hub id, .gguf or loaded model.
 
-    `base` (a path, config or loaded causal LM) fixes the target class and vocabulary size; when it is a
-    loaded model its rows fill any vocabulary padding. The causal LM shares tensors with a passed VLM.
+    `base` (a path, config or loaded causal LM) fixes the target class, config and vocabulary size; its rows
+    fill any vocabulary padding. From a path only the language model's tensors are read (never the vision
+    tower). The causal LM shares tensors with a passed VLM.
     """
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    dtype = resolve_dtype(dtype)
-    base_config = _config_of(base) if base is not None else None
-    vlm_config = vlm.config if is_model(vlm) else load_config(vlm)
-    target_config, text_config = plan_target_config(vlm_config, base_config)  # fails before loading weights
-    is_vlm = archs.classify(vlm_config) == "vlm"
-    if is_model(vlm):
-        model = vlm
-    else:
-        auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-        model = auto.from_pretrained(os.fspath(vlm), dtype=dtype)
-        if vlm_tokenizer is None:
-            vlm_tokenizer = try_load_tokenizer(os.fspath(vlm))
-    decoder = model.get_decoder()
-    state = {
-        "model." + archs.rename_text_keys(text_config, target_config.model_type, k): v
-        for k, v in decoder.state_dict().items()
-    }
-    state["lm_head.weight"] = model.get_output_embeddings().weight
-
-    base_model = base if is_model(base) else None
-    report = ExtractionReport(
-        source=model_id(vlm), source_arch=type(model).__name__, source_text_type=text_config.model_type,
-        target_class="", source_vocab=state["model.embed_tokens.weight"].shape[0],
-        source_lm_head_rows=state["lm_head.weight"].shape[0], target_vocab=target_config.vocab_size,
-        dropped_rows=[], dropped_tokens=[], padded_rows=0, pad_source=None, tied=False, tie_note="",
-        extracted=is_vlm,
-    )
-    align_vocab(state, target_config.vocab_size, base_model, report, vlm_tokenizer)
-    causal = _build(target_config, state, dtype, attn_implementation, report, base_config)
-    report.target_class = type(causal).__name__
-    if text_config.model_type in ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text"):
-        report.notes.append("M-RoPE -> 1D RoPE: identical for text-only input (three equal position streams)")
-    if text_config.model_type == "molmo2_text" and target_config.model_type == "olmo3":
-        report.notes.append("Molmo2 attends over the full context: OLMo-3 sliding window set to "
-                            f"{target_config.sliding_window} (the base windows its sliding layers)")
-    return causal.to(device), report
+    plan = plan_extraction(vlm, base, vlm_tokenizer=vlm_tokenizer)
+    return build_causal_lm(plan, dtype=dtype, device=device, attn_implementation=attn_implementation), plan.report
 
 
-def align_vocab(state: dict, target_vocab: int, base_model, report: ExtractionReport, vlm_tokenizer=None) -> None:
-    """Truncate VLM-added embedding/lm_head rows to `target_vocab`, or pad (base rows if known, else zeros)."""
-    import torch
-
-    base_state = base_model.state_dict() if base_model is not None else {}
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        w = state[name]
-        rows = w.shape[0]
-        if rows > target_vocab:
-            state[name] = w[:target_vocab]
-            if name == "model.embed_tokens.weight" or not report.dropped_rows:
-                report.dropped_rows = [target_vocab, rows]
-        elif rows < target_vocab:
-            src = base_state.get(name)
-            pad = src[rows:target_vocab].to(w.dtype) if src is not None else w.new_zeros(target_vocab - rows, w.shape[1])
-            state[name] = torch.cat([w, pad.to(w.device)])
-            report.padded_rows = max(report.padded_rows, target_vocab - rows)
-            report.pad_source = "base" if src is not None else "zeros"
-    if report.dropped_rows and vlm_tokenizer is not None:
-        start, stop = report.dropped_rows
-        ids = list(range(start, min(stop, start + 50)))
-        report.dropped_tokens = [t for t in vlm_tokenizer.convert_ids_to_tokens(ids) if t is not None]
-
-
-def _build(config, state, dtype, attn_implementation, report, base_config):
-    import torch
+def build_causal_lm(plan: ExtractionPlan, *, dtype=None, device="cpu", attn_implementation=None):
+    """The planned causal LM in memory (`dtype`, default float32), its tensors assigned without a second copy."""
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    embed, head = state["model.embed_tokens.weight"], state["lm_head.weight"]
-    tied = head is embed or (head.shape == embed.shape and torch.equal(head, embed))
-    # The config flag must match the weights: lm-eval's HFLM calls tie_weights(), which would
-    # overwrite an untied lm_head with the embeddings if the flag said "tied".
-    config.tie_word_embeddings = tied
-    base_tied = getattr(base_config, "tie_word_embeddings", None)
-    report.tied = tied
-    report.tie_note = "tied (lm_head = embed_tokens)" if tied else "untied (own lm_head)"
-    if base_tied is not None and base_tied != tied:
-        report.tie_note += f"; the base is {'tied' if base_tied else 'untied'}: merges must treat lm_head explicitly"
-    kwargs = {"dtype": dtype}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
+    dtype = resolve_dtype(dtype)
+    kwargs = {"dtype": dtype, **({"attn_implementation": attn_implementation} if attn_implementation else {})}
     with no_init_weights():  # every weight comes from the VLM; skip the random init
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
-    if tied:
-        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    state = {k: v.to(dtype) for k, v in state.items()}
+        model = AutoModelForCausalLM.from_config(plan.config, **kwargs)
+    t = plan.tensors
+    state = {n: t.get(n).to(dtype) for n in t.names if not (t.tied and n == HEAD)}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    missing = [k for k in missing if not (t.tied and k == HEAD)]
     if missing or unexpected:
-        raise PairMismatchError(
-            f"VLM language model does not fit {type(model).__name__}: "
-            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
-    if tied:
+        raise PairMismatchError(f"VLM language model does not fit {type(model).__name__}: "
+                                f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if t.tied:
         model.tie_weights()
-    return model.eval()
+    return model.eval().to(device)
 
 
-def _config_of(obj):
-    if is_model(obj):
-        return obj.config
-    if hasattr(obj, "model_type"):
-        return obj
-    return load_config(obj)
+def _is_config(obj) -> bool:
+    return hasattr(obj, "model_type") and not hasattr(obj, "state_dict")
+
+
+def _class_name(source: ModelSource) -> str:
+    if source.model is not None:
+        return type(source.model).__name__
+    return (getattr(source.config, "architectures", None) or [source.config.model_type])[0]
+
+
+def _causal_class_name(config) -> str:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -2,12 +2,12 @@
 
 A layout is {tensor name: shape}, with attention projections shown split into heads
 (heads, head_dim, in) so that a different head layout with the same total width is still caught.
-Configs are laid out on the meta device: no memory, no weights read.
+Configs are laid out on the meta device: no memory, no weights read. This module is the bottom of
+the package: it knows causal LMs only (VLMs are translated to one by `archs`).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Mapping
 
@@ -18,26 +18,15 @@ class PairMismatchError(SinkstudyError):
     """The two language models cannot be diffed or merged tensor by tensor."""
 
 
-_VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 _PROJ = re.compile(r"\.self_attn\.([qkvo])_proj\.(weight|bias)$")
 
 
 def layout(obj) -> dict[str, tuple]:
-    """{name: shape} of a causal LM, a config, a checkpoint path/hub id, or a {name: shape/tensor} mapping.
+    """{name: shape} of a causal LM, a causal-LM config, or a {name: shape/tensor} mapping.
 
-    A VLM (config or path) is laid out as the causal LM its language model extracts to.
+    Paths, hub ids and VLMs are resolved one level up (`resolve.check_same_layout`).
     """
-    if isinstance(obj, (str, os.PathLike)):
-        from interventions.pairs.resolve import load_config
-
-        obj = load_config(obj)
-    if hasattr(obj, "model_type") and not hasattr(obj, "state_dict"):
-        from interventions.pairs.archs import classify
-
-        if classify(obj) == "vlm":
-            from interventions.pairs.extract import plan_target_config
-
-            obj = plan_target_config(obj)[0]
     if isinstance(obj, Mapping):
         return {k: tuple(getattr(v, "shape", v)) for k, v in obj.items()}
     if hasattr(obj, "state_dict"):
@@ -48,19 +37,19 @@ def layout(obj) -> dict[str, tuple]:
     raise TypeError(f"cannot lay out {type(obj).__name__}")
 
 
-def check_same_layout(a, b, *, names: tuple[str, str] = ("base", "vlm"), ignore_vocab: bool = False) -> None:
+def compare_layouts(a, b, *, names: tuple[str, str] = ("base", "vlm"), ignore_vocab: bool = False) -> None:
     """Raise PairMismatchError naming the first tensor whose presence or shape differs."""
     la, lb = layout(a), layout(b)
     na, nb = names
     for name, shape in la.items():
-        if ignore_vocab and name in _VOCAB_TENSORS:
+        if ignore_vocab and name in VOCAB_TENSORS:
             continue
         if name not in lb:
             raise PairMismatchError(f"layout mismatch at {name}: {na} {_fmt(shape)} vs {nb} (missing)")
         if lb[name] != shape:
             raise PairMismatchError(f"layout mismatch at {name}: {na} {_fmt(shape)} vs {nb} {_fmt(lb[name])}")
     for name, shape in lb.items():
-        if name not in la and not (ignore_vocab and name in _VOCAB_TENSORS):
+        if name not in la and not (ignore_vocab and name in VOCAB_TENSORS):
             raise PairMismatchError(f"layout mismatch at {name}: {na} (missing) vs {nb} {_fmt(shape)}")
 
 

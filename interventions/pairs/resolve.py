@@ -1,14 +1,91 @@
-"""Turn a model argument (loaded model, local path or hub id) into a config, failing clearly."""
+"""Resolve a model argument (loaded model, local path, .gguf file or hub id) once, into a `ModelSource`.
+
+The descriptor carries everything the loaders below need: the config and its kind (VLM or causal LM),
+the local checkpoint dir with its validated safetensors files, the checkpoint's dtype and where the
+tokenizer is. Files are validated (headers only) when the source is resolved, before any work.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
 
+from interventions.pairs import archs
+from interventions.pairs.layout import compare_layouts
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import WeightFiles, hub_snapshot, local_model_path, weight_files
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ModelSource:
+    """One model argument, resolved: what it is and where its parts are."""
+
+    id: str  # as given: path, hub id, or "<Class in memory>"
+    config: object
+    kind: str  # "vlm" or "causal_lm"
+    model: object | None = None  # the loaded model, when one was passed in
+    path: Path | None = None  # local checkpoint dir (a hub snapshot, or a .gguf file's converted dir)
+    weights: WeightFiles | None = None  # validated safetensors files; None for a loaded model or .bin weights
+
+    @property
+    def dtype(self):
+        """The dtype the weights are stored in (config's `dtype`, else the headers'), float32 if unknown."""
+        import torch
+
+        if self.model is not None:
+            return self.model.dtype
+        declared = getattr(self.config, "dtype", None)
+        if isinstance(declared, str):
+            declared = getattr(torch, declared, None)
+        if isinstance(declared, torch.dtype) and declared.is_floating_point:
+            return declared
+        stored = self.weights.float_dtype() if self.weights is not None else None
+        return getattr(torch, stored) if stored else torch.float32
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return os.fspath(self.path) if self.path is not None else None
+
+
+def resolve(obj, *, weights: bool = True) -> ModelSource:
+    """A ModelSource for a loaded model, a local dir, a .gguf file or a hub id (fetched when `weights`).
+
+    One-line SinkstudyError for a missing path, an unreadable config, an unsupported architecture, or
+    (with `weights`) missing, truncated or inconsistent weight files.
+    """
+    if isinstance(obj, ModelSource):
+        return obj
+    if is_model(obj):
+        return ModelSource(model_id(obj), obj.config, archs.classify(obj.config), model=obj)
+    name = os.fspath(obj)
+    local = local_model_path(name)
+    config = load_config(local)
+    kind = archs.classify(config)
+    path = Path(local).expanduser()
+    if not path.exists():
+        path = hub_snapshot(name) if weights else None
+    return ModelSource(name, config, kind, path=path, weights=weight_files(path) if weights and path else None)
+
+
+def check_same_layout(a, b, *, names: tuple[str, str] = ("base", "vlm"), ignore_vocab: bool = False) -> None:
+    """Raise PairMismatchError naming the first tensor whose presence or shape differs.
+
+    `a`/`b`: loaded models, configs, paths or hub ids (read as configs: no weights), or {name: shape}
+    mappings. A VLM is laid out as the causal LM its language model extracts to.
+    """
+    compare_layouts(_layout_subject(a), _layout_subject(b), names=names, ignore_vocab=ignore_vocab)
+
+
+def _layout_subject(obj):
+    if isinstance(obj, (str, os.PathLike)):
+        obj = load_config(local_model_path(obj))
+    if hasattr(obj, "model_type") and not hasattr(obj, "state_dict") and archs.classify(obj) == "vlm":
+        return archs.plan_target_config(obj)[0]
+    return obj
 
 
 def is_model(obj) -> bool:
@@ -41,10 +118,10 @@ def _looks_like_path(name: str) -> bool:
 
 
 def load_config(source):
-    """AutoConfig for a local dir or hub id; one-line SinkstudyError if it is missing or unreadable."""
+    """AutoConfig for a local dir, .gguf file or hub id; one-line SinkstudyError if it is missing or unreadable."""
     from transformers import AutoConfig
 
-    name = os.fspath(source)
+    name = local_model_path(source)
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -70,51 +147,13 @@ def _raise_if_unknown_type(path: Path) -> None:
 
     from transformers import CONFIG_MAPPING
 
-    from interventions.pairs.archs import NOT_NATIVE, supported_list
-
     try:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
     except (OSError, ValueError):
         return
     if model_type not in CONFIG_MAPPING:
-        why = f" ({NOT_NATIVE[model_type]})" if model_type in NOT_NATIVE else ""
+        why = f" ({archs.NOT_NATIVE[model_type]})" if model_type in archs.NOT_NATIVE else ""
         raise SinkstudyError(
-            f"unsupported architecture {model_type!r} in {path}{why}; supported VLMs: {supported_list()}; "
+            f"unsupported architecture {model_type!r} in {path}{why}; supported VLMs: {archs.supported_list()}; "
             "or any causal LM transformers can load"
         )
-
-
-_GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
-def load_tokenizer(path):
-    """The tokenizer saved at `path`, in the class its tokenizer_config.json declares.
-
-    AutoTokenizer forces the model type's own class for some types (qwen2, llava, smolvlm, molmo2...,
-    transformers 5.23 MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): a generic tokenizer saved beside such
-    a model would come back with another pre-tokenizer and an extra <|endoftext|> token. A tokenizer saved
-    as generic is therefore loaded as generic; everything else goes through AutoTokenizer.
-    """
-    import json
-
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    cfg = Path(os.fspath(path)) / "tokenizer_config.json"
-    declared = None
-    if cfg.is_file():
-        try:
-            declared = json.loads(cfg.read_text()).get("tokenizer_class")
-        except ValueError:
-            pass
-    if declared in _GENERIC_TOKENIZERS:
-        return PreTrainedTokenizerFast.from_pretrained(os.fspath(path))
-    return AutoTokenizer.from_pretrained(os.fspath(path))
-
-
-def try_load_tokenizer(path):
-    """load_tokenizer(path), or None where there is no loadable tokenizer."""
-    try:
-        return load_tokenizer(path)
-    except (OSError, ValueError, TypeError) as exc:
-        log.debug("no tokenizer at %s: %s", path, exc)
-        return None

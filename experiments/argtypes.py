@@ -1,0 +1,68 @@
+"""argparse value types shared by the commands: bad numbers are refused while parsing, before
+any work, with one line naming the option (experiments.cli prints argparse errors as one line)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    return _number(text)
+
+
+def int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+n_boot = int_at_least(1)  # bootstrap replicates: 0 would give no CI at all
+
+
+def limit(text: str) -> int | float:
+    """Prompts per task: a whole number >= 1, or a fraction in (0, 1) of each task's prompts."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"limit must be positive, got {text}")
+    if value >= 1 and not value.is_integer():
+        raise argparse.ArgumentTypeError(f"limit above 1 must be a whole number of prompts, got {text}")
+    return int(value) if value >= 1 else value
+
+
+def batch_size(text: str) -> int | str:
+    """An integer >= 1, or lm-eval's adaptive auto / auto:N (`evals.protocol.check_batch_size`)."""
+    from evals.protocol import check_batch_size
+    from sinkstudy import SinkstudyError
+
+    try:
+        return check_batch_size(text)
+    except SinkstudyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def confidence(text: str) -> float:
+    value = _number(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"confidence must be in (0, 1), got {text}")
+    return value

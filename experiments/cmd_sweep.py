@@ -1,0 +1,229 @@
+"""`sinkstudy merge-sweep`: run and measure a grid of merges on one (base LLM, VLM) pair, with
+recovery CIs per point, a summary table and a Pareto plot (text recovery vs VL-side proxies)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from experiments import argtypes
+from experiments.cmd_merge import (
+    Measure,
+    check_measure_args,
+    default_out,
+    digest,
+    eval_args,
+    fmt_or_na,
+    mergekit_args,
+    mergekit_options,
+    pair_args,
+    reusable_json,
+    weight_distance,
+)
+
+DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent / "configs" / "merge_sweep.yaml"
+
+
+def register(subparsers) -> None:
+    s = subparsers.add_parser("merge-sweep", help="run and measure a grid of merges; recovery CIs and a Pareto plot")
+    pair_args(s)
+    s.add_argument("--config", default=str(DEFAULT_SWEEP_CONFIG), help="sweep YAML (default: experiments/configs/merge_sweep.yaml)")
+    s.add_argument("--max-points", type=argtypes.positive_int, help="run only the first N grid points")
+    mergekit_args(s)
+    eval_args(s)
+    s.add_argument("--force", action="store_true", help="redo finished points")
+    s.set_defaults(func=run_sweep)
+
+
+def load_sweep(path: str | Path) -> dict[str, Any]:
+    """Read and validate a sweep YAML: `grid` entries expand list-valued keys (cartesian product),
+    `points` are named single settings; returns {"points": [{"name", "method", **params}], ...settings}.
+    Point names (path components) must be slugs; every point's settings are validated (with the
+    sweep's `root` where the method takes one) before any work."""
+    import itertools
+
+    import yaml
+
+    from interventions.registry import list_interventions, takes_root, validate_intervention
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import check_slug, read_text
+
+    p = Path(path)
+    try:
+        cfg = yaml.safe_load(read_text(p, "sweep config")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise SinkstudyError(f"{p}: not valid YAML{f' (line {mark.line + 1})' if mark else ''}") from None
+    if not isinstance(cfg, dict):
+        raise SinkstudyError(f"{p}: a sweep config is a mapping with grid and/or points")
+    points = []
+    for entry in cfg.get("grid") or []:
+        if not isinstance(entry, dict) or "method" not in entry:
+            raise SinkstudyError(f"{p}: grid entry without a method: {entry}")
+        keys = [k for k in entry if k != "method"]
+        values = [v if isinstance(v, list) else [v] for v in (entry[k] for k in keys)]
+        for combo in itertools.product(*values):
+            params = dict(zip(keys, combo))
+            name = "-".join([entry["method"]] + [f"{k[0]}{v}" for k, v in params.items()])
+            points.append({"name": name, "method": entry["method"], **params})
+    for entry in cfg.get("points") or []:
+        if not isinstance(entry, dict) or "method" not in entry or "name" not in entry:
+            raise SinkstudyError(f"{p}: a point needs a name and a method: {entry}")
+        points.append(dict(entry))
+    names = [pt["name"] for pt in points]
+    if len(set(names)) != len(names):
+        raise SinkstudyError(f"{p}: duplicate point names")
+    if not points:
+        raise SinkstudyError(f"{p}: no grid or points")
+    known = list_interventions()
+    root = cfg.get("root")
+    for pt in points:
+        check_slug(pt["name"], f"{p}: point name")
+        if pt["method"] not in known:
+            raise SinkstudyError(f"{p}: point {pt['name']}: unknown method {pt['method']!r}")
+        try:
+            validate_intervention(pt["method"], point_params(pt, root if takes_root(pt["method"]) else None))
+        except SinkstudyError as exc:
+            raise SinkstudyError(f"{p}: point {pt['name']}: {exc}") from None
+    return {**{k: v for k, v in cfg.items() if k not in ("grid", "points")}, "points": points}
+
+
+def point_params(pt: dict[str, Any], root=None) -> dict[str, Any]:
+    return {k: v for k, v in pt.items() if k not in ("name", "method")} | ({"root": root} if root is not None else {})
+
+
+def _check_sweep_pair(out: Path, pair: dict[str, str], force: bool) -> None:
+    """A sweep dir belongs to one (base, VLM) pair: another pair is refused unless --force."""
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_json
+
+    recorded = read_json(out / "pair.json").get("models") if (out / "pair.json").is_file() else None
+    used = (out / "summary.json").exists() or (out / "points").exists() or (out / "reference").exists()
+    if (recorded != pair if recorded is not None else used) and not force:
+        raise SinkstudyError(f"{out} holds a sweep of another (base, VLM) pair; choose another --out or pass --force to redo it")
+
+
+def run_sweep(args) -> int:
+    """Each point: intervene (reused when finished), measure (reused when its key matches), summarise."""
+    from tqdm.auto import tqdm
+
+    from interventions.merge import MERGEKIT_METHODS, check_mergekit_options, local_checkpoint, resolve_lm
+    from interventions.registry import apply_intervention, intervention_request, takes_root
+    from sinkstudy.io import output_lock, remove_tree, write_json_atomic, write_text_atomic
+    from sinkstudy.provenance import model_fingerprint, provenance
+
+    sweep = load_sweep(args.config)  # every point valid before any work
+    points = sweep["points"][: args.max_points] if args.max_points else sweep["points"]
+    options = check_mergekit_options(mergekit_options(args))  # used by the mergekit points; the others run as they do
+    check_measure_args(args)
+    out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.config).stem, "merge-sweep")
+    root = local_checkpoint(sweep["root"]) if sweep.get("root") else None
+    seed = sweep.get("seed", args.seed)
+    base = local_checkpoint(args.base)
+    vlm_lm = resolve_lm(base, args.vlm)
+    pair = {"base": model_fingerprint(base), "vlm": model_fingerprint(local_checkpoint(args.vlm))}
+    with output_lock(out):
+        _check_sweep_pair(out, pair, args.force)
+        write_json_atomic(out / "pair.json", {"models": pair, "base": str(args.base), "vlm": str(args.vlm)})
+        measure = Measure(base, vlm_lm, args, out / "reference")
+        rows = []
+        for pt in tqdm(points, desc="merge sweep"):
+            pdir = out / "points" / pt["name"]
+            params = point_params(pt, root if takes_root(pt["method"]) else None)
+            key = digest({"request": intervention_request(pt["method"], base, vlm_lm, params, seed), "measure": measure.identity,
+                           "references": pair})
+            row = None if args.force else reusable_json(pdir / "measure.json", key)
+            if row is None:
+                model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model", seed=seed, force=args.force,
+                                               progress=False, mergekit_options=options if pt["method"] in MERGEKIT_METHODS else None)
+                row = {"name": pt["name"], "method": pt["method"], "params": {k: str(v) if k == "root" else v for k, v in params.items()},
+                       **measure.summary(measure.measure(model_dir, pdir)),
+                       "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key}
+                write_json_atomic(pdir / "measure.json", row)
+                if not sweep.get("keep_models", True):
+                    remove_tree(model_dir, within=out)  # results stay in measure.json; 7B checkpoints do not fit by dozens
+            rows.append(row)
+        write_json_atomic(out / "summary.json", {
+            "config": str(args.config), "points": rows,
+            "provenance": provenance(seed=args.seed, base=pair["base"], vlm=pair["vlm"], tasks=measure.tasks, limit=args.limit,
+                                     n_boot=args.n_boot),
+        })
+        write_text_atomic(out / "summary.md", format_sweep(rows))
+        plot_pareto(rows, out / "pareto.png")
+    print(format_sweep(rows))
+    print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'pareto.png'}")
+    return 0
+
+
+def text_recovery(row: dict[str, Any]) -> float:
+    """Mean recovery over the tasks (NaN-free tasks only)."""
+    vals = [t["recovery"] for t in row["tasks"].values() if t["recovery"] is not None]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _proxy(row: dict[str, Any], key: str):
+    return row[key] if key == "weight_distance_to_vlm" else (row.get(key) or {}).get("value")
+
+
+def pareto_front(rows: list[dict[str, Any]], key: str = "weight_distance_to_vlm") -> list[str]:
+    """Names of points no other point beats on both: higher text recovery, lower VL proxy `key`
+    (weight distance to the VLM LM, or caption NLL)."""
+    import math
+
+    pts = [(r["name"], text_recovery(r), _proxy(r, key)) for r in rows]
+    pts = [p for p in pts if math.isfinite(p[1]) and p[2] is not None]  # undefined recovery: off the front
+    return [n for n, rec, d in pts
+            if not any((r2 >= rec and d2 <= d) and (r2 > rec or d2 < d) for _, r2, d2 in pts)]
+
+
+def format_sweep(rows: list[dict[str, Any]]) -> str:
+    tasks = list(rows[0]["tasks"]) if rows else []
+    head = ["point", "S"] + [f"{t} recovery [CI]" for t in tasks] + ["dist to VLM"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["name"], f"{r['sink_strength']['value']:.3f}"]
+        cells += [f"{fmt_or_na(r['tasks'][t]['recovery'])} [{fmt_or_na(r['tasks'][t]['ci'][0])}, {fmt_or_na(r['tasks'][t]['ci'][1])}]" for t in tasks]
+        cells.append(f"{r['weight_distance_to_vlm']:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    if rows:
+        s = rows[0]["sink_strength"]
+        lines.append(f"\nSink Strength: base {s['base']:.3f}, VLM LM {s['vlm']:.3f}. "
+                     "Recovery = (merged - VLM) / (base - VLM), 0 = none, 1 = back to base.")
+        lines.append(f"Pareto front (recovery vs distance to VLM LM): {', '.join(pareto_front(rows))}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_pareto(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sinkstudy.io import save_figure_atomic
+
+    with_ppl = any(r.get("caption_nll") for r in rows)
+    fig, axes = plt.subplots(1, 2 if with_ppl else 1, figsize=(11 if with_ppl else 6, 4.5), squeeze=False)
+    methods = sorted({r["method"] for r in rows})
+    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
+    proxies = [("weight_distance_to_vlm", "weight distance to VLM LM (0 = VLM, 1 = base)")]
+    if with_ppl:
+        proxies.append(("caption_nll", "caption NLL, text-only (lower = closer to VLM)"))
+    for ax, (key, label) in zip(axes[0], proxies):
+        front = set(pareto_front(rows, key))
+        for r in rows:
+            x = _proxy(r, key)
+            if x is None:
+                continue
+            ax.scatter(x, text_recovery(r), color=colors[r["method"]], edgecolor="black" if r["name"] in front else "none",
+                       s=40, label=r["method"])
+        handles, labels = ax.get_legend_handles_labels()
+        uniq = dict(zip(labels, handles))
+        ax.legend(uniq.values(), uniq.keys(), fontsize=8)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axhline(1, color="grey", lw=0.5, ls="--")
+        ax.set_xlabel(label)
+        ax.set_ylabel("text recovery (mean over tasks)")
+    fig.suptitle("Merges: text recovery vs VL-side proxy (outlined: Pareto front)")
+    fig.tight_layout()
+    save_figure_atomic(fig, path, dpi=120)
+    plt.close(fig)

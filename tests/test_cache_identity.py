@@ -1,0 +1,258 @@
+"""Issue 12 item 1: a cached result is reused only for the same model, tokenizer, settings and code.
+
+A model's identity covers every file of its checkpoint that changes outputs (weights, config,
+generation config, tokenizer, chat template, sidecars), not the result files written beside it;
+a restored mtime does not hide an edit; the eval cache, the runner's sink/eval steps, cmd_merge's
+per-directory measurements and plug-in-made models all re-run when any of these change.
+"""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sinkstudy.provenance import model_fingerprint
+from tests.test_merge import _perturbed, _save_model
+
+
+@pytest.fixture
+def ckpt(tmp_path, tokenizer):
+    from sinkstudy.tiny import tiny_causal_lm
+
+    return _save_model(tiny_causal_lm("qwen2", seed=0), tokenizer, tmp_path / "model")
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        target = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    path.write_text(json.dumps(data, indent=2))
+
+
+def test_fingerprint_covers_every_file_that_changes_outputs_and_no_result_file(ckpt):
+    fp = model_fingerprint(ckpt)
+    edits = {
+        "config.json": lambda p: _edit_json(p, **{"rope_parameters.rope_theta": 1e6}),
+        "generation_config.json": lambda p: _edit_json(p, repetition_penalty=1.3),
+        "tokenizer_config.json": lambda p: _edit_json(p, padding_side="left"),
+        "tokenizer.json": lambda p: p.write_text(p.read_text().replace('"<|end|>"', '"<|stop|>"')),
+        "chat_template.jinja": lambda p: p.write_text(p.read_text().replace("<|assistant|>", "<|bot|>")),
+        "sinkstudy_qknorm.json": lambda p: p.write_text('{"format": "hooks"}'),
+        "preprocessor_config.json": lambda p: p.write_text('{"size": 8}'),
+    }
+    for name, edit in edits.items():
+        f = ckpt / name
+        before = f.read_bytes() if f.exists() else None
+        edit(f)
+        assert model_fingerprint(ckpt) != fp, f"an edit of {name} kept the fingerprint"
+        f.write_bytes(before) if before is not None else f.unlink()
+        assert model_fingerprint(ckpt) == fp, name
+    # Results and provenance written beside a model are not part of it.
+    for name in ("intervention.json", "sinkstudy_extraction.json", "mergekit_config.yml", "measure.json", "sink.json",
+                 "sink_maps_base.json", "README.md", ".gitattributes", ".model.lock"):
+        (ckpt / name).write_text("{}")
+    (ckpt / "eval").mkdir()
+    (ckpt / "eval" / "results.json").write_text("{}")
+    assert model_fingerprint(ckpt) == fp
+
+
+def test_restoring_the_old_mtime_does_not_hide_an_edit(ckpt, monkeypatch):
+    import sinkstudy.provenance as prov
+
+    monkeypatch.setattr(prov, "_HASH_CACHE_MIN_BYTES", 0, raising=False)  # every file goes through the hash cache
+    weights = ckpt / "model.safetensors"
+    fp = model_fingerprint(ckpt)
+    hashed = []
+    real = getattr(prov, "_sha256", None)
+    monkeypatch.setattr(prov, "_sha256", lambda f: hashed.append(f.name) or real(f), raising=False)
+    assert model_fingerprint(ckpt) == fp and hashed == []  # unchanged files come from the cache
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01  # one bit of the last tensor, same size
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == st.st_mtime_ns and weights.stat().st_size == st.st_size
+    assert model_fingerprint(ckpt) != fp
+
+
+def test_loaded_model_identity_covers_config_and_generation_config():
+    from sinkstudy.tiny import tiny_causal_lm
+
+    model = tiny_causal_lm("qwen2", seed=0)
+    fp = model_fingerprint(model)
+    model.config.rope_parameters["rope_theta"] = 1e6
+    assert model_fingerprint(model) != fp
+    model.config.rope_parameters["rope_theta"] = 10000.0
+    assert model_fingerprint(model) == fp
+    model.generation_config.repetition_penalty = 1.3
+    assert model_fingerprint(model) != fp
+    model.generation_config.repetition_penalty = None
+    model.config.tie_word_embeddings = not model.config.tie_word_embeddings  # its effect is in the state dict
+    assert model_fingerprint(model) == fp
+
+
+def test_hub_ids_carry_their_revision():
+    assert model_fingerprint("org/model") == "hub:org/model"
+    assert model_fingerprint("org/model", revision="0123abc") == "hub:org/model@0123abc"
+
+
+@pytest.mark.slow
+def test_eval_cache_reruns_when_config_generation_config_template_or_code_change(ckpt, tmp_path, monkeypatch):
+    from evals import lmeval
+    from evals.lmeval import run_eval
+
+    calls = []
+    real = lmeval._evaluate
+
+    def counting(model, tokenizer, specs, settings, *rest):
+        calls.append([s.name for s in specs])
+        return real(model, tokenizer, specs, settings, *rest)
+
+    monkeypatch.setattr(lmeval, "_evaluate", counting)
+    kw = dict(tasks="sinkstudy_gsm", limit=2, max_gen_toks=4, batch_size=2, progress=False, cache_dir=tmp_path / "cache")
+    run_eval(ckpt, **kw)
+    run_eval(ckpt, **kw)
+    assert len(calls) == 1  # reused
+    _edit_json(ckpt / "config.json", **{"rope_parameters.rope_theta": 1e6})
+    run_eval(ckpt, **kw)
+    assert len(calls) == 2, "a config.json edit reused stale scores"
+    _edit_json(ckpt / "generation_config.json", repetition_penalty=1.3)
+    run_eval(ckpt, **kw)
+    assert len(calls) == 3, "a generation_config.json edit reused stale scores"
+    template = ckpt / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|assistant|>\n", "<|assistant|>\nAnswer: "))
+    run_eval(ckpt, **kw)
+    assert len(calls) == 4, "a chat template edit reused stale scores"
+    code = tmp_path / "grader.py"
+    code.write_text("# v1\n")
+    monkeypatch.setattr(lmeval, "EVAL_CODE", (code,), raising=False)
+    run_eval(ckpt, **kw)
+    assert len(calls) == 5
+    code.write_text("# v2: a grader fix\n")
+    run_eval(ckpt, **kw)
+    assert len(calls) == 6, "an edit of the eval code reused stale scores"
+    run_eval(ckpt, **kw)
+    assert len(calls) == 6
+
+
+def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_path, monkeypatch, tokenizer):
+    import experiments.runner as runner_mod
+    from experiments.runner import Runner, measure
+    from experiments.study import validate
+
+    vlm = _save_model(_perturbed(__import__("sinkstudy.tiny", fromlist=["x"]).tiny_causal_lm("qwen2", seed=0), 3), tokenizer,
+                      tmp_path / "vlm")
+    study = validate({"name": "t", "out": str(tmp_path / "run"), "pairs": [{"name": "p", "base": str(ckpt), "vlm": str(vlm)}],
+                      "evals": {"tasks": ["sinkstudy_gsm"]}})
+    counts = {"sink": 0, "eval": 0}
+
+    def stub(kind):
+        def fn(study, pair, label, path, progress):
+            counts[kind] += 1
+            if kind == "sink":  # what the real steps leave (a step whose output has gone is re-run)
+                runner_mod._sink_file(study, pair["name"], label).parent.mkdir(parents=True, exist_ok=True)
+                runner_mod._sink_file(study, pair["name"], label).write_text("{}")
+            else:
+                runner_mod._eval_dir(study, pair["name"], label).mkdir(parents=True, exist_ok=True)
+            return {"value": 0.0}
+        return fn
+
+    monkeypatch.setattr(runner_mod, "sink_step", stub("sink"))
+    monkeypatch.setattr(runner_mod, "eval_step", stub("eval"))
+
+    def run():
+        measure(Runner(study, progress=False), study, study.pairs[0], "base", str(ckpt), deps=[])
+
+    run()
+    run()
+    assert counts == {"sink": 1, "eval": 1}
+    _edit_json(ckpt / "generation_config.json", repetition_penalty=1.3)  # same path, another model
+    run()
+    assert counts == {"sink": 2, "eval": 2}, "the runner reused results of a model whose files changed"
+    monkeypatch.setattr(runner_mod, "sink_code_version", lambda: "code-sha256:edited", raising=False)
+    run()
+    assert counts == {"sink": 3, "eval": 2}, "an edit of the sink code reused old sink results"
+
+
+def test_merge_measurements_in_a_dir_key_on_model_captions_content_and_code(ckpt, tmp_path, monkeypatch, tokenizer):
+    from experiments.cmd_merge import Measure
+    from sinkstudy.tiny import tiny_causal_lm
+
+    vlm = _save_model(_perturbed(tiny_causal_lm("qwen2", seed=0), 3), tokenizer, tmp_path / "vlm")
+    captions = tmp_path / "captions.txt"
+    captions.write_text("A cat on a mat.\nTwo dogs in the park.\n")
+    sinks = []
+    monkeypatch.setattr(Measure, "_sink", lambda self, path, *a: sinks.append(Path(path).name) or
+                        {"sink_strength": 0.0, "sink_metric": "logodds", "caption_nll": 1.0, "captions": str(captions)})
+    monkeypatch.setattr("evals.lmeval.run_eval", lambda *a, **k: None)
+    args = SimpleNamespace(tasks="sinkstudy_gsm", captions=str(captions), limit=2, batch_size=2, max_gen_toks=4, n_boot=100, seed=0,
+                           chat_template_kwargs=None, system_instruction=None, gen_kwargs=None, num_fewshot=None,
+                           confirm_run_unsafe_code=False)
+    ref = tmp_path / "reference"
+    Measure(str(ckpt), vlm, args, ref)
+    Measure(str(ckpt), vlm, args, ref)
+    assert sinks == ["model", "vlm"]  # measured once, then reused from ref/<name>/sink.json
+    captions.write_text("A cat on a mat.\nThree birds on a wire.\n")  # same file name, other captions
+    Measure(str(ckpt), vlm, args, ref)
+    assert sinks[2:] == ["model", "vlm"], "caption NLL reused for other captions"
+    _edit_json(vlm / "config.json", **{"rope_parameters.rope_theta": 1e6})
+    Measure(str(ckpt), vlm, args, ref)
+    assert sinks[4:] == ["vlm"], "sink reused for a model whose config changed"
+
+
+PLUGIN = '''
+from interventions.mitigations import register_mitigation
+
+
+@register_mitigation("test_scale_head_plugin", defaults={})
+def scale(base, vlm_lm, sink_maps, config):
+    """Scale the output head (a test plug-in)."""
+    vlm_lm.lm_head.weight.mul_(FACTOR)
+    return vlm_lm
+'''
+
+
+def _load_plugin(path: Path, factor: float) -> None:
+    from interventions.mitigations import _REGISTRY
+
+    path.write_text(PLUGIN.replace("FACTOR", str(factor)))
+    _REGISTRY.pop("test_scale_head_plugin", None)
+    spec = importlib.util.spec_from_file_location(f"sinkstudy_test_plugin_{int(factor)}", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_editing_a_plugin_reruns_what_it_made(tmp_path, tokenizer):
+    from safetensors.torch import load_file
+
+    from interventions.merge import MergeError
+    from interventions.mitigations import _REGISTRY
+    from interventions.registry import apply_intervention
+    from sinkstudy.tiny import tiny_causal_lm
+
+    base_model = tiny_causal_lm("qwen2", seed=0)
+    base = _save_model(base_model, tokenizer, tmp_path / "base")
+    vlm = _save_model(_perturbed(base_model, 4), tokenizer, tmp_path / "vlm")
+    plugin, out = tmp_path / "my_plugin.py", tmp_path / "out"
+    head = load_file(str(vlm / "model.safetensors"))["lm_head.weight"]
+    try:
+        _load_plugin(plugin, 2.0)
+        apply_intervention("test_scale_head_plugin", base, vlm, {}, out, progress=False)
+        torch.testing.assert_close(load_file(str(out / "model.safetensors"))["lm_head.weight"], 2.0 * head)
+        assert apply_intervention("test_scale_head_plugin", base, vlm, {}, out, progress=False) == out  # same source: reused
+        _load_plugin(plugin, 3.0)
+        with pytest.raises(MergeError, match="another request") as err:
+            apply_intervention("test_scale_head_plugin", base, vlm, {}, out, progress=False)
+        assert "\n" not in str(err.value)
+        apply_intervention("test_scale_head_plugin", base, vlm, {}, out, force=True, progress=False)
+        torch.testing.assert_close(load_file(str(out / "model.safetensors"))["lm_head.weight"], 3.0 * head)
+        assert json.loads((out / "intervention.json").read_text())["request"]["code"]["plugin"].startswith("plugin-sha256:")
+    finally:
+        _REGISTRY.pop("test_scale_head_plugin", None)

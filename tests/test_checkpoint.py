@@ -1,0 +1,155 @@
+"""Checkpoint files are validated before any work: every broken file gives one line naming it, exit 2 in the CLI."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from interventions.pairs import load_causal_lm, load_pair
+from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import CheckpointError, read_header, weight_files
+from vlm_factories import save_tiny_vlm, tiny_base
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, tokenizer):
+    """A tiny qwen2 base saved in several shards with an index, and a tiny Qwen2.5-VL (also sharded)."""
+    root = tmp_path_factory.mktemp("sharded")
+    tiny_base("qwen2").save_pretrained(root / "base", max_shard_size="40KB")
+    tokenizer.save_pretrained(root / "base")
+    save_tiny_vlm(root / "vlm", "qwen2_5_vl", tokenizer=tokenizer, max_shard_size="40KB")
+    return root
+
+
+def _index(path):
+    return json.loads((path / "model.safetensors.index.json").read_text())
+
+
+def _second_shard(path):
+    return path / sorted(set(_index(path)["weight_map"].values()))[1]
+
+
+def _truncate(path):
+    shard = _second_shard(path)
+    shard.write_bytes(shard.read_bytes()[:-100])
+    return shard.name, "truncated: tensor data ends at byte"
+
+
+def _missing(path):
+    shard = _second_shard(path)
+    shard.unlink()
+    return shard.name, "missing shard (named by model.safetensors.index.json)"
+
+
+def _garbage_header(path):
+    shard = _second_shard(path)
+    data = bytearray(shard.read_bytes())
+    data[8:20] = b"\xff" * 12  # inside the JSON header
+    shard.write_bytes(bytes(data))
+    return shard.name, "corrupt safetensors header"
+
+
+def _huge_header(path):
+    shard = _second_shard(path)
+    data = bytearray(shard.read_bytes())
+    data[:8] = (1 << 40).to_bytes(8, "little")
+    shard.write_bytes(bytes(data))
+    return shard.name, "corrupt or truncated safetensors header"
+
+
+def _unlisted_tensor(path):
+    index = _index(path)
+    files = list(index["weight_map"].values())
+    name, file = next((n, f) for n, f in index["weight_map"].items() if files.count(f) > 1)
+    del index["weight_map"][name]
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return file, f"holds tensor {name} that model.safetensors.index.json does not list"
+
+
+def _unlisted_shard(path):
+    index = _index(path)
+    file = index["weight_map"].pop("lm_head.weight")
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items() if f != file}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return file, "shard not named by model.safetensors.index.json"
+
+
+def _index_names_absent_tensor(path):
+    index = _index(path)
+    index["weight_map"]["model.layers.0.mlp.extra.weight"] = sorted(set(index["weight_map"].values()))[0]
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return index["weight_map"]["model.layers.0.mlp.extra.weight"], "lacks tensor model.layers.0.mlp.extra.weight"
+
+
+def _tensor_gone_everywhere(path):
+    from safetensors.torch import load_file, save_file
+
+    index = _index(path)
+    name = next(n for n in index["weight_map"] if n.endswith("post_attention_layernorm.weight"))
+    shard = path / index["weight_map"].pop(name)
+    tensors = load_file(shard)
+    del tensors[name]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return path.name, f"no {'weights' if path.name == 'base' else 'tensor'} for "
+
+
+def _index_not_json(path):
+    (path / "model.safetensors.index.json").write_bytes(b"\xff\xfe not json")
+    return "model.safetensors.index.json", "not a safetensors index"
+
+
+def _config_not_utf8(path):
+    (path / "config.json").write_bytes(b"\xff\xfe{")
+    return "config.json", "cannot read the config"
+
+
+BREAKAGES = [_truncate, _missing, _garbage_header, _huge_header, _unlisted_tensor, _unlisted_shard, _index_names_absent_tensor,
+             _tensor_gone_everywhere, _index_not_json, _config_not_utf8]
+
+
+@pytest.mark.parametrize("which", ["base", "vlm"])
+@pytest.mark.parametrize("breakage", BREAKAGES, ids=[b.__name__.lstrip("_") for b in BREAKAGES])
+def test_broken_checkpoint_fails_in_one_line_naming_the_file(tmp_path, sharded, breakage, which):
+    for name in ("base", "vlm"):
+        shutil.copytree(sharded / name, tmp_path / name)
+    file, message = breakage(tmp_path / which)
+    with pytest.raises(SinkstudyError, match=re.escape(message)) as info:
+        load_pair(tmp_path / "base", tmp_path / "vlm")
+    text = str(info.value)
+    assert "\n" not in text and file in text
+    with pytest.raises(SinkstudyError, match=re.escape(message)):
+        load_causal_lm(tmp_path / which)
+
+
+@pytest.mark.parametrize("breakage", [_truncate, _missing, _garbage_header], ids=["truncated", "missing", "corrupt"])
+@pytest.mark.parametrize("command", ["sink", "pair-extract", "pair-diff", "eval"])
+def test_cli_refuses_a_broken_checkpoint_before_any_work(tmp_path, sharded, capsys, breakage, command):
+    from experiments.cli import main
+
+    for name in ("base", "vlm"):
+        shutil.copytree(sharded / name, tmp_path / name)
+    file, message = breakage(tmp_path / ("base" if command in ("sink", "eval") else "vlm"))
+    out = tmp_path / "out"
+    argv = {
+        "sink": ["sink", str(tmp_path / "base"), "--out", str(out)],
+        "pair-extract": ["pair", "extract", "--base", str(tmp_path / "base"), "--vlm", str(tmp_path / "vlm"), "--out", str(out)],
+        "pair-diff": ["pair", "diff", "--base", str(tmp_path / "base"), "--vlm", str(tmp_path / "vlm"), "--json", str(out)],
+        "eval": ["eval", str(tmp_path / "base"), "--tasks", "sinkstudy_gsm", "--limit", "1", "--out", str(out),
+                 "--no-chat-template"],
+    }[command]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and file in err[0] and message.split(" (")[0] in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_valid_checkpoint_headers_describe_every_tensor(sharded):
+    files = weight_files(sharded / "base")
+    assert files.indexed and len(files.files) > 2 and files.float_dtype() == "float32"
+    assert set(files.tensors) == set(_index(sharded / "base")["weight_map"])
+    shard = sharded / "base" / files.files[0]
+    assert set(read_header(shard)) == {n for n, t in files.tensors.items() if t.file == shard.name}
+    assert issubclass(CheckpointError, SinkstudyError)
