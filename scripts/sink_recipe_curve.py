@@ -77,19 +77,23 @@ def plot(rows: list[dict], path: Path) -> None:
     from sinkstudy.io import save_figure_atomic
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    names = list(dict.fromkeys(row["recipe"]["name"] for row in rows))
+    colors = plt.get_cmap("tab10")
     for row in rows:
         r = row["recipe"]
         steps = [p["step"] for p in row["curve"]]
-        label = f"{r['name']} s{r['seed']}"
-        axes[0].plot(steps, [p["S"] for p in row["curve"]], marker=".", label=label)
-        axes[1].plot(steps, [p["mass"] for p in row["curve"]], marker=".", label=label)
-        axes[2].plot(steps, [p["backcopy"]["S"] for p in row["curve"]], marker=".", label=label)
+        # one colour per recipe, one line style per seed; the legend names each recipe once
+        style = {"color": colors(names.index(r["name"]) % 10), "ls": "-" if r["seed"] == rows[0]["recipe"]["seed"] else "--",
+                 "marker": ".", "label": r["name"] if r["seed"] == rows[0]["recipe"]["seed"] else None}
+        axes[0].plot(steps, [p["S"] for p in row["curve"]], **style)
+        axes[1].plot(steps, [p["mass"] for p in row["curve"]], **style)
+        axes[2].plot(steps, [p["backcopy"]["S"] for p in row["curve"]], **style)
     for ax, title in zip(axes, ("S on ifeval15 chat prompts (default metric)", "sink mass (attention on BOS), chat prompts",
                                 "S on held-out Bigram-Backcopy text")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("training step")
     axes[0].set_ylabel("median log-odds on argmax key")
-    axes[2].legend(fontsize=7, loc="best")
+    axes[2].legend(fontsize=7, loc="best", title="dashed: other seed", title_fontsize=7)
     fig.tight_layout()
     save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
