@@ -114,6 +114,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def result_key(recipe, args) -> str:
+    """A stored result is reused only for the same recipe, settings and code (this script and sinkgrow)."""
+    import hashlib
+
+    from experiments.demo import sinkgrow
+
+    h = hashlib.sha256(json.dumps([recipe.to_json(), args.every, args.ifeval_limit]).encode())
+    for source in (Path(__file__), Path(sinkgrow.__file__)):
+        h.update(source.read_bytes())
+    return "sha256:" + h.hexdigest()[:32]
+
+
 def main(argv=None) -> int:
     from experiments.demo import sinkgrow
     from sinkstudy import SinkstudyError
@@ -145,11 +157,13 @@ def main(argv=None) -> int:
     rows = []
     for recipe in recipes:
         path = out / "results" / f"{recipe.name}-s{recipe.seed}.json"
-        if path.is_file() and not args.force and read_json(path)["recipe"] == json.loads(json.dumps(recipe.to_json())):
+        key = result_key(recipe, args)
+        if path.is_file() and not args.force and read_json(path).get("key") == key:
             rows.append(read_json(path))
             continue
         row = run_one(recipe, tok, texts, data, out, args.every, args.ifeval_limit)
         row["threads"] = torch.get_num_threads()
+        row["key"] = key
         write_json_atomic(path, row)
         rows.append(row)
         last = row["curve"][-1]
