@@ -1,0 +1,226 @@
+"""Growing attention sinks by training: a Bigram-Backcopy data mix, backbone recipes, S-vs-steps.
+
+The demo's tiny bases never formed an attention sink (S about -3.3 after 300 steps). This module
+holds what docs/sinks.md measured about changing that, as code the demo config can point at:
+
+- `bigram_backcopy_texts`: Guo et al. (2024)'s Bigram-Backcopy task written in words the demo
+  tokenizer encodes as one token each: a fixed bigram table (each word has a few likely
+  successors), plus trigger words after which the next word copies the word before the trigger.
+  Most positions need no context, so the heads that solve the copy have nothing to do elsewhere.
+- `mixed_texts`: the demo's chat texts plus a share of Bigram-Backcopy texts (the corpus itself is
+  not changed; the mix is formed at training time).
+- `RECIPES`: the backbone spread (family, depth, heads, lr, weight decay, data mix).
+- `grow`: trains one recipe with the project's optimisation loop and measures Sink Strength (and
+  sink mass) at checkpoints, giving the S-vs-steps curve.
+
+All sinks here are grown by training from a random init; no weight is set by hand.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Sequence
+
+from sinkstudy import SinkstudyError
+
+
+# --------------------------------------------------------------------------- data
+
+def single_token_words(tokenizer, n: int) -> list[str]:
+    """The first `n` lower-case words (sorted) that the tokenizer encodes, after a space, as one token."""
+    words = []
+    for piece in sorted(tokenizer.get_vocab()):
+        word = piece[1:]
+        if piece.startswith("Ġ") and len(word) > 2 and word.isalpha() and word.islower():
+            if len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1:
+                words.append(word)
+                if len(words) == n:
+                    return words
+    raise SinkstudyError(f"the tokenizer has only {len(words)} single-token lower-case words; {n} needed")
+
+
+@dataclass(frozen=True)
+class BackcopyTask:
+    """Bigram-Backcopy settings (Guo et al. 2024 use 3 triggers and a sparse bigram table)."""
+
+    vocab: int = 64
+    successors: int = 4
+    triggers: int = 3
+    length: int = 64  # words per sequence (BOS is added by the tokenizer)
+    p_trigger: float = 0.15
+    table_seed: int = 1234  # the bigram table and triggers: fixed across runs, so held-out texts share them
+
+
+def bigram_backcopy_texts(tokenizer, n: int, seed: int, task: BackcopyTask = BackcopyTask()) -> list[str]:
+    """`n` Bigram-Backcopy sequences as space-separated words (one token per word)."""
+    words = single_token_words(tokenizer, task.vocab + task.triggers)
+    table_rng = random.Random(task.table_seed)
+    table_rng.shuffle(words)
+    triggers, plain = set(words[: task.triggers]), words[task.triggers:]
+    trigger_list = words[: task.triggers]
+    table = {w: table_rng.sample(plain, task.successors) for w in plain}
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        seq = [rng.choice(plain)]
+        while len(seq) < task.length:
+            if seq[-1] in triggers:
+                seq.append(seq[-2] if len(seq) >= 2 else rng.choice(plain))  # the copy: the word before the trigger
+            elif rng.random() < task.p_trigger:
+                seq.append(rng.choice(trigger_list))
+            else:
+                seq.append(rng.choice(table[seq[-1]]))
+        out.append(" " + " ".join(seq))  # leading space: the first word is the same single token as elsewhere
+    return out
+
+
+def mixed_texts(texts: Sequence[str], tokenizer, share: float, seed: int, task: BackcopyTask = BackcopyTask()) -> list[str]:
+    """`texts` plus Bigram-Backcopy sequences making up `share` of the result (0 <= share < 1)."""
+    if not 0 <= share < 1:
+        raise SinkstudyError(f"backcopy share must be in [0, 1), got {share}")
+    n = round(len(texts) * share / (1 - share))
+    return list(texts) + (bigram_backcopy_texts(tokenizer, n, seed, task) if n else [])
+
+
+# --------------------------------------------------------------------------- recipes
+
+@dataclass(frozen=True)
+class Recipe:
+    """One backbone: architecture (a demo backbone spec) plus its pretraining knobs."""
+
+    name: str
+    family: str = "qwen2"
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    steps: int = 300
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    batch_size: int = 16
+    seq_len: int = 160
+    backcopy_share: float = 0.0
+    seed: int = 0
+    notes: str = ""
+
+    def backbone_spec(self) -> dict:
+        """The spec `experiments.demo.backbones.build_backbone` takes."""
+        keys = ("name", "family", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "seed")
+        return {k: getattr(self, k) for k in keys}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in [
+    # Chat backbones at the demo's budget (300 steps, batch 16, length 160), one knob changed each.
+    Recipe("qwen2-demo", notes="the demo's qwen2 base as configured today"),
+    Recipe("qwen3-demo", family="qwen3", notes="native per-head QK-norm"),
+    Recipe("llama-demo", family="llama", notes="no q/k/v biases: BOS attention is attention's only constant"),
+    Recipe("qwen2-wd1", weight_decay=1.0, notes="weight decay (Gu et al.: strengthens sinks)"),
+    Recipe("qwen2-bb30", backcopy_share=0.3, notes="30% Bigram-Backcopy sequences mixed into the chat text"),
+    Recipe("qwen2-deep", num_hidden_layers=8, hidden_size=64, num_key_value_heads=4, notes="depth 8 at width 64"),
+    Recipe("qwen3-lr1e-2", family="qwen3", lr=1e-2, weight_decay=0.1, notes="larger lr (QK-norm keeps it stable)"),
+    Recipe("qwen2-lr1e-2", lr=1e-2, weight_decay=0.1, notes="larger lr without QK-norm: attention logits blow up"),
+    # The one setting that grows a BOS sink in this budget, in its own domain: 1 layer, Bigram-Backcopy.
+    Recipe("bb-1layer", num_hidden_layers=1, hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
+           steps=400, lr=1e-2, seq_len=80, backcopy_share=0.97,
+           notes="Guo et al.'s setting: S rises on Bigram-Backcopy text, not on the chat calibration prompts"),
+]}
+CHAT_RECIPES = [name for name in RECIPES if name != "bb-1layer"]
+
+
+def get_recipe(name: str, **overrides) -> Recipe:
+    if name not in RECIPES:
+        raise SinkstudyError(f"unknown sink recipe {name!r}; known: {', '.join(RECIPES)}")
+    return replace(RECIPES[name], **overrides)
+
+
+# --------------------------------------------------------------------------- training with a curve
+
+@dataclass
+class GrowResult:
+    recipe: Recipe
+    curve: list[dict] = field(default_factory=list)  # per checkpoint: step, S, mass, argmax_is_sink, seconds
+    train_seconds: float = 0.0
+    final_loss: float | None = None
+    tokens: int = 0
+
+    def to_json(self) -> dict:
+        return {"recipe": self.recipe.to_json(), "curve": self.curve, "train_seconds": self.train_seconds,
+                "final_loss": self.final_loss, "tokens": self.tokens}
+
+
+def sink_point(model, tokenizer, texts=None, **options) -> dict:
+    """S (the project's default log-odds metric) plus sink mass and the share of heads whose argmax key is BOS."""
+    from evals.sink import sink_strength
+
+    s = sink_strength(model, tokenizer, texts=texts, progress=False, batch_size=8, **options)
+    return {"S": s.value, "mass": float(s.maps.mass.mean()), "argmax_is_sink": float(s.maps.argmax_is_sink.mean()),
+            "S_per_layer": s.details["median_per_layer"]}
+
+
+def grow(recipe: Recipe, tokenizer, texts: Sequence[str], *, checkpoints: Sequence[int] = (),
+         measure: Callable | None = None, progress: bool = False):
+    """Build and train one recipe's model; measure at each step in `checkpoints` (0 = at init).
+
+    `measure(model)` returns a dict (default: `sink_point` on the default calibration set).
+    Returns (model, GrowResult). The wall time excludes the measurements.
+    """
+    import torch
+
+    from experiments.demo.backbones import build_backbone
+    from interventions.training import _batch, encode_texts, optimize
+
+    measure = measure or (lambda m: sink_point(m, tokenizer))
+    model = build_backbone(recipe.backbone_spec(), tokenizer)
+    train_texts = mixed_texts(texts, tokenizer, recipe.backcopy_share, recipe.seed) if recipe.backcopy_share else list(texts)
+    examples = encode_texts(tokenizer, train_texts, recipe.seq_len)
+    pad_id = tokenizer.pad_token_id
+    result = GrowResult(recipe)
+    marks = sorted(set(checkpoints))
+    clock = {"step": 0, "measuring": 0.0}
+
+    def record():
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            point = measure(model)
+        clock["measuring"] += time.perf_counter() - t0
+        result.curve.append({"step": clock["step"], **point})
+
+    def next_batch(rng):
+        # optimize() has no callback; the batch source is called once before each update, so it is the hook.
+        if clock["step"] in marks:
+            record()
+        clock["step"] += 1
+        input_ids, attention_mask, labels = _batch(rng.sample(examples, min(recipe.batch_size, len(examples))), pad_id)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+    start = time.perf_counter()
+    stats = optimize(model, next_batch, steps=recipe.steps, lr=recipe.lr, weight_decay=recipe.weight_decay,
+                     seed=recipe.seed, progress=progress, desc=f"grow {recipe.name}")
+    result.train_seconds = time.perf_counter() - start - clock["measuring"]
+    if recipe.steps in marks:
+        record()
+    result.final_loss, result.tokens = stats["final_loss"], stats["tokens"]
+    return model, result
+
+
+def heldout_chat_loss(model, tokenizer, texts: Sequence[str], seq_len: int = 160, batch_size: int = 32) -> float:
+    """Mean next-token loss (nats per predicted token) on `texts`, pads excluded."""
+    import torch
+
+    from interventions.training import _batch, encode_texts
+
+    examples = encode_texts(tokenizer, texts, seq_len)
+    total = count = 0.0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            input_ids, attention_mask, labels = _batch(examples[i:i + batch_size], tokenizer.pad_token_id)
+            n = int((labels[:, 1:] != -100).sum())
+            total += float(model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss) * n
+            count += n
+    return total / count
