@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "experiments.cmd_sink",    # sink
     "experiments.cmd_eval",    # eval / compare
     "experiments.cmd_qknorm",  # qknorm
+    "experiments.cmd_adapt",   # adapt
     "experiments.cmd_merge",   # merge / merge-sweep / mitigate
     "experiments.cmd_study",   # run / demo / paper
 )
