@@ -214,25 +214,46 @@ def _init_projector(projector, seed: int) -> None:
 # --------------------------------------------------------------------------- donor
 
 def _donor(lm, state: dict, tokenizer, vision: VisionSpec) -> Built:
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoProcessor
+
+    vlm, report = donor_model(lm, state, vision.source)
+    try:
+        processor = AutoProcessor.from_pretrained(vision.source)
+    except (OSError, ValueError, ImportError, AttributeError) as exc:
+        # Qwen-VL processors need torchvision (their video processor): `pip install torchvision`.
+        raise SinkstudyError(f"--donor {vision.source}: cannot load its processor: {str(exc).strip().splitlines()[0]}") from None
+    image_token = processor.image_token
+    expected = getattr(vlm.config, "image_token_id", None)
+    expected = expected if expected is not None else vlm.config.image_token_index
+    if tokenizer.convert_tokens_to_ids(image_token) != expected:
+        raise SinkstudyError(f"--donor {vision.source}: the base tokenizer maps {image_token!r} to "
+                             f"{tokenizer.convert_tokens_to_ids(image_token)}, the donor expects {expected}")
+    processor.tokenizer = tokenizer
+    processor.chat_template = tokenizer.chat_template
+    _generation_defaults(vlm, tokenizer)
+    return Built(vlm, processor, tokenizer, image_token, _IMAGE_WRAP.get(report["donor_type"], ("", "")), report)
+
+
+def donor_model(lm, state: dict, source: str):
+    """(donor VLM with the base's language model, report): tower and projector stay the donor's.
+
+    `state` is the base decoder's state (names without "model."); rows the donor adds past the
+    base vocabulary keep the donor's values.
+    """
+    from transformers import AutoModelForImageTextToText
 
     from interventions.pairs import check_same_layout
     from interventions.pairs.extract import plan_target_config
     from interventions.pairs.resolve import load_config
 
-    config = load_config(vision.source)
+    config = load_config(source)
     if config.model_type not in DONOR_TYPES:
-        raise SinkstudyError(f"--donor {vision.source}: {config.model_type!r} is not a supported donor; "
-                             f"supported: {', '.join(DONOR_TYPES)}")
+        raise SinkstudyError(f"--donor {source}: {config.model_type!r} is not a supported donor; supported: {', '.join(DONOR_TYPES)}")
     target, text_config = plan_target_config(config)
     if target.model_type != lm.config.model_type:
-        raise SinkstudyError(f"--donor {vision.source}: its language model is {target.model_type}, the base is {lm.config.model_type}")
+        raise SinkstudyError(f"--donor {source}: its language model is {target.model_type}, the base is {lm.config.model_type}")
     check_same_layout(lm.config, target, names=("base", "donor"), ignore_vocab=True)
-    vlm = AutoModelForImageTextToText.from_pretrained(vision.source, dtype=torch.float32)
-    try:
-        processor = AutoProcessor.from_pretrained(vision.source)
-    except (OSError, ValueError) as exc:
-        raise SinkstudyError(f"--donor {vision.source} has no processor: {str(exc).splitlines()[0]}") from None
+    vlm = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32)
     tc = vlm.config.get_text_config()
     # The base's position and norm constants (M-RoPE on text-only input is 1D RoPE with the same theta).
     theta = (lm.config.rope_parameters or {}).get("rope_theta")
@@ -241,17 +262,9 @@ def _donor(lm, state: dict, tokenizer, vision: VisionSpec) -> Built:
     tc.rms_norm_eps = lm.config.rms_norm_eps
     vocab = max(vlm.get_input_embeddings().weight.shape[0], lm.config.vocab_size)
     _load_language_model(vlm, lm, state, vocab)
-    vlm.eval()
-    image_token = processor.image_token
-    processor.tokenizer = tokenizer
-    processor.chat_template = tokenizer.chat_template
-    _generation_defaults(vlm, tokenizer)
-    if tokenizer.convert_tokens_to_ids(image_token) != vlm.config.image_token_id:
-        raise SinkstudyError(f"--donor {vision.source}: the base tokenizer maps {image_token!r} to "
-                             f"{tokenizer.convert_tokens_to_ids(image_token)}, the donor expects {vlm.config.image_token_id}")
-    report = {"kind": "donor", "source": vision.source, "donor_type": config.model_type, "vocab_size": vocab,
+    report = {"kind": "donor", "source": source, "donor_type": config.model_type, "vocab_size": vocab,
               "text_model_type": text_config.model_type}
-    return Built(vlm, processor, tokenizer, image_token, _IMAGE_WRAP.get(config.model_type, ("", "")), report)
+    return vlm.eval(), report
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -421,14 +434,15 @@ def load_vlm(path: str | os.PathLike, *, dtype=torch.float32, device: str = "cpu
 
 def extract_lm(vlm_path, base=None, *, dtype=torch.float32):
     """The VLM's language model as a causal LM (the pair loader's extraction), carried QK-norm re-attached."""
+    from transformers import AutoModelForImageTextToText
+
     from interventions import qknorm
     from interventions.pairs import extract_language_model
 
-    model, _ = load_vlm(vlm_path, dtype=dtype)
+    model = AutoModelForImageTextToText.from_pretrained(os.fspath(vlm_path), dtype=dtype)
     lm, report = extract_language_model(model, base, dtype=dtype)
-    if qknorm.qk_norm_kind(model.get_decoder()) == "injected" and qknorm.qk_norm_kind(lm) == "none":
-        gains, alpha = qknorm.injected_norms(model.get_decoder())
-        qknorm.attach_norms(lm.model, gains, alpha)
+    if qknorm.load_vlm_norms(vlm_path, lm.model):  # the decoder's names are the causal LM's model.*
+        report.notes.append("injected QK-norm re-attached from the VLM's sidecar")
     return lm, report
 
 

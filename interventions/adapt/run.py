@@ -98,12 +98,14 @@ def adapt(
     resume: bool = False,
     force: bool = False,
     progress: bool = True,
+    callbacks: Sequence = (),
 ) -> dict:
     """Run every stage of `config` on `base` (a path, hub id or loaded causal LM); returns the report.
 
     `vision` None trains the causal LM itself on text (the Tülu-style contrast, recovery training).
     `qknorm` ({"init": ..., "alpha": ...}) injects QK-RMSNorm into the base first (calibrated on the
-    trajectory's calibration texts). `hooks`: protection plug-ins (interventions.adapt.hooks).
+    trajectory's calibration texts). `hooks`: protection plug-ins (interventions.adapt.hooks), part of
+    the run's identity. `callbacks`: extra `TrainerCallback`s that only observe (not part of it).
     """
     from interventions.adapt import data as data_mod
 
@@ -124,10 +126,10 @@ def adapt(
     main = _is_main()
     if main:
         write_json_atomic(out / REQUEST, request)
-    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main)
+    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks))
 
 
-def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main) -> dict:
+def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks) -> dict:
     import torch
 
     from interventions.adapt import data as data_mod
@@ -171,6 +173,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
             stats = read_json(work / "done.json")
         else:
             callbacks = [TrajectoryCallback(probe, traj_path, stage=stage.name, offset=offset, every=config.trajectory.every)] if main else []
+            callbacks += extra_callbacks
             stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
                                 tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps, resume=True,
                                 progress=progress and main, desc=f"adapt {stage.name}")

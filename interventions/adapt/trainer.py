@@ -29,6 +29,7 @@ from interventions.adapt.hooks import HookContext, TrainingHook
 from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
+STATE_FILE = "sinkstudy_state.safetensors"
 _SCHEDULERS = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}
 TrainableFilter = Callable[[str, torch.nn.Parameter], bool]
 
@@ -45,17 +46,7 @@ class AdaptTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
         labels = inputs.pop("labels")
-        targets_next = labels[:, 1:]
-        keep = torch.zeros_like(labels, dtype=torch.bool)
-        keep[:, :-1] = targets_next != -100
-        outputs = model(**inputs, logits_to_keep=keep, use_cache=False)
-        logits = outputs.logits
-        if logits.dim() != 2:
-            raise SinkstudyError(f"{type(self.accelerator.unwrap_model(model)).__name__} ignores a boolean logits_to_keep "
-                                 "(transformers too old?): cannot compute label-only logits")
-        targets = targets_next[keep[:, :-1]]
-        count = num_items_in_batch if num_items_in_batch is not None else targets.numel()
-        loss = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum") / max(count, 1)
+        loss, outputs = label_only_loss(model, inputs, labels, num_items_in_batch)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # count is summed over devices; gradients are averaged
         for hook, ctx in self.hooks:
@@ -63,6 +54,28 @@ class AdaptTrainer(Trainer):
             if term is not None:
                 loss = loss + term / self.current_gradient_accumulation_steps
         return (loss, outputs) if return_outputs else loss
+
+    # Checkpoints hold the model's runtime state dict (safetensors). The Trainer's own round trip
+    # (save_pretrained, then load_state_dict) misses every tensor of models whose on-disk names
+    # differ from the runtime ones (LLaVA in transformers 5.x), which silently broke exact resume.
+    def _save(self, output_dir=None, state_dict=None):
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return super()._save(output_dir, state_dict)
+        from safetensors.torch import save_model
+
+        output_dir = Path(output_dir or self.args.output_dir)
+        if self.args.should_save:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            save_model(self.accelerator.unwrap_model(self.model), str(output_dir / STATE_FILE))
+            torch.save(self.args, output_dir / "training_args.bin")
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        state = Path(resume_from_checkpoint) / STATE_FILE
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled or not state.is_file():
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        from safetensors.torch import load_model
+
+        load_model(self.accelerator.unwrap_model(model if model is not None else self.model), str(state), strict=True)
 
     def _clip_grad_norm(self, model):
         self._after_backward()
@@ -77,6 +90,22 @@ class AdaptTrainer(Trainer):
         for hook, ctx in self.hooks:
             ctx.step = self.state.global_step
             hook.after_backward(ctx)
+
+
+def label_only_loss(model, inputs: dict, labels: torch.Tensor, num_items=None):
+    """(next-token cross-entropy summed over label positions / `num_items`, outputs), with logits
+    computed only where a label exists. `num_items` defaults to this batch's number of targets."""
+    targets_next = labels[:, 1:]
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = targets_next != -100
+    outputs = model(**inputs, logits_to_keep=keep, use_cache=False)
+    logits = outputs.logits
+    if logits.dim() != 2:
+        raise SinkstudyError(f"{type(model).__name__} ignores a boolean logits_to_keep (transformers too old?): "
+                             "cannot compute label-only logits")
+    targets = targets_next[keep[:, :-1]]
+    count = num_items if num_items is not None else targets.numel()
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum") / max(count, 1), outputs
 
 
 class _HookSteps(TrainerCallback):
