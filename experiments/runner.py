@@ -310,7 +310,8 @@ def _native_qk(pair: dict) -> bool:
 
 def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> dict:
     """Inject QK-RMSNorm into the base (pairs without native QK-norm); measure the injected base and,
-    with `vl: true` (the demo), re-run the same VL recipe on it and measure that VLM's LM."""
+    with `vl: true` (the demo), re-run the same VL recipe (the adaptation engine) on it and measure
+    that VLM's LM, extracted by the engine (which re-attaches norms carried as hooks)."""
     p, name = pair["name"], iv["name"]
     if _native_qk(pair):
         return {}
@@ -327,9 +328,14 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
         runner.run(f"{p}/intervene/{name}-vl", {"vl": study.build["vl"]},
                    lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress), deps=[f"{p}/intervene/{name}"],
                    outputs=vlm_out)
-        qk_pair = {**pair, "base": str(base_out), "vlm": str(vlm_out)}
-        runner.run(f"{p}/intervene/{name}-vl-extract", {}, lambda: extract_step(qk_pair, lm_out, study),
-                   deps=[f"{p}/intervene/{name}-vl"], outputs=lm_out)
+        def extract() -> dict:
+            from interventions.adapt.build import save_extracted_lm
+            from sinkstudy.provenance import model_fingerprint
+
+            save_extracted_lm(vlm_out, str(base_out), lm_out, force=True)
+            return {"path": str(lm_out), "fingerprint": model_fingerprint(lm_out)}
+
+        runner.run(f"{p}/intervene/{name}-vl-extract", {}, extract, deps=[f"{p}/intervene/{name}-vl"], outputs=lm_out)
         out[f"{name}-vl"] = {**measure(runner, study, pair, f"{name}-vl", str(lm_out), deps=[f"{p}/intervene/{name}-vl-extract"]),
                              "method": "qknorm+vl"}
     return out
