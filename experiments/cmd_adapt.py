@@ -3,7 +3,8 @@
     sinkstudy adapt --base B (--vision ID|PATH | --donor ID|PATH | --tiny-vision | --text-only)
                     --data [STAGE=]SPEC ... --out DIR [--config YAML] [--resume] [--force] [--estimate]
 
-The recipe is the paper's two stages unless --config gives another (docs/adapt.md); --data without
+The recipe is the paper's two stages (--text-only: one "text" stage training the LM) unless --config
+gives another (docs/adapt.md); --data without
 STAGE= feeds every stage, with it one stage (replacing that stage's data from the config).
 """
 
@@ -55,10 +56,10 @@ def build_request(args):
     """(VisionSpec | None, AdaptConfig) from the command line, validated before any work."""
     from pathlib import Path
 
-    from interventions.adapt import VisionSpec, load_config, paper_recipe
+    from interventions.adapt import VisionSpec, load_config, paper_recipe, text_recipe
     from sinkstudy import SinkstudyError
 
-    config = load_config(args.config) if args.config else paper_recipe()
+    config = load_config(args.config) if args.config else text_recipe() if args.text_only else paper_recipe()
     names = [s.name for s in config.stages]
     for stage, specs in parse_stage_values(args.data, names, "data").items():
         config.stage(stage).data = list(specs)

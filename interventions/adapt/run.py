@@ -85,6 +85,29 @@ def check_run_dir(out: Path, request: dict, *, resume: bool, force: bool) -> str
     return "resume"
 
 
+def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig) -> None:
+    """Every input a run reads, checked from configs and file existence (before any work)."""
+    from interventions.adapt import data as data_mod
+    from interventions.adapt.build import DONOR_TYPES, tower_config
+    from interventions.pairs.resolve import load_config
+
+    for stage in config.stages:
+        if not stage.data:
+            raise SinkstudyError(f"stage {stage.name}: no data; give e.g. --data {stage.name}=digits")
+        for spec in stage.data:
+            data_mod.check_spec(spec)
+        vision_groups = sorted({"projector", "tower"} & set(stage.trainable))
+        if vision is None and vision_groups:
+            raise SinkstudyError(f"stage {stage.name} trains {', '.join(vision_groups)}, but a text-only run has no vision side")
+    if isinstance(base, (str, os.PathLike)):
+        load_config(base)
+    if vision is not None and vision.kind == "fresh":
+        tower_config(vision)
+    if vision is not None and vision.kind == "donor" and load_config(vision.source).model_type not in DONOR_TYPES:
+        raise SinkstudyError(f"--donor {vision.source}: {load_config(vision.source).model_type!r} is not a supported donor; "
+                             f"supported: {', '.join(DONOR_TYPES)}")
+
+
 def adapt(
     base,
     *,
@@ -107,15 +130,9 @@ def adapt(
     trajectory's calibration texts). `hooks`: protection plug-ins (interventions.adapt.hooks), part of
     the run's identity. `callbacks`: extra `TrainerCallback`s that only observe (not part of it).
     """
-    from interventions.adapt import data as data_mod
-
     out = Path(out)
     model_dir = Path(model_dir) if model_dir else out / "model"
-    for stage in config.stages:  # every input is checked before any work
-        if not stage.data:
-            raise SinkstudyError(f"stage {stage.name}: no data; give e.g. --data {stage.name}=digits")
-        for spec in stage.data:
-            data_mod.check_spec(spec)
+    check_inputs(base, vision, config)
     request = make_request(base, vision, config, hooks=hooks, qknorm=qknorm)
     status = check_run_dir(out, request, resume=resume, force=force)
     if status == "done" and model_dir.exists():
