@@ -31,6 +31,8 @@ def register(subparsers) -> None:
     p.add_argument("--gpu", default="H200", help="GPU for --estimate (H200, H100, A100, L40S; default H200)")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs for --estimate (default 1)")
     p.add_argument("--tokens-per-example", type=int, default=None, help="--estimate: sequence length (default image tokens + 128)")
+    p.add_argument("--examples", action="append", default=[], metavar="[STAGE=]N",
+                   help="--estimate: training examples per stage when the data is not counted locally (e.g. stage1=558128)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=main)
 
@@ -64,13 +66,7 @@ def build_request(args):
     for stage, specs in parse_stage_values(args.data, names, "data").items():
         config.stage(stage).data = list(specs)
     for stage, steps in parse_stage_values(args.steps, names, "steps").items():
-        try:
-            n = int(steps[-1])
-        except ValueError:
-            raise SinkstudyError(f"--steps {steps[-1]}: not an integer") from None
-        if n < 1:
-            raise SinkstudyError(f"--steps must be positive, got {n}")
-        config.stage(stage).steps = n
+        config.stage(stage).steps = _int(steps[-1], "--steps")
     if args.vision:
         vision = VisionSpec("fresh", args.vision, seed=config.seed)
     elif args.donor:
@@ -85,13 +81,27 @@ def build_request(args):
     return vision, config
 
 
+def _int(value: str, flag: str) -> int:
+    from sinkstudy import SinkstudyError
+
+    try:
+        n = int(value)
+    except ValueError:
+        raise SinkstudyError(f"{flag} {value}: not an integer") from None
+    if n < 1:
+        raise SinkstudyError(f"{flag} must be positive, got {n}")
+    return n
+
+
 def main(args) -> int:
     vision, config = build_request(args)
     if args.estimate:
         from interventions.adapt.estimate import estimate, format_estimate
 
+        examples = {stage: _int(v[-1], "--examples") for stage, v in
+                    parse_stage_values(args.examples, [s.name for s in config.stages], "examples").items()}
         print(format_estimate(estimate(args.base, vision, config, gpu=args.gpu, world=args.gpus,
-                                       tokens_per_example=args.tokens_per_example)))
+                                       tokens_per_example=args.tokens_per_example, examples=examples)))
         return 0
     from interventions.adapt import adapt
 

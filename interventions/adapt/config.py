@@ -122,6 +122,9 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Adapt
         raise AdaptConfigError(f"cannot parse {p}: {str(exc).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise AdaptConfigError(f"{p}: the top level must be a mapping")
+    for key in ("deepspeed", "fsdp"):  # relative paths are relative to the YAML file
+        if isinstance(raw.get(key), str) and not Path(raw[key]).is_absolute():
+            raw[key] = str((p.parent / raw[key]).resolve())
     return from_dict(_merge(raw, overrides or {}), where=str(p))
 
 

@@ -33,14 +33,15 @@ GPUS = {  # memory (GB), dense bf16 peak (TFLOP/s)
 
 
 def skeleton(base, vision: VisionSpec | None):
-    """The model to train, on the meta device (no weights): for counting parameters per group."""
+    """The model to train, on the meta device (no weights): for counting parameters per group.
+    `base`: a path / hub id, a config, or a loaded causal LM."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, LlavaForConditionalGeneration
 
     from interventions.adapt.build import llava_config, tower_config
     from interventions.pairs.resolve import load_config
 
-    base_config = base.config if hasattr(base, "config") else load_config(base)
+    base_config = base if hasattr(base, "model_type") else base.config if hasattr(base, "config") else load_config(base)
     with torch.device("meta"):
         if vision is None:
             return AutoModelForCausalLM.from_config(base_config), None
@@ -138,8 +139,9 @@ def format_estimate(e: dict) -> str:
         lines.append(f"{s['stage']:<10} {s['trainable_params'] / 1e6:>9.1f} M {acc:>11} {m['weights']:>8.1f} {m['gradients']:>7.1f} "
                      f"{m['optimizer']:>7.1f} {m['activations']:>7.1f} {m['logits']:>7.1f} {m['total']:>9.1f}"
                      f"{'' if s['fits'] else '!'} {s['seconds_per_step']:>8.3f} {s['steps'] or '?':>7} {hours:>7}")
-    lines += ["", "! = more than 92% of the GPU's memory: lower micro_batch_size (accumulation keeps the batch), turn on "
-              "gradient_checkpointing, or use DeepSpeed ZeRO-2 over more GPUs.",
-              "Assumptions: see interventions/adapt/estimate.py (fp32 master weights + AdamW; 34·b·T·d activation bytes per layer; "
+    if not all(s["fits"] for s in e["stages"]):
+        lines += ["", "! = more than 92% of the GPU's memory: lower micro_batch_size (accumulation keeps the batch), turn on "
+                  "gradient_checkpointing, or use DeepSpeed ZeRO-2 over more GPUs."]
+    lines += ["", "Assumptions: see interventions/adapt/estimate.py (fp32 master weights + AdamW; 34·b·T·d activation bytes per layer; "
               "logits at answer tokens only; 6 FLOPs/param/token when the LM trains, 4 when only the projector does)."]
     return "\n".join(lines)
