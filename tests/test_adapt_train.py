@@ -217,7 +217,22 @@ def test_text_only_run_trains_the_causal_lm(tmp_path, tokenizer):
                                                         {"role": "assistant", "content": str(i + 1)}]}) for i in range(20)))
     cfg = from_dict({"precision": "fp32", "stages": [{"name": "text", "data": [str(chats)], "trainable": ["lm"], "steps": 2,
                                                       "batch_size": 4, "micro_batch_size": 4, "lr": 1e-2}]})
-    report = adapt(copy.deepcopy(base), tokenizer=tokenizer, config=cfg, out=tmp_path / "run", progress=False)
+    seen = _SinkMapsSeen()
+    report = adapt(copy.deepcopy(base), tokenizer=tokenizer, config=cfg, out=tmp_path / "run", hooks=[seen], progress=False)
     trained, _ = load_causal_lm(report["model"])
     assert type(trained).__name__ == "Qwen2ForCausalLM" and report["build"] == {"kind": "text-only"}
     assert not torch.equal(trained.lm_head.weight, base.lm_head.weight)
+    # The base's sink maps reach a hook that asks for them; the hook is part of the run's identity.
+    assert seen.shape == (2, 4) and report["stages"][0]["hooks"] == {"sink_maps_seen": {"layers": 2}}
+    assert report["hooks"][0]["name"] == "sink_maps_seen" and len(report["hooks"][0]["source_sha256"]) == 16
+
+
+class _SinkMapsSeen(TrainingHook):
+    name = "sink_maps_seen"
+    needs_sink_maps = True
+
+    def setup(self, ctx):
+        self.shape = tuple(ctx.sink_maps.mass.shape)
+
+    def teardown(self, ctx):
+        return {"layers": ctx.sink_maps.num_layers}
