@@ -31,7 +31,7 @@ NATIVE ?= $(RUN)/models/qwen3-base
 VISION_ARGS = $(if $(VISION),--vision $(VISION),$(if $(DONOR),--donor $(DONOR),--tiny-vision))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo bench sink eval compare pair-extract pair-diff qknorm adapt qknorm-arm \
+.PHONY: help install test demo bench bench-adapt sink eval compare pair-extract pair-diff qknorm adapt qknorm-arm \
         merge-linear merge-ties merge-dare merge-sweep mitigate study paper paper-dry clean
 
 help: ## list the targets
@@ -54,6 +54,9 @@ demo: $(STAMP) ## run the embedded miniature study end to end; report in runs/de
 
 bench: $(STAMP) ## fast sink pass vs eager output_attentions: time and peak memory ratios
 	$(PY) -m evals.sink.bench $(ARGS)
+
+bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak memory of a training step per vocabulary size
+	$(PY) -m interventions.adapt.bench $(ARGS)
 
 sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path)
 	$(SINKSTUDY) sink $(MODEL) $(if $(OUT),--out $(OUT)) $(ARGS)

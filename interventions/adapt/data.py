@@ -159,10 +159,6 @@ class Records(Sequence):
         for i in range(len(self)):
             self[i]
 
-    @property
-    def has_images(self) -> bool:
-        return any(self[i].get("images") for i in range(min(len(self), 64)))
-
 
 def _read_json(path: Path) -> list:
     try:

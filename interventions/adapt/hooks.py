@@ -16,7 +16,7 @@ A hook subclasses `TrainingHook` and overrides what it needs; a list of hooks is
                                gradient clipping: edit `p.grad` in place (mask, project).
     after_optimizer_step(ctx)  right after `optimizer.step()`: restore or project parameter values
                                (e.g. keep rows of a matrix bit-identical under AdamW, or project an
-                               Adam-normalised update); ctx.before holds what you stored in setup.
+                               Adam-normalised update) from what setup stored in ctx.state.
     teardown(ctx)              once after the stage (remove forward hooks); return a JSON-able summary
                                for the run report, or None.
 
