@@ -319,6 +319,7 @@ class Encoder:
         if not getattr(self.tokenizer, "is_fast", False):
             raise SinkstudyError("the adaptation engine needs a fast tokenizer (offsets map assistant turns to tokens)")
         self.image_token_id = self.tokenizer.convert_tokens_to_ids(self.image_token) if self.image_token else None
+        self._last_image = (None, None)  # (image object, its processed tensors): probes re-encode one image many times
 
     def __call__(self, record: dict) -> dict:
         if "text" in record:
@@ -340,8 +341,13 @@ class Encoder:
         return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "images": processed[:kept]}
 
     def _image(self, image) -> dict:
+        # Identity, not id(): the reference held here keeps the object alive, so it cannot be mistaken.
+        if self._last_image[0] is image and not isinstance(image, (str, os.PathLike)):
+            return self._last_image[1]
         out = self.processor.image_processor(images=[open_image(image)], return_tensors="pt")
-        return {k: v for k, v in out.items() if torch.is_tensor(v)}
+        processed = {k: v for k, v in out.items() if torch.is_tensor(v)}
+        self._last_image = (image, processed)
+        return processed
 
     def _render(self, messages, **kw) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, **kw)
@@ -360,7 +366,7 @@ class Encoder:
             if m["role"] != "assistant":
                 continue
             before = self._expand(self._render(messages[:i], add_generation_prompt=True), expansions)
-            upto = self._expand(self._render(messages[: i + 1]), expansions)
+            upto = full if i == len(messages) - 1 else self._expand(self._render(messages[: i + 1]), expansions)
             if not (upto.startswith(before) and full.startswith(upto)):
                 raise DataError("the chat template is not prefix-stable (a later turn changes how an earlier one renders), "
                                 "so assistant turns cannot be located; use loss_on: all or another template")

@@ -134,19 +134,26 @@ def adapt(
     model_dir = Path(model_dir) if model_dir else out / "model"
     check_inputs(base, vision, config)
     request = make_request(base, vision, config, hooks=hooks, qknorm=qknorm)
-    status = check_run_dir(out, request, resume=resume, force=force)
+    main = _is_main()
+    try:
+        # Under a multi-process launch rank 0 decides (and writes); the others may already see its request.
+        status = check_run_dir(out, request, resume=resume or not main, force=force)
+    except SinkstudyError:
+        if main:
+            raise
+        status = "resume"  # rank 0 refuses and exits; the launcher stops the others
     if status == "done" and model_dir.exists():
         log.info("reusing finished adaptation run %s", out)
         return read_json(out / REPORT)
-    if status == "replace":
-        shutil.rmtree(out)
-    main = _is_main()
     if main:
+        if status == "replace":
+            shutil.rmtree(out)
         write_json_atomic(out / REQUEST, request)
-    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks))
+    fresh = status in ("new", "replace")  # nothing of an earlier run may be reused (also by other ranks)
+    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks), fresh)
 
 
-def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks) -> dict:
+def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh) -> dict:
     import torch
 
     from interventions.adapt import data as data_mod
@@ -183,7 +190,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
         sources = [data_mod.load_records(spec, seed=config.seed) for spec in stage.data]
         encoder = data_mod.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
         dataset = data_mod.EncodedDataset(sources, encoder)
-        if (work / "done.json").is_file():
+        if not fresh and (work / "done.json").is_file():
             from safetensors.torch import load_model
 
             load_model(model, str(work / "final.safetensors"))
@@ -192,7 +199,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
             callbacks = [TrajectoryCallback(probe, traj_path, stage=stage.name, offset=offset, every=config.trajectory.every)] if main else []
             callbacks += extra_callbacks
             stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
-                                tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps, resume=True,
+                                tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps, resume=not fresh,
                                 progress=progress and main, desc=f"adapt {stage.name}")
             if main:
                 from safetensors.torch import save_model
