@@ -111,8 +111,15 @@ def run_arms(args) -> dict[str, Any]:
             "trajectory": read_points(out / "arms" / name / "trajectory.json"),
             "fingerprint": model_fingerprint(lm_dir),
         }
-    base_run = run_eval(args.base, None, out_dir=out / "evals" / "base", **eval_kw)
-    report = _report(args, arms, results, base_run, tasks, config, vision)
+    base_runs = {}  # each arm's own base: BASE (control, injected) or the native model
+    for arm in arms:
+        own = arm["start"] if arm["inject"] is None else args.base
+        if own not in base_runs:
+            label = "base" if own == args.base else f"{arm['name']}-base"
+            base_runs[own] = run_eval(own, None, out_dir=out / "evals" / label, **eval_kw)
+        results[arm["name"]]["own_base"] = own
+        results[arm["name"]]["own_base_eval"] = base_runs[own]
+    report = _report(args, arms, results, tasks, config, vision)
     report["provenance"] = provenance(model_fingerprints={"base": model_fingerprint(args.base),
                                                           **{a: r["fingerprint"] for a, r in results.items()}},
                                       seeds={"seed": args.seed, "adapt": config.seed})
@@ -149,7 +156,7 @@ def _delta(c) -> dict:
             "ci": [-100 * hi, -100 * lo], "mcnemar_p": c.mcnemar_p, "n": c.n, "metric": c.metric}
 
 
-def _report(args, arms, results, base_run, tasks, config, vision) -> dict:
+def _report(args, arms, results, tasks, config, vision) -> dict:
     from evals.lmeval import HEADLINE_METRICS
     from evals.stats import compare
 
@@ -159,33 +166,35 @@ def _report(args, arms, results, base_run, tasks, config, vision) -> dict:
         per_task = {}
         for task in tasks:
             metric = HEADLINE_METRICS.get(task)
-            entry = {"vs_base": _delta(compare(base_run, r["eval"], task, metric, seed=args.seed))}
+            entry = {"vs_own_base": _delta(compare(r["own_base_eval"], r["eval"], task, metric, seed=args.seed))}
             if reference and name != reference:
                 entry["vs_control"] = _delta(compare(results[reference]["eval"], r["eval"], task, metric, seed=args.seed))
             per_task[task] = entry
-        rows[name] = {k: v for k, v in r.items() if k not in ("eval", "trajectory")} | {"tasks": per_task}
+        rows[name] = {k: v for k, v in r.items() if k not in ("eval", "own_base_eval", "trajectory")} | {"tasks": per_task}
     stages = [{"stage": s.name, "steps": s.steps, "epochs": s.epochs, "lr": s.lr, "schedule": s.schedule,
                "trainable": s.trainable, "batch_size": s.batch_size, "data": [str(d) for d in s.data]} for s in config.stages]
     return {"base": args.base, "arms": rows, "tasks": tasks, "recipe": {"file": args.adapt, "seed": config.seed, "stages": stages},
             "vision": vision.to_dict(), "limit": args.limit,
-            "convention": "Δ = arm − reference in points (score × 100); negative = lost capability; "
-                          "95% paired bootstrap CI over prompts; McNemar exact p on discordant prompts",
+            "convention": "Δ = arm − reference in points (score × 100); negative = lost capability; reference = the arm's "
+                          "own base before adaptation (BASE for control and injected arms, the native model for `native`) "
+                          "or the control arm; 95% paired bootstrap CI over prompts; McNemar exact p on discordant prompts",
             "paper": "QK-RMSNorm injected into Qwen2.5-3B-Instruct, then the LLaVA two-stage recipe: IFEval 59.9 → 11 (Δ ≈ −49)"}
 
 
 def format_arms(report: dict) -> str:
     tasks = report["tasks"]
-    head = f"{'arm':<28} {'S start':>8} {'S after':>8}" + "".join(f" {t[:18] + ' (pts)':>25} {'Δ vs base [95% CI]':>27} {'Δ vs control [95% CI]':>27}" for t in tasks)
+    head = f"{'arm':<28} {'S start':>8} {'S after':>8}" + "".join(
+        f" {t[:18] + ' (pts)':>25} {'own base':>9} {'Δ vs own base [95% CI]':>27} {'Δ vs control [95% CI]':>27}" for t in tasks)
     lines = [f"QK-norm arms on {report['base']} through the same adaptation", report["convention"], "", head, "-" * len(head)]
     for name, r in report["arms"].items():
         cells = ""
         for t in tasks:
             e = r["tasks"][t]
-            vb, vc = e["vs_base"], e.get("vs_control")
-            cells += f" {vb['score']:>25.1f} {_ci(vb):>27} {(_ci(vc) if vc else '-'):>27}"
+            vb, vc = e["vs_own_base"], e.get("vs_control")
+            cells += f" {vb['score']:>25.1f} {vb['reference']:>9.1f} {_ci(vb):>27} {(_ci(vc) if vc else '-'):>27}"
         lines.append(f"{name:<28} {r['sink_strength_start']:>8.3f} {r['sink_strength_after']:>8.3f}{cells}")
-    base_scores = {t: next(iter(report["arms"].values()))["tasks"][t]["vs_base"]["reference"] for t in tasks}
-    lines += ["", "original base: " + ", ".join(f"{t} {v:.1f}" for t, v in base_scores.items()), f"paper: {report['paper']}"]
+    lines += ["", "S: Sink Strength of the arm's LM before (start: after any injection) and after adaptation, "
+              "on the calibration prompts", f"paper: {report['paper']}"]
     return "\n".join(lines)
 
 

@@ -114,8 +114,10 @@ def test_qknorm_arms_through_the_same_adaptation(models, tmp_path, capsys):
     assert "vs_control" not in arms["control"]["tasks"]["sinkstudy_ifeval"]
     for name, arm in arms.items():
         assert arm["round_trip"] <= 1e-5 and [s["steps"] for s in arm["stages"]] == [2, 2]
-        vb = arm["tasks"]["sinkstudy_ifeval"]["vs_base"]
+        vb = arm["tasks"]["sinkstudy_ifeval"]["vs_own_base"]
         assert vb["n"] == 3 and vb["delta"] == pytest.approx(vb["score"] - vb["reference"])
+        assert arm["own_base"] == str(models / ("qwen3" if name == "native" else "qwen2"))
+    assert (out / "evals" / "base").is_dir() and (out / "evals" / "native-base").is_dir()
     # Same adaptation: identical data order, seed, steps, tower and projector init in every arm.
     requests = {n: json.loads((out / "arms" / n / "request.json").read_text()) for n in arms}
     assert len({json.dumps([r["config"], r["vision"]], sort_keys=True) for r in requests.values()}) == 1
