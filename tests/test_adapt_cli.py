@@ -65,6 +65,18 @@ def test_adapt_cli_bad_input_fails_in_one_line_before_any_work(models, tmp_path,
     assert rc == 2 and message in err and len(err.splitlines()) == 1 and not out.exists()
 
 
+def test_donor_without_a_loadable_processor_is_refused_before_any_work(models, tmp_path, capsys):
+    from vlm_factories import save_tiny_vlm
+
+    save_tiny_vlm(tmp_path / "donor", "qwen2_5_vl")  # weights + tokenizer, no processor
+    capsys.readouterr()
+    out = tmp_path / "run"
+    rc = main(["adapt", "--base", str(models / "qwen2"), "--donor", str(tmp_path / "donor"), "--data", "digits",
+               "--config", str(models / "recipe.yaml"), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "cannot load its processor" in err and len(err.splitlines()) == 1 and not out.exists()
+
+
 def test_estimate_on_real_shape_configs(tmp_path, capsys):
     """Qwen2.5-3B-Instruct's shape around CLIP ViT-L/14-336 (LLaVA-1.5's tower), from configs only."""
     from transformers import CLIPVisionConfig, Qwen2Config

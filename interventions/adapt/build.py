@@ -174,7 +174,7 @@ def tower_config(vision: VisionSpec):
 
 def _tower_weights(vision: VisionSpec, vision_config):
     """(tower state dict, image processor): seeded random for tiny, the checkpoint's for fresh."""
-    from transformers import AutoImageProcessor, AutoModel, CLIPVisionModel
+    from transformers import AutoModel, CLIPVisionModel
 
     if vision.kind == "tiny":
         from transformers import CLIPImageProcessorPil  # no torchvision needed
@@ -187,12 +187,23 @@ def _tower_weights(vision: VisionSpec, vision_config):
                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
         return state, proc
     model = AutoModel.from_pretrained(vision.source, dtype=torch.float32)
-    state = getattr(model, "vision_model", model).state_dict()
+    return getattr(model, "vision_model", model).state_dict(), load_processor(vision)
+
+
+def load_processor(vision: VisionSpec):
+    """The image processor of a fresh tower, or a donor's whole processor; one line if it cannot load."""
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    flag = "--vision" if vision.kind == "fresh" else "--donor"
     try:
-        proc = AutoImageProcessor.from_pretrained(vision.source)
-    except (OSError, ValueError) as exc:
-        raise SinkstudyError(f"--vision {vision.source} has no image processor: {str(exc).splitlines()[0]}") from None
-    return state, proc
+        proc = (AutoImageProcessor if vision.kind == "fresh" else AutoProcessor).from_pretrained(vision.source)
+    except (OSError, ValueError, ImportError, AttributeError) as exc:
+        # Qwen-VL processors need torchvision (their video processor): `pip install torchvision`.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SinkstudyError(f"{flag} {vision.source}: cannot load its processor: {first}") from None
+    if vision.kind == "donor" and not hasattr(proc, "image_processor"):
+        raise SinkstudyError(f"{flag} {vision.source}: no image processor saved there (processor_config.json / preprocessor_config.json)")
+    return proc
 
 
 def _tower_names(state: dict, tower) -> dict:
@@ -214,14 +225,8 @@ def _init_projector(projector, seed: int) -> None:
 # --------------------------------------------------------------------------- donor
 
 def _donor(lm, state: dict, tokenizer, vision: VisionSpec) -> Built:
-    from transformers import AutoProcessor
-
     vlm, report = donor_model(lm, state, vision.source)
-    try:
-        processor = AutoProcessor.from_pretrained(vision.source)
-    except (OSError, ValueError, ImportError, AttributeError) as exc:
-        # Qwen-VL processors need torchvision (their video processor): `pip install torchvision`.
-        raise SinkstudyError(f"--donor {vision.source}: cannot load its processor: {str(exc).strip().splitlines()[0]}") from None
+    processor = load_processor(vision)
     image_token = processor.image_token
     expected = getattr(vlm.config, "image_token_id", None)
     expected = expected if expected is not None else vlm.config.image_token_index

@@ -88,7 +88,7 @@ def check_run_dir(out: Path, request: dict, *, resume: bool, force: bool) -> str
 def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig) -> None:
     """Every input a run reads, checked from configs and file existence (before any work)."""
     from interventions.adapt import data as data_mod
-    from interventions.adapt.build import DONOR_TYPES, tower_config
+    from interventions.adapt.build import DONOR_TYPES, load_processor, tower_config
     from interventions.pairs.resolve import load_config
 
     for stage in config.stages:
@@ -106,6 +106,8 @@ def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig) -> None:
     if vision is not None and vision.kind == "donor" and load_config(vision.source).model_type not in DONOR_TYPES:
         raise SinkstudyError(f"--donor {vision.source}: {load_config(vision.source).model_type!r} is not a supported donor; "
                              f"supported: {', '.join(DONOR_TYPES)}")
+    if vision is not None and vision.kind != "tiny":
+        load_processor(vision)  # configs and tokenizer files only; e.g. a Qwen-VL processor without torchvision
 
 
 def adapt(
