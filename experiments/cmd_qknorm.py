@@ -1,8 +1,14 @@
-"""`sinkstudy qknorm BASE`: inject QK-RMSNorm -> (recovery training) -> sink + strict evals -> report.
+"""`sinkstudy qknorm BASE`: inject QK-RMSNorm -> (recovery training | VL adaptation) -> sink + strict evals.
 
-The injected model is compared with the original BASE on the same calibration texts and eval
-prompts. With `--native-ok` a backbone that already has QK-norm goes through the same recipe
-(training included) as the "native" arm instead of being refused.
+Without --adapt: the injected model (optionally recovery-trained on text) is compared with the
+original BASE on the same calibration texts and eval prompts. With `--native-ok` a backbone that
+already has QK-norm goes through the same recipe as the "native" arm instead of being refused.
+
+With --adapt CONFIG (the paper's negative result, end to end): arms `control` (BASE, no injection),
+`injected-<init>` for each --init mode and, with --native NATIVE_BASE (or when BASE itself has
+QK-norm), `native`, all through the SAME adaptation (`interventions.adapt`: same tower init, data
+order, seed and steps), then Sink Strength and strict evals of each arm's extracted language model,
+side by side with paired CIs against the original base and against the control arm.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ TRAINABLE_MODES = ("gains", "attention", "all")
 def register(subparsers) -> None:
     p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original")
     p.add_argument("base", metavar="BASE", help="base LLM: hub id or local path (Llama, Mistral, Qwen2, Gemma, Gemma2)")
-    p.add_argument("--init", default="scale-preserving", choices=INIT_MODES, help="gain initialisation (default scale-preserving)")
+    p.add_argument("--init", default="scale-preserving",
+                   help="gain initialisation: identity-gain, scale-preserving or blend; with --adapt a comma list (one arm each)")
     p.add_argument("--alpha", type=float, default=0.5, help="blend weight for --init blend: (1-a) x + a norm(x) (default 0.5)")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
                    help="calibration texts for gains, KL and Sink Strength: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
@@ -39,7 +46,15 @@ def register(subparsers) -> None:
     p.add_argument("--native-ok", action="store_true", help="measure a native QK-norm backbone (same recipe) instead of refusing it")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--out", default=None, help="output directory (default runs/qknorm/<base>-<init>-s<steps>)")
+    p.add_argument("--adapt", metavar="CONFIG", default=None,
+                   help="run the arms through this VL adaptation recipe (YAML, docs/adapt.md) instead of recovery training")
+    p.add_argument("--vision", metavar="ID|PATH", help="--adapt: fresh LLaVA tower (CLIP/SigLIP); default: the tiny local tower")
+    p.add_argument("--donor", metavar="ID|PATH", help="--adapt: a donor VLM's tower + projector (injected norms carried as hooks)")
+    p.add_argument("--data", action="append", default=[], metavar="[STAGE=]SPEC", help="--adapt: data per stage (default digits)")
+    p.add_argument("--native", metavar="BASE", default=None,
+                   help="--adapt: a base with native QK-norm (same shape family) run through the same adaptation as arm `native`")
+    p.add_argument("--resume", action="store_true", help="--adapt: continue the arms in an existing --out")
+    p.add_argument("--out", default=None, help="output directory (default runs/qknorm/<base>-<init>-s<steps>, or -adapt)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.set_defaults(func=main)
 
@@ -47,7 +62,10 @@ def register(subparsers) -> None:
 def default_out(args) -> str:
     from pathlib import Path
 
-    return str(Path("runs") / "qknorm" / f"{Path(str(args.base).rstrip('/')).name}-{args.init}-s{args.train_steps}")
+    name = Path(str(args.base).rstrip('/')).name
+    if args.adapt:
+        return str(Path("runs") / "qknorm" / f"{name}-adapt")
+    return str(Path("runs") / "qknorm" / f"{name}-{args.init}-s{args.train_steps}")
 
 
 def _validate(args) -> None:
@@ -67,14 +85,32 @@ def _validate(args) -> None:
         raise SinkstudyError(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.train_texts and not Path(args.train_texts).is_file():
         raise SinkstudyError(f"--train-texts file not found: {args.train_texts}")
-    check_output_dir(args.out, args.force)
+    inits = [i.strip() for i in args.init.split(",") if i.strip()]
+    bad = [i for i in inits if i not in INIT_MODES]
+    if bad or not inits or (len(inits) > 1 and not args.adapt):
+        raise SinkstudyError(f"--init {args.init}: choose {'a comma list' if args.adapt else 'one'} of {', '.join(INIT_MODES)}")
+    if args.adapt:
+        if args.train_steps:
+            raise SinkstudyError("--adapt and --train-steps are two recipes; choose one")
+        if args.vision and args.donor:
+            raise SinkstudyError("--vision and --donor: choose one")
+        if not (args.resume and Path(args.out).exists()):
+            check_output_dir(args.out, args.force)
+    else:
+        check_output_dir(args.out, args.force)
 
 
 def main(args) -> int:
     args.out = args.out or default_out(args)
     _validate(args)
-    report = run_qknorm(args)
-    print(format_table(report))
+    if args.adapt:
+        from experiments.qknorm_arm import format_arms, run_arms
+
+        report = run_arms(args)
+        print(format_arms(report))
+    else:
+        report = run_qknorm(args)
+        print(format_table(report))
     print(f"wrote {args.out}")
     return 0
 
@@ -205,7 +241,7 @@ def format_table(report: dict) -> str:
              f"{'mean next-token KL vs original':<34} {_f(0.0):>10} {_f(init['mean_kl']):>10} {_f(after and after['mean_kl']):>10}"]
     if report["evals"]:
         evaluated = "trained" if after else "at init"
-        lines += ["", f"strict evals: original vs {arm} ({evaluated}); A-B > 0 means {arm} lost capability",
+        lines += ["", f"strict evals: original vs {arm} ({evaluated}); Δ = {arm} − original in points (negative: {arm} lost capability)",
                   paired_table([Comparison(**c) for c in report["evals"]["paired"]], names=("original", arm))]
     return "\n".join(lines)
 

@@ -503,7 +503,8 @@ def _native_qk(pair: dict) -> bool:
 
 def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> dict:
     """Inject QK-RMSNorm into the base (pairs without native QK-norm); measure the injected base and,
-    with `vl: true` (the demo), re-run the same VL recipe on it and measure that VLM's LM."""
+    with `vl: true` (the demo), re-run the same VL recipe (the adaptation engine) on it and measure
+    that VLM's LM, extracted by the engine (which re-attaches norms carried as hooks)."""
     from experiments.study import model_dir
 
     p, name = pair["name"], iv["name"]
@@ -512,7 +513,8 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
     params = {"init": "scale-preserving", "train_steps": 0, "trainable": "all", "lr": 1e-3, "vl": False, **iv["params"]}
     base_out = model_dir(runner.out, p, name, "base")
     spec = {"qknorm": params, "seed": study.seed, "base": model_fingerprint(pair["base"]),
-            "code": code_version(_HERE / "interventions" / "qknorm.py", _HERE / "interventions" / "training.py")}
+            "code": code_version(_HERE / "interventions" / "qknorm.py", _HERE / "interventions" / "training.py",
+                                 _HERE / "interventions" / "adapt")}
     made = runner.run(f"{p}/intervene/{name}", spec,
                       lambda: qknorm_step(study, pair, params, base_out, runner.progress), deps=deps, outputs=base_out)
     out = {name: {**measure(runner, study, pair, name, str(base_out), deps=[f"{p}/intervene/{name}"],
@@ -524,11 +526,16 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
         runner.run(f"{p}/intervene/{name}-vl", {"vl": study.build["vl"]},
                    lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress), deps=[f"{p}/intervene/{name}"],
                    outputs=vlm_out)
-        qk_pair = {**pair, "base": str(base_out), "vlm": str(vlm_out)}
-        extracted = runner.run(f"{p}/intervene/{name}-vl-extract", {}, lambda: extract_step(qk_pair, lm_out, study),
-                               deps=[f"{p}/intervene/{name}-vl"], outputs=lm_out)
+        def extract() -> dict:
+            from interventions.adapt.build import save_extracted_lm
+            from sinkstudy.provenance import model_fingerprint
+
+            save_extracted_lm(vlm_out, str(base_out), lm_out, force=True)
+            return {"path": str(lm_out), "fingerprint": model_fingerprint(lm_out)}
+
+        extracted = runner.run(f"{p}/intervene/{name}-vl-extract", {}, extract, deps=[f"{p}/intervene/{name}-vl"], outputs=lm_out)
         out[f"{name}-vl"] = {**measure(runner, study, pair, f"{name}-vl", str(lm_out), deps=[f"{p}/intervene/{name}-vl-extract"],
-                                       fingerprint=runner.fingerprint(lm_out, extracted["fingerprints"][str(lm_out)])),
+                                       fingerprint=runner.fingerprint(lm_out, extracted["fingerprint"])),
                              "method": "qknorm+vl"}
     return out
 

@@ -360,8 +360,19 @@ def save_injected(model, path: str | os.PathLike, *, tokenizer=None, metadata: d
 
 
 def _save_qwen3_sibling(model, out: Path) -> None:
+    to_qwen3_sibling(model).save_pretrained(out)
+
+
+def to_qwen3_sibling(model):
+    """The exact `Qwen3ForCausalLM` twin of an injected Llama / Mistral / Qwen2 (shares its tensors).
+
+    Used for checkpoints ("qwen3-sibling") and to carry injected QK-norm inside a LLaVA build, whose
+    text model is then an ordinary Qwen3 (`interventions.adapt.build`).
+    """
     from transformers import Qwen3ForCausalLM
 
+    if checkpoint_format(model) != "qwen3-sibling":
+        raise SinkstudyError(f"{_text_config(model).model_type} with this injection has no exact Qwen3 twin")
     config = qwen3_config_for(_text_config(model))
     state = dict(model.state_dict())
     with torch.device("meta"):
@@ -378,7 +389,10 @@ def _save_qwen3_sibling(model, out: Path) -> None:
         sibling.tie_weights()
     if getattr(model, "generation_config", None) is not None:
         sibling.generation_config = model.generation_config
-    sibling.save_pretrained(out)
+    impl = getattr(_text_config(model), "_attn_implementation", None)
+    if impl:
+        sibling.set_attn_implementation(impl)
+    return sibling.train(model.training)
 
 
 def load_injected(path: str | os.PathLike, **from_pretrained_kwargs):
@@ -408,6 +422,58 @@ def load_injected(path: str | os.PathLike, **from_pretrained_kwargs):
 
 def is_injected_checkpoint(path: str | os.PathLike) -> bool:
     return (Path(path) / SIDECAR).is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# Injected norms carried inside a VLM whose text class has no q_norm/k_norm (hooks + sidecar)
+
+VLM_FORMAT = "sinkstudy-hooks-vlm"
+
+
+def injected_norms(decoder) -> tuple[dict[str, torch.Tensor], float]:
+    """(gain tensors named relative to `decoder`, alpha) of the injected norms in a text decoder."""
+    return _norm_tensors(decoder), _norm_alpha(decoder)
+
+
+def attach_norms(decoder, gains: dict[str, torch.Tensor], alpha: float) -> None:
+    """Re-attach injected norms (names relative to `decoder`, as `injected_norms` returns them)."""
+    attns = attention_modules(decoder)
+    if qk_norm_kind(decoder) != "none":
+        raise QKNormError(f"{type(decoder).__name__} already has QK-norm; refusing to attach injected norms")
+    _attach(decoder, attns, alpha=alpha)
+    expected = _norm_tensors(decoder)
+    if set(gains) != set(expected):
+        raise SinkstudyError(f"saved QK-norm gains do not match {type(decoder).__name__}: "
+                             f"{sorted(set(gains) ^ set(expected))[:3]}")
+    decoder.load_state_dict({k: v.to(expected[k].device) for k, v in gains.items()}, strict=False)
+
+
+def save_vlm_norms(decoder, path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """Write the gains of a VLM's injected text-decoder norms beside its checkpoint (inside `path`)."""
+    from safetensors.torch import save_file
+
+    from sinkstudy.io import write_json_atomic
+
+    gains, alpha = injected_norms(decoder)
+    save_file({k: v.cpu() for k, v in gains.items()}, str(Path(path) / GAINS_FILE), metadata={"format": "pt"})
+    write_json_atomic(Path(path) / SIDECAR, {"format": VLM_FORMAT, "source_model_type": _text_config(decoder).model_type,
+                                             "alpha": alpha, "eps": _text_config(decoder).rms_norm_eps, **(metadata or {})})
+
+
+def load_vlm_norms(path: str | os.PathLike, decoder) -> bool:
+    """Re-attach the norms `save_vlm_norms` wrote in `path` to `decoder`; False when `path` has none."""
+    from safetensors.torch import load_file
+
+    from sinkstudy.io import read_json
+
+    path = Path(path)
+    if not (path / SIDECAR).is_file():
+        return False
+    meta = read_json(path / SIDECAR)
+    if meta.get("format") != VLM_FORMAT:
+        raise SinkstudyError(f"{path / SIDECAR} is a {meta.get('format')!r} causal-LM sidecar, not a VLM one")
+    attach_norms(decoder, load_file(str(path / GAINS_FILE)), meta["alpha"])
+    return True
 
 
 # Documented bound (docs/qknorm.md): on the sinkstudy.tiny test models (default init, calibration on

@@ -1,4 +1,5 @@
-"""The shared fine-tuning loop really learns, respects the trainable filter and is seeded."""
+"""Text training through the adaptation engine really learns, respects the trainable filter, is
+seeded, and lets a callback see the model at chosen steps."""
 
 import pytest
 import torch
@@ -35,3 +36,17 @@ def test_empty_filter_is_refused(tokenizer):
     model = tiny_causal_lm("llama", vocab_size=len(tokenizer))
     with pytest.raises(SinkstudyError, match="selected no parameters"):
         train_causal_lm(model, tokenizer, TEXTS, steps=1, trainable=lambda n, p: False, progress=False)
+
+
+def test_callbacks_see_the_model_at_each_step(tokenizer):
+    from transformers import TrainerCallback
+
+    class Watch(TrainerCallback):
+        seen = []
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            self.seen.append((state.global_step, float(model.lm_head.weight.detach().abs().sum())))
+
+    model = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    train_causal_lm(model, tokenizer, TEXTS, steps=3, batch_size=2, progress=False, callbacks=[Watch()])
+    assert [s for s, _ in Watch.seen] == [1, 2, 3] and len({w for _, w in Watch.seen}) == 3

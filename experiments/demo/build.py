@@ -24,6 +24,8 @@ DEFAULTS = {
         # lr = pretraining lr / 3, not LLaVA's / 15: our LM has never seen caption wording and must learn it
         # before it can learn to read the digit (at 2e-4 x 100 steps accuracy stayed at chance).
         "stage2": {"steps": 200, "lr": 1e-3, "batch_size": 16},
+        # Sink Strength of the LM during adaptation every N steps (trajectory.json beside each run); null: ends only.
+        "trajectory_every": 50,
     },
 }
 BACKBONE_KEYS = {"name", "family", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -36,7 +38,8 @@ QUICK = {
         "corpus": {"train_records": 1500, "heldout_ifeval": 10, "heldout_gsm": 6},
         "tokenizer": {"vocab_size": 512},
         "pretrain": {"steps": 30, "batch_size": 8, "seq_len": 128},
-        "vl": {"heldout_images": 20, "stage1": {"steps": 6, "batch_size": 8}, "stage2": {"steps": 8, "batch_size": 8}},
+        "vl": {"heldout_images": 20, "stage1": {"steps": 6, "batch_size": 8}, "stage2": {"steps": 8, "batch_size": 8},
+               "trajectory_every": 4},
     },
     "evals": {"max_gen_toks": 24, "n_boot": 200},
 }
@@ -179,10 +182,12 @@ def pretrain_step(data: Path, models: Path, spec: dict, train: dict, progress: b
 
 
 def vl_step(base: Path, out: Path, cfg: dict, progress: bool) -> dict:
+    """The engine's two LLaVA stages on digits; the run directory (report, trajectory) is
+    `<models>/../adapt/<out name>`, the VLM checkpoint `out`."""
     from experiments.demo.vl import adapt_vl
     from sinkstudy.provenance import model_fingerprint
 
     if not (base / "config.json").is_file():
         raise SinkstudyError(f"VL adaptation needs the base checkpoint {base}")
-    res = adapt_vl(base, out, cfg, force=True, progress=progress)
+    res = adapt_vl(base, out, cfg, work_dir=out.parent.parent / "adapt" / out.name, progress=progress)
     return {**res, "path": str(out), "fingerprint": model_fingerprint(out)}

@@ -170,40 +170,42 @@ def grow(recipe: Recipe, tokenizer, texts: Sequence[str], *, checkpoints: Sequen
     Returns (model, GrowResult). The wall time excludes the measurements.
     """
     import torch
+    from transformers import TrainerCallback
 
     from experiments.demo.backbones import build_backbone
-    from interventions.training import _batch, encode_texts, optimize
+    from interventions.training import train_causal_lm
 
     measure = measure or (lambda m: sink_point(m, tokenizer))
     model = build_backbone(recipe.backbone_spec(), tokenizer)
     train_texts = mixed_texts(texts, tokenizer, recipe.backcopy_share, recipe.seed) if recipe.backcopy_share else list(texts)
-    examples = encode_texts(tokenizer, train_texts, recipe.seq_len)
-    pad_id = tokenizer.pad_token_id
     result = GrowResult(recipe)
-    marks = sorted(set(checkpoints))
-    clock = {"step": 0, "measuring": 0.0}
+    marks = set(checkpoints)
+    measuring = [0.0]
 
-    def record():
+    def record(step: int) -> None:
         t0 = time.perf_counter()
+        was_training = model.training
+        model.eval()
         with torch.no_grad():
             point = measure(model)
-        clock["measuring"] += time.perf_counter() - t0
-        result.curve.append({"step": clock["step"], **point})
+        model.train(was_training)
+        measuring[0] += time.perf_counter() - t0
+        result.curve.append({"step": step, **point})
 
-    def next_batch(rng):
-        # optimize() has no callback; the batch source is called once before each update, so it is the hook.
-        if clock["step"] in marks:
-            record()
-        clock["step"] += 1
-        input_ids, attention_mask, labels = _batch(rng.sample(examples, min(recipe.batch_size, len(examples))), pad_id)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    class Checkpoints(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if 0 in marks:
+                record(0)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in marks:
+                record(state.global_step)
 
     start = time.perf_counter()
-    stats = optimize(model, next_batch, steps=recipe.steps, lr=recipe.lr, weight_decay=recipe.weight_decay,
-                     seed=recipe.seed, progress=progress, desc=f"grow {recipe.name}")
-    result.train_seconds = time.perf_counter() - start - clock["measuring"]
-    if recipe.steps in marks:
-        record()
+    stats = train_causal_lm(model, tokenizer, train_texts, steps=recipe.steps, lr=recipe.lr, batch_size=recipe.batch_size,
+                            seq_len=recipe.seq_len, weight_decay=recipe.weight_decay, seed=recipe.seed,
+                            progress=progress, desc=f"grow {recipe.name}", callbacks=[Checkpoints()])
+    result.train_seconds = time.perf_counter() - start - measuring[0]
     result.final_loss, result.tokens = stats["final_loss"], stats["tokens"]
     return model, result
 
@@ -212,15 +214,17 @@ def heldout_chat_loss(model, tokenizer, texts: Sequence[str], seq_len: int = 160
     """Mean next-token loss (nats per predicted token) on `texts`, pads excluded."""
     import torch
 
-    from interventions.training import _batch, encode_texts
+    from interventions.adapt import data
 
-    examples = encode_texts(tokenizer, texts, seq_len)
+    encoder = data.Encoder(tokenizer, max_length=seq_len, loss_on="all")
+    features = [encoder({"text": t}) for t in texts]
+    features = [f for f in features if len(f["input_ids"]) >= 2]
     total = count = 0.0
     model.eval()
     with torch.no_grad():
-        for i in range(0, len(examples), batch_size):
-            input_ids, attention_mask, labels = _batch(examples[i:i + batch_size], tokenizer.pad_token_id)
-            n = int((labels[:, 1:] != -100).sum())
-            total += float(model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss) * n
+        for i in range(0, len(features), batch_size):
+            batch = data.collate(features[i:i + batch_size], tokenizer.pad_token_id)
+            n = int((batch["labels"][:, 1:] != -100).sum())
+            total += float(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss) * n
             count += n
     return total / count

@@ -1,0 +1,130 @@
+"""`sinkstudy adapt`: LLaVA-style VL adaptation of a base LLM (the engine in interventions/adapt).
+
+    sinkstudy adapt --base B (--vision ID|PATH | --donor ID|PATH | --tiny-vision | --text-only)
+                    --data [STAGE=]SPEC ... --out DIR [--config YAML] [--resume] [--force] [--estimate]
+
+The recipe is the paper's two stages (--text-only: one "text" stage training the LM) unless --config
+gives another (docs/adapt.md); --data without
+STAGE= feeds every stage, with it one stage (replacing that stage's data from the config).
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
+    p.add_argument("--base", required=True, help="base causal LM: hub id or local path")
+    side = p.add_mutually_exclusive_group(required=True)
+    side.add_argument("--vision", metavar="ID|PATH", help="fresh LLaVA: a CLIP or SigLIP tower + a new 2-layer GELU projector")
+    side.add_argument("--donor", metavar="ID|PATH", help="an existing VLM (Qwen2/2.5-VL, LLaVA) whose tower + projector to keep")
+    side.add_argument("--tiny-vision", action="store_true", help="a tiny random CLIP tower built locally (offline tests, the demo)")
+    side.add_argument("--text-only", action="store_true", help="no vision: train the LM itself on text (the Tülu-style contrast)")
+    p.add_argument("--data", action="append", default=[], metavar="[STAGE=]SPEC",
+                   help="digits | FILE.json[l] | json:FILE[@IMAGES] | hf:NAME[:SPLIT][@IMAGES]; repeatable")
+    p.add_argument("--config", metavar="YAML", help="adaptation recipe (default: the paper's two stages)")
+    p.add_argument("--steps", action="append", default=[], metavar="[STAGE=]N", help="optimizer steps (overrides epochs); repeatable")
+    p.add_argument("--qknorm", metavar="INIT", help="inject QK-RMSNorm into the base first (identity-gain, scale-preserving, blend)")
+    p.add_argument("--out", help="run directory (model in OUT/model; default runs/adapt/<base name>)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its last checkpoint")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    p.add_argument("--estimate", action="store_true", help="print GPU memory and time per stage and exit (nothing trained)")
+    p.add_argument("--gpu", default="H200", help="GPU for --estimate (H200, H100, A100, L40S; default H200)")
+    p.add_argument("--gpus", type=int, default=1, help="number of GPUs for --estimate (default 1)")
+    p.add_argument("--tokens-per-example", type=int, default=None, help="--estimate: sequence length (default image tokens + 128)")
+    p.add_argument("--examples", action="append", default=[], metavar="[STAGE=]N",
+                   help="--estimate: training examples per stage when the data is not counted locally (e.g. stage1=558128)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=main)
+
+
+def parse_stage_values(values: list[str], stage_names: list[str], what: str) -> dict[str, list[str]]:
+    """[STAGE=]VALUE items -> {stage: [values]}; an item without STAGE= goes to every stage."""
+    from sinkstudy import SinkstudyError
+
+    out: dict[str, list[str]] = {}
+    for item in values:
+        stage, sep, value = item.partition("=")
+        if sep and stage in stage_names:
+            out.setdefault(stage, []).append(value)
+        elif sep and not stage.startswith(("hf:", "json:")) and "/" not in stage and "." not in stage:
+            raise SinkstudyError(f"--{what} {item}: no stage named {stage!r}; stages: {', '.join(stage_names)}")
+        else:
+            for name in stage_names:
+                out.setdefault(name, []).append(item)
+    return out
+
+
+def build_request(args):
+    """(VisionSpec | None, AdaptConfig) from the command line, validated before any work."""
+    from pathlib import Path
+
+    from interventions.adapt import VisionSpec, load_config, paper_recipe, text_recipe
+    from sinkstudy import SinkstudyError
+
+    config = load_config(args.config) if args.config else text_recipe() if args.text_only else paper_recipe()
+    names = [s.name for s in config.stages]
+    for stage, specs in parse_stage_values(args.data, names, "data").items():
+        config.stage(stage).data = list(specs)
+    for stage, steps in parse_stage_values(args.steps, names, "steps").items():
+        config.stage(stage).steps = _int(steps[-1], "--steps")
+    if args.vision:
+        vision = VisionSpec("fresh", args.vision, seed=config.seed)
+    elif args.donor:
+        vision = VisionSpec("donor", args.donor, seed=config.seed)
+    elif args.tiny_vision:
+        vision = VisionSpec("tiny", seed=config.seed)
+    else:
+        vision = None
+    if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
+        raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
+    args.out = args.out or str(Path("runs") / "adapt" / Path(str(args.base).rstrip("/")).name)
+    return vision, config
+
+
+def _int(value: str, flag: str) -> int:
+    from sinkstudy import SinkstudyError
+
+    try:
+        n = int(value)
+    except ValueError:
+        raise SinkstudyError(f"{flag} {value}: not an integer") from None
+    if n < 1:
+        raise SinkstudyError(f"{flag} must be positive, got {n}")
+    return n
+
+
+def main(args) -> int:
+    vision, config = build_request(args)
+    if args.estimate:
+        from interventions.adapt.estimate import estimate, format_estimate
+
+        examples = {stage: _int(v[-1], "--examples") for stage, v in
+                    parse_stage_values(args.examples, [s.name for s in config.stages], "examples").items()}
+        print(format_estimate(estimate(args.base, vision, config, gpu=args.gpu, world=args.gpus,
+                                       tokens_per_example=args.tokens_per_example, examples=examples)))
+        return 0
+    from interventions.adapt import adapt
+
+    report = adapt(args.base, vision=vision, config=config, out=args.out, resume=args.resume, force=args.force,
+                   qknorm={"init": args.qknorm} if args.qknorm else None, progress=not args.quiet)
+    if report:
+        print(format_summary(report))
+        print(f"wrote {args.out} (model: {report['model']})")
+    return 0
+
+
+def format_summary(report: dict) -> str:
+    from interventions.adapt.run import run_summary
+
+    s = run_summary(report)
+    lines = [f"{'stage':<10} {'steps':>6} {'final loss':>11} {'steps/s':>8} {'tokens/s':>9} {'trainable':>11}"]
+    for r in s["stages"]:
+        lines.append(f"{r['stage']:<10} {r['steps']:>6} {_f(r['final_loss']):>11} {_f(r['steps_per_second']):>8} "
+                     f"{_f(r['tokens_per_second']):>9} {r['trainable_params']:>11,}")
+    if s["sink_strength"]:
+        lines.append(f"Sink Strength of the LM: {_f(s['sink_strength'][0])} before -> {_f(s['sink_strength'][1])} after")
+    return "\n".join(lines)
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.4g}"

@@ -1,0 +1,102 @@
+"""The seam for training-time protections: a small hook object the adaptation trainer calls.
+
+A hook subclasses `TrainingHook` and overrides what it needs; a list of hooks is an argument of
+`interventions.adapt.adapt` / `train_stage`. Per stage the trainer calls, in this order:
+
+    setup(ctx)                 once, before the optimizer exists: choose / freeze parameters
+                               (set requires_grad=False: such tensors stay bit-identical), register
+                               forward hooks, read ctx.sink_maps. Parameters frozen here are left out
+                               of the optimizer, so weight decay cannot move them either.
+    loss(ctx, model, inputs)   every micro-batch, after the task loss: return a scalar tensor (the
+                               mean over this micro-batch) to add, or None. The engine divides it by the
+                               accumulation steps, so one optimizer step sees its mean over micro-batches.
+                               `inputs` is the batch (input_ids, attention_mask, labels, pixel_values?);
+                               text-only rows have no image tokens. Calibration text is yours to run.
+    after_backward(ctx)        once per optimizer step, after all micro-batches' backward and BEFORE
+                               gradient clipping: edit `p.grad` in place (mask, project).
+    after_optimizer_step(ctx)  right after `optimizer.step()`: restore or project parameter values
+                               (e.g. keep rows of a matrix bit-identical under AdamW, or project an
+                               Adam-normalised update) from what setup stored in ctx.state.
+    teardown(ctx)              once after the stage (remove forward hooks); return a JSON-able summary
+                               for the run report, or None.
+
+`ctx` is a `HookContext`: the model being trained, its text decoder (`ctx.language_model`), the
+tokenizer, the stage and run configs, the base model's sink maps measured once before training (when
+any hook sets `needs_sink_maps = True`), the global step, and `ctx.log(dict)` for per-step values.
+Under DeepSpeed ZeRO the gradients are partitioned outside `p.grad`: hooks that edit gradients or
+parameters are refused there (use DDP or FSDP with `use_orig_params`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class HookContext:
+    model: Any
+    language_model: Any
+    tokenizer: Any
+    stage: Any  # interventions.adapt.config.StageConfig
+    config: Any  # interventions.adapt.config.AdaptConfig
+    sink_maps: Any = None  # evals.sink.SinkMaps of the base on the calibration texts, when requested
+    step: int = 0  # global optimizer steps done (across stages)
+    state: dict = field(default_factory=dict)  # free space for a hook between its calls
+    logs: list = field(default_factory=list)
+
+    def log(self, values: dict) -> None:
+        self.logs.append({"step": self.step, **values})
+
+    def named_trainable(self) -> dict[str, torch.nn.Parameter]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+
+class TrainingHook:
+    """Base class: every method is optional. `name` labels the hook in reports and cache keys."""
+
+    name = "hook"
+    needs_sink_maps = False
+    edits_training = False  # True if after_backward / after_optimizer_step touch tensors (refused under ZeRO)
+
+    def setup(self, ctx: HookContext) -> None:
+        pass
+
+    def loss(self, ctx: HookContext, model, inputs: dict) -> torch.Tensor | None:
+        return None
+
+    def after_backward(self, ctx: HookContext) -> None:
+        pass
+
+    def after_optimizer_step(self, ctx: HookContext) -> None:
+        pass
+
+    def teardown(self, ctx: HookContext) -> dict | None:
+        return None
+
+
+class FreezeParameters(TrainingHook):
+    """Freeze every trainable parameter whose name matches one of `patterns` (regular expressions).
+
+    The engine's own use of the seam: a stage's `trainable` groups decide what learns; this hook
+    then takes named tensors out again (e.g. `re:embed_tokens` to keep the embeddings fixed).
+    """
+
+    name = "freeze"
+
+    def __init__(self, patterns: list[str]):
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def setup(self, ctx: HookContext) -> None:
+        frozen = []
+        for n, p in ctx.model.named_parameters():
+            if p.requires_grad and any(r.search(n) for r in self.patterns):
+                p.requires_grad_(False)
+                frozen.append(n)
+        ctx.state["frozen"] = frozen
+
+    def teardown(self, ctx: HookContext) -> dict:
+        return {"frozen": len(ctx.state.get("frozen", []))}

@@ -1,0 +1,280 @@
+"""A whole adaptation run: (inject QK-norm) -> build the VLM -> stages -> save, resumable.
+
+Layout of a run directory OUT:
+    request.json        what was asked (base, vision, recipe, data, hooks with their source hashes):
+                        a rerun with another request refuses (or replaces, with force)
+    work/<stage>/       the Trainer's checkpoints (resume points) and, once the stage is done,
+                        final.safetensors + done.json; removed at the end unless keep_checkpoints
+    trajectory.json/.png  Sink Strength (and scores) during training, when asked
+    adapt.json          the report: build, round trip, per-stage statistics, provenance
+    model/              the result (or `model_dir`): an ordinary HF checkpoint + processor, written
+                        atomically at the end; a text-only run writes a causal-LM checkpoint
+A killed run continues with `resume=True` from the newest checkpoint of the unfinished stage and
+ends with the weights an uninterrupted run would have; a finished run is reused as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from interventions.adapt.build import VisionSpec
+from interventions.adapt.config import AdaptConfig
+from interventions.adapt.hooks import TrainingHook
+from sinkstudy import SinkstudyError
+from sinkstudy.io import read_json, write_json_atomic
+
+log = logging.getLogger(__name__)
+REQUEST, REPORT, TRAJECTORY = "request.json", "adapt.json", "trajectory.json"
+
+
+def hook_identity(hook: TrainingHook) -> dict:
+    """A hook's name, class and source hash: part of the request, so editing a hook reruns the run."""
+    try:
+        source = inspect.getsource(type(hook))
+    except (OSError, TypeError):
+        source = repr(type(hook))
+    params = {k: v for k, v in vars(hook).items() if not k.startswith("_")}
+    return {"name": hook.name, "class": f"{type(hook).__module__}.{type(hook).__qualname__}",
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest()[:16],
+            "params": json.loads(json.dumps(params, default=str))}
+
+
+def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks: Sequence[TrainingHook] = (),
+                 qknorm: dict | None = None) -> dict:
+    from sinkstudy.provenance import model_fingerprint
+
+    from interventions.adapt.data import spec_identity
+
+    cfg = config.to_dict()
+    for stage in cfg["stages"]:
+        stage["data"] = [spec_identity(s) for s in stage["data"]]
+    return json.loads(json.dumps({
+        "base": os.fspath(base) if isinstance(base, (str, os.PathLike)) else getattr(base.config, "_name_or_path", "<in memory>"),
+        "base_fingerprint": model_fingerprint(base),
+        "vision": vision.to_dict() if vision else None,
+        "qknorm": qknorm,
+        "config": cfg,
+        "hooks": [hook_identity(h) for h in hooks],
+    }, default=str))
+
+
+def check_run_dir(out: Path, request: dict, *, resume: bool, force: bool) -> str:
+    """'new', 'resume' or 'done' for `out`; refuses (one line) a different or unasked-for existing run."""
+    if not out.exists():
+        return "new"
+    if force:
+        return "replace"
+    if not (out / REQUEST).is_file():
+        raise SinkstudyError(f"output {out} already exists and is not an adaptation run; pass --force to replace it")
+    old = read_json(out / REQUEST)
+    if old != request:
+        changed = sorted(k for k in set(old) | set(request) if old.get(k) != request.get(k))
+        raise SinkstudyError(f"output {out} holds a different adaptation run (differs in {', '.join(changed)}); "
+                             "pass --force to replace it")
+    if (out / REPORT).is_file():
+        return "done"
+    if not resume:
+        raise SinkstudyError(f"output {out} holds an unfinished run of the same request; pass --resume to continue it (or --force)")
+    return "resume"
+
+
+def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig) -> None:
+    """Every input a run reads, checked from configs and file existence (before any work)."""
+    from interventions.adapt import data as data_mod
+    from interventions.adapt.build import DONOR_TYPES, load_processor, tower_config
+    from interventions.pairs.resolve import load_config
+
+    for stage in config.stages:
+        if not stage.data:
+            raise SinkstudyError(f"stage {stage.name}: no data; give e.g. --data {stage.name}=digits")
+        for spec in stage.data:
+            data_mod.check_spec(spec)
+        vision_groups = sorted({"projector", "tower"} & set(stage.trainable))
+        if vision is None and vision_groups:
+            raise SinkstudyError(f"stage {stage.name} trains {', '.join(vision_groups)}, but a text-only run has no vision side")
+    if isinstance(base, (str, os.PathLike)):
+        load_config(base)
+    if vision is not None and vision.kind == "fresh":
+        tower_config(vision)
+    if vision is not None and vision.kind == "donor" and load_config(vision.source).model_type not in DONOR_TYPES:
+        raise SinkstudyError(f"--donor {vision.source}: {load_config(vision.source).model_type!r} is not a supported donor; "
+                             f"supported: {', '.join(DONOR_TYPES)}")
+    if vision is not None and vision.kind != "tiny":
+        load_processor(vision)  # configs and tokenizer files only; e.g. a Qwen-VL processor without torchvision
+
+
+def adapt(
+    base,
+    *,
+    config: AdaptConfig,
+    out: str | os.PathLike,
+    vision: VisionSpec | None = None,
+    tokenizer=None,
+    model_dir: str | os.PathLike | None = None,
+    hooks: Sequence[TrainingHook] = (),
+    qknorm: dict | None = None,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    callbacks: Sequence = (),
+) -> dict:
+    """Run every stage of `config` on `base` (a path, hub id or loaded causal LM); returns the report.
+
+    `vision` None trains the causal LM itself on text (the Tülu-style contrast, recovery training).
+    `qknorm` ({"init": ..., "alpha": ...}) injects QK-RMSNorm into the base first (calibrated on the
+    trajectory's calibration texts). `hooks`: protection plug-ins (interventions.adapt.hooks), part of
+    the run's identity. `callbacks`: extra `TrainerCallback`s that only observe (not part of it).
+    """
+    out = Path(out)
+    model_dir = Path(model_dir) if model_dir else out / "model"
+    check_inputs(base, vision, config)
+    request = make_request(base, vision, config, hooks=hooks, qknorm=qknorm)
+    main = _is_main()
+    try:
+        # Under a multi-process launch rank 0 decides (and writes); the others may already see its request.
+        status = check_run_dir(out, request, resume=resume or not main, force=force)
+    except SinkstudyError:
+        if main:
+            raise
+        status = "resume"  # rank 0 refuses and exits; the launcher stops the others
+    if status == "done" and model_dir.exists():
+        log.info("reusing finished adaptation run %s", out)
+        return read_json(out / REPORT)
+    if main:
+        if status == "replace":
+            shutil.rmtree(out)
+        write_json_atomic(out / REQUEST, request)
+    fresh = status in ("new", "replace")  # nothing of an earlier run may be reused (also by other ranks)
+    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks), fresh)
+
+
+def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh) -> dict:
+    import torch
+
+    from interventions.adapt import data as data_mod
+    from interventions.adapt.build import build_vlm, check_round_trip
+    from interventions.adapt.trainer import train_stage
+    from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback, plot_trajectories, read_points
+    from interventions.pairs import load_causal_lm
+    from sinkstudy.provenance import model_fingerprint, provenance
+
+    torch.manual_seed(config.seed)
+    lm, tok = load_causal_lm(base, tokenizer=tokenizer)
+    tok = tokenizer or tok
+    if tok is None:
+        raise SinkstudyError(f"no tokenizer found for {base}; pass one")
+    if qknorm:
+        lm = _inject(lm, tok, qknorm, config)
+    probe = SinkProbe(tok, config.trajectory, seed=config.seed)
+    sink_maps = _base_sink_maps(lm, tok, probe) if any(h.needs_sink_maps for h in hooks) else None
+    if vision is not None:
+        built = build_vlm(lm, tok, vision)
+        model, processor, tok = built.model, built.processor, built.tokenizer
+        round_trip = check_round_trip(model, lm, tok)
+        build_report = {**built.report, "round_trip_max_abs_logit_diff": round_trip}
+        encoder_args = {"processor": processor, "image_token": built.image_token, "image_wrap": built.image_wrap}
+    else:
+        model, processor, build_report, encoder_args = lm, None, {"kind": "text-only"}, {}
+    model.config.use_cache = False
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    offset, stages = 0, []
+    traj_path = out / TRAJECTORY
+    for stage in config.stages:
+        work = out / "work" / stage.name
+        sources = [data_mod.load_records(spec, seed=config.seed) for spec in stage.data]
+        encoder = data_mod.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
+        dataset = data_mod.EncodedDataset(sources, encoder)
+        if not fresh and (work / "done.json").is_file():
+            from safetensors.torch import load_model
+
+            load_model(model, str(work / "final.safetensors"))
+            stats = read_json(work / "done.json")
+        else:
+            callbacks = [TrajectoryCallback(probe, traj_path, stage=stage.name, offset=offset, every=config.trajectory.every)] if main else []
+            callbacks += extra_callbacks
+            stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
+                                tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps, resume=not fresh,
+                                progress=progress and main, desc=f"adapt {stage.name}")
+            if main:
+                from safetensors.torch import save_model
+
+                save_model(model, str(work / "final.safetensors"))
+                write_json_atomic(work / "done.json", {**stats, "records": len(dataset)})
+        stages.append({**stats, "records": len(dataset), "data": [data_mod.spec_identity(s) for s in stage.data]})
+        offset += stats["steps"]
+    if not main:
+        return {}
+    _save(model, processor, tok, model_dir, vision, qknorm)
+    points = read_points(traj_path)
+    if points:
+        plot_trajectories({Path(out).name: points}, out / "trajectory.png")
+    report = {
+        "base": read_json(out / REQUEST)["base"],
+        "model": str(model_dir),
+        "build": build_report,
+        "qknorm": qknorm,
+        "stages": stages,
+        "trajectory": {"file": str(traj_path), "points": points} if points else None,
+        "config": read_json(out / REQUEST)["config"],
+        "hooks": read_json(out / REQUEST)["hooks"],
+        "provenance": provenance(model_fingerprints={"base": read_json(out / REQUEST)["base_fingerprint"],
+                                                     "result": model_fingerprint(model_dir)},
+                                 seeds={"seed": config.seed}),
+    }
+    write_json_atomic(out / REPORT, report)
+    if not config.keep_checkpoints:
+        shutil.rmtree(out / "work", ignore_errors=True)
+    return report
+
+
+def _inject(lm, tok, qknorm: dict, config: AdaptConfig):
+    from interventions.qknorm import inject_qk_norm
+
+    unknown = set(qknorm) - {"init", "alpha"}
+    if unknown:
+        raise SinkstudyError(f"qknorm: unknown option(s) {', '.join(sorted(unknown))}; allowed: init, alpha")
+    from evals.sink.calibration import resolve_texts
+
+    texts = [t.text for t in resolve_texts(config.trajectory.calibration, "ifeval15")[0]]
+    return inject_qk_norm(lm, init=qknorm.get("init", "identity-gain"), calibration_texts=texts, tokenizer=tok,
+                          alpha=qknorm.get("alpha", 0.5), progress=False)
+
+
+def _base_sink_maps(lm, tok, probe):
+    from evals.sink import compute_sink_maps
+
+    return compute_sink_maps(lm, tok, probe.texts, metric=probe.cfg.metric, progress=False)
+
+
+def _save(model, processor, tok, model_dir: Path, vision, qknorm) -> None:
+    from interventions import qknorm as qk
+    from interventions.adapt.build import save_vlm
+    from interventions.pairs import save_causal_lm
+
+    model.config.use_cache = True
+    if vision is not None:
+        save_vlm(model, processor, model_dir, force=True)
+    elif qk.qk_norm_kind(model) == "injected":
+        qk.save_injected(model, model_dir, tokenizer=tok, metadata={"qknorm": qknorm}, force=True)
+    else:
+        save_causal_lm(model, tok, model_dir, force=True)
+
+
+def _is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def run_summary(report: dict) -> dict[str, Any]:
+    """The few numbers a CLI prints: per stage steps, final loss, steps/s, tokens/s; trajectory ends."""
+    rows = [{k: s.get(k) for k in ("stage", "steps", "final_loss", "steps_per_second", "tokens_per_second", "trainable_params")}
+            for s in report["stages"]]
+    traj = (report.get("trajectory") or {}).get("points") or []
+    return {"stages": rows, "sink_strength": [traj[0]["sink_strength"], traj[-1]["sink_strength"]] if traj else None}

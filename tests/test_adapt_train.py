@@ -1,0 +1,238 @@
+"""Training stages on HF Trainer: label-only logits give the full-logit loss; only assistant positions
+count; each stage changes exactly the parameters it may (frozen tensors bit-identical, also under
+AdamW weight decay); the hook seam runs where documented; a killed run resumes to the same weights;
+the trajectory has S at every eval step."""
+
+import copy
+
+import pytest
+import torch
+
+from interventions.adapt import FreezeParameters, TrainingHook, adapt, from_dict
+from interventions.adapt import data
+from interventions.adapt.build import VisionSpec, build_vlm, parameter_groups
+from interventions.adapt.trainer import label_only_loss, train_stage
+from sinkstudy.tiny import tiny_causal_lm
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4}
+QA = [{"role": "user", "content": "<image>\nWhat digit is this?"}, {"role": "assistant", "content": "It is a 3."}]
+
+
+def _batch(built, n=4):
+    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    feats = [enc(r) for r in data.digits_records("heldout", n_heldout=n)]
+    feats.append(enc({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."},
+                                   {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again."},
+                                   {"role": "assistant", "content": "Hi again."}]}))
+    return data.collate(feats, built.tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
+def test_label_only_logits_give_the_full_logit_loss(tokenizer, family):
+    kw = {"tie_word_embeddings": True, "final_logit_softcapping": 5.0} if family == "gemma3_text" else {}
+    base = tiny_causal_lm(family, vocab_size=len(tokenizer), **kw)
+    built = build_vlm(base, tokenizer, VisionSpec("tiny", tiny=TINY))
+    batch = _batch(built)
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        ours, _ = label_only_loss(built.model, batch, labels)
+        logits = built.model(**batch).logits.float()
+        full = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        causal = built.model(**batch, labels=labels).loss
+    assert torch.allclose(ours, full, atol=1e-5) and torch.allclose(ours, causal, atol=1e-5)
+
+
+def test_loss_ignores_logits_at_non_assistant_positions(tokenizer):
+    """Noise added to the final hidden state at every position whose next token is not an assistant
+    target leaves the loss unchanged; the same noise at one target position changes it."""
+    built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
+    batch = _batch(built)
+    labels = batch.pop("labels")
+    target = torch.zeros_like(labels, dtype=torch.bool)
+    target[:, :-1] = labels[:, 1:] != -100
+    assert target.any() and (~target & batch["attention_mask"].bool()).sum() > 2 * target.sum()
+
+    def loss_with_noise(where):
+        def hook(module, args, output):
+            noise = torch.randn(output.shape, generator=torch.Generator().manual_seed(0)) * 10
+            return output + noise * where[..., None]
+
+        h = built.model.get_decoder().norm.register_forward_hook(hook)
+        try:
+            with torch.no_grad():
+                return label_only_loss(built.model, batch, labels)[0]
+        finally:
+            h.remove()
+
+    clean = loss_with_noise(torch.zeros_like(target))
+    assert torch.equal(loss_with_noise(~target), clean)
+    one = torch.zeros_like(target)
+    one[target.nonzero()[0][0], target.nonzero()[0][1]] = True
+    assert not torch.allclose(loss_with_noise(one), clean)
+
+
+def _stage_cfg(**stages):
+    return from_dict({"precision": "fp32", "stages": [{"name": n, "batch_size": 4, "micro_batch_size": 2, "lr": 1e-2,
+                                                        "weight_decay": 0.1, **s} for n, s in stages.items()]})
+
+
+def test_two_stages_change_exactly_what_each_stage_allows(tokenizer):
+    built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
+    vlm = built.model
+    config = _stage_cfg(stage1={"steps": 3}, stage2={"steps": 3})
+    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    ds = data.EncodedDataset([data.load_records("digits")], enc)
+    collate = lambda f: data.collate(f, tokenizer.pad_token_id)  # noqa: E731
+    groups = parameter_groups(vlm)
+    changed = {}
+    for stage in config.stages:
+        before = {n: p.detach().clone() for n, p in vlm.named_parameters()}
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work:
+            stats = train_stage(vlm, stage, config, ds, collate_fn=collate, work_dir=work, tokenizer=tokenizer, progress=False)
+        changed[stage.name] = {n for n, p in vlm.named_parameters() if not torch.equal(p, before[n])}
+        assert stats["steps"] == 3 and stats["effective_batch"] == 4
+    assert changed["stage1"] == groups["projector"]
+    allowed2 = groups["projector"] | groups["lm"]
+    assert changed["stage2"] <= allowed2 and not (changed["stage2"] & groups["tower"])
+    # Every LM matrix moved except rows no batch touched (embeddings of unseen tokens keep their values? no:
+    # AdamW's decoupled decay moves every trained tensor), so all of them changed.
+    assert changed["stage2"] == allowed2
+    assert all(p.requires_grad for p in vlm.parameters()) and not vlm.training
+
+
+class _Recorder(TrainingHook):
+    """Masks the gradient of lm_head rows 0..9 after backward and restores them after each optimizer
+    step (AdamW's weight decay would move them otherwise); adds a constant to the loss."""
+
+    name = "recorder"
+    edits_training = True
+
+    def __init__(self):
+        self.calls = []
+
+    def setup(self, ctx):
+        self.calls.append("setup")
+        head = ctx.model.get_output_embeddings().weight
+        ctx.state["rows"] = head.detach()[:10].clone()
+        assert ctx.sink_maps is None and ctx.language_model is ctx.model.get_decoder()
+
+    def loss(self, ctx, model, inputs):
+        self.calls.append("loss")
+        return torch.tensor(0.5)
+
+    def after_backward(self, ctx):
+        self.calls.append("after_backward")
+        grad = ctx.model.get_output_embeddings().weight.grad
+        ctx.log({"grad_norm_rows": float(grad[:10].norm())})
+        grad[:10] = 0
+
+    def after_optimizer_step(self, ctx):
+        self.calls.append("after_optimizer_step")
+        with torch.no_grad():
+            ctx.model.get_output_embeddings().weight[:10] = ctx.state["rows"]
+
+    def teardown(self, ctx):
+        return {"steps_seen": self.calls.count("after_optimizer_step")}
+
+
+def test_hook_seam_order_and_bit_identical_rows_under_weight_decay(tokenizer, tmp_path):
+    built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
+    vlm = built.model
+    config = _stage_cfg(stage2={"steps": 2, "trainable": ["projector", "lm"]})
+    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    ds = data.EncodedDataset([data.load_records("digits")], enc)
+    head0 = vlm.get_output_embeddings().weight.detach().clone()
+    emb0 = vlm.get_input_embeddings().weight.detach().clone()
+    rec = _Recorder()
+    stats = train_stage(vlm, config.stages[0], config, ds, collate_fn=lambda f: data.collate(f, 0), work_dir=tmp_path,
+                        tokenizer=tokenizer, hooks=[rec, FreezeParameters([r"embed_tokens"])], progress=False)
+    head = vlm.get_output_embeddings().weight
+    assert torch.equal(head[:10], head0[:10]) and not torch.equal(head[10:], head0[10:])
+    assert torch.equal(vlm.get_input_embeddings().weight, emb0)  # frozen by the hook: out of the optimizer
+    # 2 steps x 2 micro-batches: loss per micro-batch, after_backward / after_step once per step.
+    assert rec.calls == ["setup"] + ["loss", "loss", "after_backward", "after_optimizer_step"] * 2
+    assert stats["hooks"] == {"recorder": {"steps_seen": 2}, "freeze": {"frozen": 1}}
+    assert [e["step"] for e in stats["hook_logs"]["recorder"]] == [0, 1]
+
+
+class _KillAt(__import__("transformers").TrainerCallback):
+    def __init__(self, stage_name, step):
+        self.stage_name, self.step = stage_name, step
+
+    def on_step_end(self, args, state, control, **kw):
+        if args.output_dir.endswith(self.stage_name) and state.global_step == self.step:
+            raise KeyboardInterrupt("killed")
+
+
+def _run_cfg():
+    return from_dict({"precision": "fp32", "seed": 3, "trajectory": {"every": 2}, "stages": [
+        {"name": "stage1", "data": ["digits"], "steps": 4, "batch_size": 4, "micro_batch_size": 2, "lr": 1e-2, "save_steps": 2},
+        {"name": "stage2", "data": ["digits"], "steps": 5, "batch_size": 4, "micro_batch_size": 2, "lr": 1e-2,
+         "weight_decay": 0.1, "save_steps": 2}]})
+
+
+def test_kill_and_resume_ends_bit_identical_with_s_at_every_eval_step(tmp_path, tokenizer):
+    from safetensors.torch import load_file
+
+    base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    vision = VisionSpec("tiny", tiny=TINY)
+    whole = adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "whole", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "killed", progress=False,
+              callbacks=[_KillAt("stage2", 3)])
+    assert (tmp_path / "killed" / "work" / "stage1" / "done.json").is_file()
+    with pytest.raises(Exception, match="pass --resume"):
+        adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "killed", progress=False)
+    resumed = adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "killed", resume=True, progress=False)
+    assert resumed["stages"][1]["resumed_from"].endswith("checkpoint-2")
+    a, b = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("whole", "killed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for report in (whole, resumed):
+        points = report["trajectory"]["points"]
+        assert [p["step"] for p in points] == [0, 2, 4, 6, 8, 9]  # stage 1: 0..4, stage 2: 4 + (2, 4, 5)
+        assert all(isinstance(p["sink_strength"], float) for p in points)
+    assert [p["sink_strength"] for p in whole["trajectory"]["points"]] == [p["sink_strength"] for p in resumed["trajectory"]["points"]]
+    assert (tmp_path / "whole" / "trajectory.png").stat().st_size > 1000
+    assert not (tmp_path / "whole" / "work").exists()  # checkpoints removed once done
+    # A finished run is reused as is; another request is refused.
+    assert adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "whole", progress=False) == whole
+    other = _run_cfg()
+    other.stages[1].lr = 2e-2
+    with pytest.raises(Exception, match="different adaptation run"):
+        adapt(tmp_path / "base", vision=vision, config=other, out=tmp_path / "whole", progress=False)
+
+
+def test_text_only_run_trains_the_causal_lm(tmp_path, tokenizer):
+    import json
+
+    from interventions.pairs import load_causal_lm
+
+    base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"Add {i} and 1."},
+                                                        {"role": "assistant", "content": str(i + 1)}]}) for i in range(20)))
+    cfg = from_dict({"precision": "fp32", "stages": [{"name": "text", "data": [str(chats)], "trainable": ["lm"], "steps": 2,
+                                                      "batch_size": 4, "micro_batch_size": 4, "lr": 1e-2}]})
+    seen = _SinkMapsSeen()
+    report = adapt(copy.deepcopy(base), tokenizer=tokenizer, config=cfg, out=tmp_path / "run", hooks=[seen], progress=False)
+    trained, _ = load_causal_lm(report["model"])
+    assert type(trained).__name__ == "Qwen2ForCausalLM" and report["build"] == {"kind": "text-only"}
+    assert not torch.equal(trained.lm_head.weight, base.lm_head.weight)
+    # The base's sink maps reach a hook that asks for them; the hook is part of the run's identity.
+    assert seen.shape == (2, 4) and report["stages"][0]["hooks"] == {"sink_maps_seen": {"layers": 2}}
+    assert report["hooks"][0]["name"] == "sink_maps_seen" and len(report["hooks"][0]["source_sha256"]) == 16
+
+
+class _SinkMapsSeen(TrainingHook):
+    name = "sink_maps_seen"
+    needs_sink_maps = True
+
+    def setup(self, ctx):
+        self.shape = tuple(ctx.sink_maps.mass.shape)
+
+    def teardown(self, ctx):
+        return {"layers": ctx.sink_maps.num_layers}
