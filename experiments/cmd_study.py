@@ -1,4 +1,4 @@
-"""`sinkstudy run CONFIG`, `sinkstudy demo [--out DIR] [--quick]`, `sinkstudy paper [--dry-run] [--limit N]`."""
+"""`sinkstudy run CONFIG [--jobs N]`, `sinkstudy demo [--out DIR] [--quick | --real] [--jobs N]`, `sinkstudy paper [--dry-run] [--limit N]`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
+DEMO_REAL_CONFIG = CONFIG_DIR / "demo_real.yaml"
 PAPER_CONFIG = CONFIG_DIR / "paper_six_pairs.yaml"
 
 
@@ -22,12 +23,19 @@ def register(subparsers) -> None:
                      help="print every step as a command with its inputs, outputs and dependencies (json: one list); run nothing")
     one.add_argument("--step", metavar="STEP_ID", help="run only this step (its dependencies must have finished)")
     _common(p)
+    p.add_argument("--jobs", type=_positive, default=1, metavar="N",
+                   help="run independent steps on N local worker processes (default: %(default)s)")
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
-    p.add_argument("--quick", action="store_true", help="fewer steps, smaller models (what the test runs)")
-    p.add_argument("--config", default=str(DEMO_CONFIG), help=argparse.SUPPRESS)
-    _common(p, default_out="runs/demo")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help="fewer steps, smaller models (what the test runs)")
+    which.add_argument("--real", action="store_true",
+                       help="google/gemma-3-270m adapted like the miniatures (experiments/configs/demo_real.yaml; needs the `real` extra)")
+    p.add_argument("--config", default=None, help=argparse.SUPPRESS)
+    _common(p, default_out=None)
+    p.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                   help="worker processes, one torch thread each (default: one per core, at most 4)")
     p.set_defaults(func=cmd_demo)
 
     p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
@@ -44,10 +52,20 @@ def _common(p, default_out: str | None = None) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _run(study, args) -> int:
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _run(study, args, jobs: int = 1) -> int:
+    from experiments.jobs import run_study_parallel
     from experiments.runner import run_study
 
-    res = run_study(study, force=args.force, progress=not args.quiet)
+    if jobs > 1:
+        res = run_study_parallel(study, jobs=jobs, force=args.force, progress=not args.quiet)
+    else:
+        res = run_study(study, force=args.force, progress=not args.quiet)
     stages = ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items() if v)
     print(f"sinkstudy: {study.name}: report {res['report']} (+ {Path(res['html']).name}); {res['steps']} steps, "
           f"{res['reused']} reused, {res['seconds']:.0f}s" + (f" [{stages}]" if stages else ""))
@@ -72,22 +90,29 @@ def cmd_run(args) -> int:
         print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
                                                                    else f"done in {done['seconds']:.0f}s"))
         return 0
-    return _run(study, args)
+    return _run(study, args, jobs=args.jobs)
 
 
 def cmd_demo(args) -> int:
     import os
 
+    import torch
     import yaml
 
     from experiments.demo.build import quick_overrides
+    from experiments.jobs import default_jobs
     from experiments.study import load_study
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    overrides = quick_overrides(yaml.safe_load(Path(args.config).read_text())) if args.quick else None
-    return _run(load_study(args.config, out=args.out, overrides=overrides), args)
+    config = Path(args.config or (DEMO_REAL_CONFIG if args.real else DEMO_CONFIG))
+    overrides = quick_overrides(yaml.safe_load(config.read_text())) if args.quick else None
+    study = load_study(config, out=args.out, overrides=overrides)  # default out: the config's (runs/demo, runs/demo-real)
+    if not args.real:
+        torch.set_num_threads(1)  # tiny models: one thread per process is fastest (experiments/jobs.py)
+    jobs = args.jobs or (1 if args.real else default_jobs())
+    return _run(study, args, jobs=jobs)
 
 
 def cmd_paper(args) -> int:

@@ -45,11 +45,12 @@ class Runner:
 
     executes = True  # False: a plan or a single step, which must not delete what other steps made
 
-    def __init__(self, study, *, force: bool = False, progress: bool = True):
+    def __init__(self, study, *, force: bool = False, progress: bool = True, clock: "StepClock | None" = None):
         self.study = study
         self.out = Path(study.out)
         self.force = force
         self.progress = progress
+        self.clock = clock
         self.keys: dict[str, str] = {}
         self.log: list[dict[str, Any]] = []
 
@@ -89,8 +90,11 @@ class Runner:
             done = None if self.force else self.stored(step_id, key, outputs)
             if done is not None:
                 self.log.append({"step": step_id, "reused": True, "seconds": 0.0})
-                return done
-            return self.execute(step_id, spec, fn, deps, key)
+            else:
+                done = self.execute(step_id, spec, fn, deps, key)
+        if self.clock is not None:
+            self.clock.tick(step_id, self.log[-1]["seconds"], self.log[-1]["reused"])
+        return done
 
     def stored(self, step_id: str, key: str, outputs: Path | None = None) -> dict | None:
         """The recorded result of a finished step with this key whose outputs still exist, else None."""
@@ -289,20 +293,79 @@ def run_step(study, step_id: str, *, force: bool = False, progress: bool = True,
 # --------------------------------------------------------------------------- the study
 
 def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
-    """Run every step of `study` (reusing finished ones); write the report; return a summary."""
-    from experiments.report import write_report
-
+    """Run every step of `study` (reusing finished ones); write the report; return a summary.
+    With `progress`, one line per step: how many are done, the time elapsed and an estimate of the time left."""
     _check_backend(study)
     t0 = time.perf_counter()
-    runner = Runner(study, force=force, progress=progress)
     with output_lock(study.out):  # a second run into the same directory fails at once
-        pairs = _walk(runner, study)
-        summary = summarise(study, pairs, runner)
-        write_json_atomic(study.out / "summary.json", summary)
-        report = write_report(study, summary)
+        clock = StepClock([s["id"] for s in plan_study(study)], out=study.out) if progress else None
+        res = collect_study(study, force=force, progress=progress, clock=clock)
+    return {**res, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def collect_study(study, *, force: bool = False, progress: bool = True, clock: "StepClock | None" = None,
+                  executed: list[dict] | None = None) -> dict:
+    """Walk every step (running what is not finished), write the summary and report; the caller
+    holds the output lock. `executed`: the log of steps another process ran for this run (parallel
+    jobs), reported in place of this walk's reuse of them."""
+    from experiments.report import write_report
+
+    runner = Runner(study, force=force, progress=progress, clock=clock)
+    pairs = _walk(runner, study)
+    if executed is not None:
+        runner.log = executed
+    summary = summarise(study, pairs, runner)
+    write_json_atomic(study.out / "summary.json", summary)
+    report = write_report(study, summary)
     reused = sum(e["reused"] for e in runner.log)
     return {"report": str(report), "html": str(report.with_suffix(".html")), "steps": len(runner.log), "reused": reused,
-            "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": runner.timings()}
+            "stage_seconds": runner.timings()}
+
+
+class StepClock:
+    """Progress of a run, one line per finished step: `[done/total] elapsed, ~left | step time`.
+
+    The time left is an estimate: each unfinished step is expected to take the mean of the steps of
+    its stage (pretrain, vl, eval, ...) that ran in this run, or, for a stage none has run in yet, the
+    mean over stages seen so far; divided by the number of parallel jobs. Reused steps count as done."""
+
+    def __init__(self, step_ids: Sequence[str], *, jobs: int = 1, out: Path | None = None, stream=None):
+        import sys
+
+        self.left_ids = dict.fromkeys(step_ids)
+        self.total, self.done, self.jobs = len(self.left_ids), 0, max(1, jobs)
+        self.by_stage: dict[str, list[float]] = {}
+        self.stream = stream or sys.stdout
+        self.t0 = time.perf_counter()
+
+    @staticmethod
+    def stage(step_id: str) -> str:
+        parts = step_id.split("/")
+        return parts[1] if len(parts) > 1 else parts[0]
+
+    def estimate_left(self) -> float | None:
+        means = {k: sum(v) / len(v) for k, v in self.by_stage.items()}
+        if not means:
+            return None
+        fallback = sum(means.values()) / len(means)
+        return sum(means.get(self.stage(i), fallback) for i in self.left_ids) / self.jobs
+
+    def tick(self, step_id: str, seconds: float, reused: bool) -> str:
+        self.left_ids.pop(step_id, None)
+        self.done = min(self.done + 1, self.total)
+        if not reused:
+            self.by_stage.setdefault(self.stage(step_id), []).append(seconds)
+        left = 0.0 if not self.left_ids else self.estimate_left()
+        line = (f"[{self.done:>{len(str(self.total))}}/{self.total}] {_clock(time.perf_counter() - self.t0)} elapsed, "
+                f"{'~' + _clock(left) if left is not None else 'estimating'} left | {step_id} "
+                + ("reused" if reused else f"{seconds:.1f}s"))
+        print(line, file=self.stream, flush=True)
+        return line
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}:{s:02d}"
 
 
 def _check_backend(study) -> None:
@@ -523,8 +586,10 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
         from experiments.demo.build import vl_step
 
         vlm_out, lm_out = model_dir(runner.out, p, name, "vlm"), model_dir(runner.out, p, name, "vlm", "lm")
-        runner.run(f"{p}/intervene/{name}-vl", {"vl": study.build["vl"]},
-                   lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress), deps=[f"{p}/intervene/{name}"],
+        runner.run(f"{p}/intervene/{name}-vl", {"vl": study.build["vl"], "code": code_version(_HERE / "experiments" / "demo" / "vl.py",
+                                                                                             _HERE / "interventions" / "adapt")},
+                   lambda: vl_step(base_out, vlm_out, study.build["vl"], runner.progress, data=runner.out / "data"),
+                   deps=[f"{p}/intervene/{name}"],
                    outputs=vlm_out)
         def extract() -> dict:
             from interventions.adapt.build import save_extracted_lm

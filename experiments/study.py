@@ -35,11 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.schema import StudyConfigError, deep_merge  # noqa: F401  (both are part of this module's API)
 from sinkstudy import SinkstudyError
-
-
-class StudyConfigError(SinkstudyError):
-    pass
 
 
 TOP_KEYS = {"name", "out", "seed", "keep_models", "build", "pairs", "sink", "evals", "interventions", "model", "protocol", "report"}
@@ -143,14 +140,6 @@ def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
     return validate(raw, path=path, out=out)
 
 
-def deep_merge(a: dict, b: dict) -> dict:
-    """`b` merged into a copy of `a` (nested mappings merged, everything else replaced)."""
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
 def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | None = None) -> Study:
     where = os.fspath(path) if path else "study config"
     cfg = _mapping(raw, where, TOP_KEYS)
@@ -172,7 +161,7 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     pairs_raw = cfg.get("pairs")
     if pairs_raw is None and build is not None:
         pairs_raw = [{"name": b["name"], "base": f"{{out}}/models/{b['name']}-base", "vlm": f"{{out}}/models/{b['name']}-vlm",
-                      "native_qk_norm": b["family"] in ("qwen3",)} for b in build["backbones"]]
+                      "native_qk_norm": b["native_qk_norm"]} for b in build["backbones"]]
     if not isinstance(pairs_raw, list) or not pairs_raw:
         _fail(where, "pairs must be a non-empty list (or give a build section that makes them)")
     pairs, seen = [], set()

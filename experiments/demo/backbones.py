@@ -1,8 +1,9 @@
-"""Pretrain the demo's tiny causal LMs from scratch on the generated corpus.
+"""The demo's tiny causal LMs: built from a backbone spec, saved with the demo tokenizer.
 
 Each backbone is a real transformers model of one family (Qwen3: native per-head QK-RMSNorm;
-Qwen2: none), trained with the project's one training loop and saved as an HF checkpoint with the
-demo tokenizer, so every other module loads it like a hub model.
+Qwen2 / Llama: none), trained from scratch by `experiments.demo.sinkgrow.grow` (the engine's text
+stage) and saved as an HF checkpoint with the demo tokenizer, so every other module loads it like
+a hub model.
 """
 
 from __future__ import annotations
@@ -34,24 +35,12 @@ def build_backbone(spec: dict, tokenizer):
     )
 
 
-def pretrain_backbone(spec: dict, tokenizer, texts: list[str], out_dir: Path, *, train: dict, force: bool = False,
-                      progress: bool = True) -> dict:
-    """Train one backbone on `texts` and save model + tokenizer to `out_dir` atomically."""
-    from interventions.training import train_causal_lm
-
-    model = build_backbone(spec, tokenizer)
-    stats = train_causal_lm(
-        model, tokenizer, texts, steps=train["steps"], lr=train["lr"], batch_size=train["batch_size"],
-        seq_len=train["seq_len"], seed=spec["seed"], progress=progress, desc=f"pretrain {spec['name']}",
-        weight_decay=train.get("weight_decay", 0.0),
-    )
+def save_backbone(model, tokenizer, out_dir: Path) -> None:
+    """Save a trained backbone with the demo tokenizer (and its generation defaults) atomically."""
     _set_generation_defaults(model, tokenizer)
-    with atomic_output_dir(out_dir, force=force) as tmp:
+    with atomic_output_dir(out_dir, force=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    stats.pop("losses")  # the curve is summarised; the full list would bloat the result JSON
-    stats["params"] = sum(p.numel() for p in model.parameters())
-    return stats
 
 
 def _set_generation_defaults(model, tokenizer) -> None:

@@ -1,104 +1,225 @@
 """The demo's `build` section: defaults, validation and the build steps the runner executes.
 
-Steps (each cached by the runner under a key of its settings and its inputs' keys):
-corpus -> tokenizer -> pretrain/<backbone> -> vl/<backbone>. Files land under `<out>/data` and
+Steps (each cached by the runner under a key of its settings, its code and its inputs' keys):
+corpus -> tokenizer -> pretrain/<backbone> -> vl/<backbone>, and reference/<model> (the Sink
+Strength of a real pretrained LLM, beside the miniatures'). Files land under `<out>/data` and
 `<out>/models/<backbone>-{base,vlm}`.
+
+A backbone is a config entry: a sink recipe (`experiments.demo.sinkgrow.Recipe`: family,
+depth, width, heads, steps, lr, weight decay, data mix...) trained from scratch on the demo
+corpus, or a real pretrained LLM (`pretrained: gemma-3-270m`). Its fields resolve, later ones
+winning, from the Recipe defaults, `build.pretrain`, the named recipe (`recipe: NAME` from
+`sinkgrow.RECIPES`) and the entry's own keys, so adopting a new recipe is a config edit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import os
 from pathlib import Path
 
+from experiments.schema import StudyConfigError, deep_merge
 from sinkstudy import SinkstudyError
 
 DEFAULTS = {
     "corpus": {"train_records": 6000, "heldout_ifeval": 48, "heldout_gsm": 32, "seed": 0},
     "tokenizer": {"vocab_size": 1024},
-    "pretrain": {"steps": 300, "lr": 3e-3, "batch_size": 16, "seq_len": 160},
+    # Defaults of every trained backbone (any recipe field), and S measured every `curve_every` steps.
+    "pretrain": {"steps": 300, "lr": 3e-3, "batch_size": 16, "seq_len": 160, "curve_every": 50},
     "backbones": [],
+    "references": [],
     "vl": {
         "seed": 0, "heldout_images": 200,
         "vision": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 8, "patch_size": 4},
         "stage1": {"steps": 40, "lr": 1e-3, "batch_size": 16},
-        # lr = pretraining lr / 3, not LLaVA's / 15: our LM has never seen caption wording and must learn it
-        # before it can learn to read the digit (at 2e-4 x 100 steps accuracy stayed at chance).
-        "stage2": {"steps": 200, "lr": 1e-3, "batch_size": 16},
+        # text_share: share of the stage's examples that are text-only chats from the pretraining corpus
+        # (LLaVA-665K mixes ~6% ShareGPT text into its stage 2).
+        "stage2": {"steps": 200, "lr": 1e-3, "batch_size": 16, "text_share": 0.0},
         # Sink Strength of the LM during adaptation every N steps (trajectory.json beside each run); null: ends only.
         "trajectory_every": 50,
     },
 }
-BACKBONE_KEYS = {"name", "family", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "intermediate_size", "seed", "steps"}
+STAGE_KEYS = {"steps", "lr", "batch_size", "text_share", "trainable"}
 FAMILIES = ("qwen2", "qwen3", "llama")
+# Families with native per-head QK-norm (the pair's `native_qk_norm`).
+QK_NORM_FAMILIES = ("qwen3",)
 
-# `sinkstudy demo --quick`: the same pipeline, smaller everywhere (the end-to-end test runs this).
+# `sinkstudy demo --quick`: the same pipeline, smaller everywhere (the end-to-end test runs this):
+# the first QUICK_BACKBONES backbones, shrunk, and no real reference model.
 QUICK = {
     "build": {
         "corpus": {"train_records": 1500, "heldout_ifeval": 10, "heldout_gsm": 6},
-        "tokenizer": {"vocab_size": 512},
-        "pretrain": {"steps": 30, "batch_size": 8, "seq_len": 128},
+        "tokenizer": {"vocab_size": 768},  # enough single-token words for the Bigram-Backcopy mix
+        "pretrain": {"curve_every": 10},
+        "references": [],
         "vl": {"heldout_images": 20, "stage1": {"steps": 6, "batch_size": 8}, "stage2": {"steps": 8, "batch_size": 8},
                "trajectory_every": 4},
     },
     "evals": {"max_gen_toks": 24, "n_boot": 200},
 }
-QUICK_BACKBONE = {"hidden_size": 64, "num_hidden_layers": 2, "steps": None}
+QUICK_BACKBONES = 3
+QUICK_BACKBONE = {"hidden_size": 64, "num_hidden_layers": 2, "steps": 30, "batch_size": 8, "seq_len": 128}
 QUICK_QKNORM_STEPS = 10
 
 
+# --------------------------------------------------------------------------- validation
+
+def _recipe_fields() -> dict[str, dataclasses.Field]:
+    from experiments.demo.sinkgrow import Recipe
+
+    return {f.name: f for f in dataclasses.fields(Recipe)}
+
+
+def _fail(where: str, msg: str):
+    raise StudyConfigError(f"{where}: {msg}")
+
+
+def _check_value(key: str, value, default, where: str):
+    """One recipe field, checked against the type of its default (and its range, by name)."""
+    w = f"{where}.{key}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            _fail(w, f"must be true or false, got {value!r}")
+    elif isinstance(default, int):
+        low = 0 if key == "seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            _fail(w, f"must be an integer >= {low}, got {value!r}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            _fail(w, f"must be a finite number >= 0, got {value!r}")
+        if key == "lr" and value == 0:
+            _fail(w, "must be > 0")
+        if key.endswith(("_share", "_rate")) and value >= 1:
+            _fail(w, f"must be in [0, 1), got {value!r}")
+        value = float(value)
+    elif isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or len(value) != len(default) or not all(isinstance(v, int) for v in value):
+            _fail(w, f"must be a list of {len(default)} integers, got {value!r}")
+        value = tuple(value)
+    elif isinstance(default, str) and not isinstance(value, str):
+        _fail(w, f"must be a string, got {value!r}")
+    return value
+
+
+def resolve_backbone(entry, pretrain: dict, where: str) -> dict:
+    """One `build.backbones` entry as a complete backbone: every recipe field resolved (trained) or
+    the pretrained model's name; plus `native_qk_norm`."""
+    from experiments.demo import real, sinkgrow
+
+    if not isinstance(entry, dict):
+        _fail(where, "must be a mapping")
+    if not isinstance(entry.get("name"), str) or not entry["name"]:
+        _fail(f"{where}.name", "missing")
+    if "pretrained" in entry:
+        extra = sorted(set(entry) - {"name", "pretrained", "notes"})
+        if extra:
+            _fail(where, f"a pretrained backbone takes only name, pretrained and notes, not {', '.join(extra)}")
+        try:
+            real.check_name(entry["pretrained"])
+        except SinkstudyError as exc:
+            _fail(f"{where}.pretrained", str(exc))
+        if real.installed_version(entry["pretrained"]) is None:
+            _fail(f"{where}.pretrained", f"{entry['pretrained']} needs the `real` extra: pip install 'sinkstudy[real]' (or make real-model)")
+        return {**entry, "kind": "pretrained", "native_qk_norm": real.native_qk_norm(entry["pretrained"])}
+    fields = _recipe_fields()
+    allowed = set(fields) | {"recipe"}
+    extra = sorted(set(entry) - allowed)
+    if extra:
+        _fail(where, f"unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed | {'pretrained'}))}")
+    resolved = {k: f.default for k, f in fields.items() if f.default is not dataclasses.MISSING}
+    resolved.update(pretrain)
+    if "recipe" in entry:
+        try:
+            named = sinkgrow.get_recipe(entry["recipe"])
+        except SinkstudyError as exc:
+            _fail(f"{where}.recipe", str(exc))
+        resolved.update({k: v for k, v in dataclasses.asdict(named).items() if k not in ("name", "notes")})
+    resolved.update(entry)
+    for key, value in resolved.items():
+        if key in fields:
+            resolved[key] = _check_value(key, value, fields[key].default if key != "name" else "", where)
+    if resolved["family"] not in FAMILIES:
+        _fail(f"{where}.family", f"must be one of {', '.join(FAMILIES)}, got {resolved['family']!r}")
+    if resolved["hidden_size"] % resolved["num_attention_heads"]:
+        _fail(where, f"hidden_size {resolved['hidden_size']} is not divisible by num_attention_heads {resolved['num_attention_heads']}")
+    if resolved["num_attention_heads"] % resolved["num_key_value_heads"]:
+        _fail(where, f"num_attention_heads {resolved['num_attention_heads']} is not a multiple of num_key_value_heads "
+                     f"{resolved['num_key_value_heads']}")
+    return {**resolved, "kind": "trained", "native_qk_norm": resolved["family"] in QK_NORM_FAMILIES}
+
+
 def validate_build(build, where: str) -> dict:
-    from experiments.study import StudyConfigError, deep_merge
+    from experiments.demo import real
 
     if not isinstance(build, dict):
-        raise StudyConfigError(f"{where}: must be a mapping")
+        _fail(where, "must be a mapping")
     unknown = sorted(set(build) - set(DEFAULTS))
     if unknown:
-        raise StudyConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(DEFAULTS)}")
-    for k in ("corpus", "tokenizer", "pretrain", "vl"):
+        _fail(where, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(DEFAULTS)}")
+    allowed = {"corpus": set(DEFAULTS["corpus"]), "tokenizer": set(DEFAULTS["tokenizer"]), "vl": set(DEFAULTS["vl"]),
+               "pretrain": (set(_recipe_fields()) - {"name", "notes"}) | {"curve_every"}}
+    for k, keys in allowed.items():
         if k in build and not isinstance(build[k], dict):
-            raise StudyConfigError(f"{where}.{k}: must be a mapping")
-        extra = sorted(set(build.get(k) or {}) - set(DEFAULTS[k]))
+            _fail(f"{where}.{k}", "must be a mapping")
+        extra = sorted(set(build.get(k) or {}) - keys)
         if extra:
-            raise StudyConfigError(f"{where}.{k}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(DEFAULTS[k])}")
+            _fail(f"{where}.{k}", f"unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(keys))}")
     out = deep_merge(DEFAULTS, build)
+    pretrain = dict(out["pretrain"])
+    curve_every = pretrain.pop("curve_every")
+    if curve_every is not None and (not isinstance(curve_every, int) or isinstance(curve_every, bool) or curve_every < 1):
+        _fail(f"{where}.pretrain.curve_every", f"must be a positive integer or null, got {curve_every!r}")
+    fields = _recipe_fields()
+    for k, v in pretrain.items():
+        pretrain[k] = _check_value(k, v, fields[k].default, f"{where}.pretrain")
     backbones = out["backbones"]
     if not isinstance(backbones, list) or not backbones:
-        raise StudyConfigError(f"{where}.backbones: must be a non-empty list")
-    names = set()
-    for i, b in enumerate(backbones):
-        bw = f"{where}.backbones[{i}]"
-        if not isinstance(b, dict):
-            raise StudyConfigError(f"{bw}: must be a mapping")
-        extra = sorted(set(b) - BACKBONE_KEYS)
-        if extra:
-            raise StudyConfigError(f"{bw}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(BACKBONE_KEYS))}")
-        if b.get("family") not in FAMILIES:
-            raise StudyConfigError(f"{bw}.family: must be one of {', '.join(FAMILIES)}, got {b.get('family')!r}")
-        if not isinstance(b.get("name"), str) or b["name"] in names:
-            raise StudyConfigError(f"{bw}.name: missing or duplicate")
+        _fail(f"{where}.backbones", "must be a non-empty list")
+    out["backbones"], names = [], set()
+    for i, entry in enumerate(backbones):
+        b = resolve_backbone(entry, pretrain, f"{where}.backbones[{i}]")
+        if b["name"] in names:
+            _fail(f"{where}.backbones[{i}].name", f"duplicate {b['name']!r}")
         names.add(b["name"])
-        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
-            if not isinstance(b.get(k), int) or b[k] < 1:
-                raise StudyConfigError(f"{bw}.{k}: must be a positive integer, got {b.get(k)!r}")
-        if b["hidden_size"] % b["num_attention_heads"]:
-            raise StudyConfigError(f"{bw}: hidden_size {b['hidden_size']} is not divisible by num_attention_heads {b['num_attention_heads']}")
-        b.setdefault("seed", 0)
-    for k in ("steps", "batch_size", "seq_len"):
-        if not isinstance(out["pretrain"][k], int) or out["pretrain"][k] < 1:
-            raise StudyConfigError(f"{where}.pretrain.{k}: must be a positive integer")
+        out["backbones"].append(b)
+    refs = out["references"]
+    if not isinstance(refs, list):
+        _fail(f"{where}.references", "must be a list of pretrained model names")
+    for i, name in enumerate(refs):
+        try:
+            real.check_name(name)
+        except SinkstudyError as exc:
+            _fail(f"{where}.references[{i}]", str(exc))
+    _check_vl(out["vl"], f"{where}.vl")
     return out
 
 
-def quick_overrides(raw: dict) -> dict:
-    """Overrides for `--quick`: QUICK plus the first two backbones, shrunk (2 layers, d=64)."""
-    from experiments.study import deep_merge
+def _check_vl(vl: dict, where: str) -> None:
+    for name in ("stage1", "stage2"):
+        stage = vl[name]
+        if not isinstance(stage, dict):
+            _fail(f"{where}.{name}", "must be a mapping")
+        extra = sorted(set(stage) - STAGE_KEYS)
+        if extra:
+            _fail(f"{where}.{name}", f"unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(STAGE_KEYS))}")
+        for k in ("steps", "batch_size"):
+            if isinstance(stage.get(k), bool) or not isinstance(stage.get(k), int) or stage[k] < 1:
+                _fail(f"{where}.{name}.{k}", f"must be a positive integer, got {stage.get(k)!r}")
+        share = stage.get("text_share", 0.0)
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+            _fail(f"{where}.{name}.text_share", f"must be a number in [0, 1), got {share!r}")
 
-    backbones = [{**b, **{k: v for k, v in QUICK_BACKBONE.items() if v is not None}} for b in (raw.get("build") or {}).get("backbones", [])[:2]]
-    for b in backbones:
-        b.pop("steps", None)
-        b["num_attention_heads"] = min(b.get("num_attention_heads", 4), 4)
-        b["num_key_value_heads"] = min(b.get("num_key_value_heads", 2), 2)
+
+def quick_overrides(raw: dict) -> dict:
+    """Overrides for `--quick`: QUICK plus the first QUICK_BACKBONES trained backbones, shrunk."""
+    backbones = []
+    for b in [b for b in (raw.get("build") or {}).get("backbones", []) if "pretrained" not in b][:QUICK_BACKBONES]:
+        small = {**b, **QUICK_BACKBONE}
+        small["num_attention_heads"] = min(b.get("num_attention_heads", 4), 4)
+        small["num_key_value_heads"] = min(b.get("num_key_value_heads", 2), 2)
+        backbones.append(small)
     interventions = [dict(i, params={**i.get("params", {}), "train_steps": min(i["params"].get("train_steps", 0), QUICK_QKNORM_STEPS)})
                      if i.get("method") == "qknorm" and i.get("params") else i for i in raw.get("interventions") or []]
     return deep_merge(QUICK, {"build": {"backbones": backbones}, "interventions": interventions})
@@ -106,22 +227,48 @@ def quick_overrides(raw: dict) -> dict:
 
 # --------------------------------------------------------------------------- the build steps
 
+_DEMO = Path(__file__).resolve().parent
+_ROOT = _DEMO.parent.parent
+
+
+def _code(*parts: str) -> str:
+    from sinkstudy.provenance import code_version
+
+    return code_version(*(_ROOT / p for p in parts))
+
+
 def run_build(runner, build: dict) -> dict[str, str]:
     """Run (or reuse) every build step; returns {backbone name: step id of its VLM} for deps."""
     out = runner.out
     data, models = out / "data", out / "models"
-    runner.run("build/corpus", {"corpus": build["corpus"]}, lambda: make_corpus(data, build["corpus"]), outputs=data / "train.jsonl")
+    runner.run("build/corpus", {"corpus": build["corpus"], "code": _code("experiments/demo/corpus.py")},
+               lambda: make_corpus(data, build["corpus"]), outputs=data / "train.jsonl")
     runner.run("build/tokenizer", {"tokenizer": build["tokenizer"]}, lambda: make_tokenizer(data, models / "tokenizer", build["tokenizer"]),
                deps=["build/corpus"], outputs=models / "tokenizer")
+    sink = runner.study.sink
+    for name in build["references"]:
+        from experiments.demo.real import identity
+
+        runner.run(f"build/reference/{name}", {"model": identity(name), "sink": sink, "code": _code("evals/sink")},
+                   lambda name=name: reference_step(name, sink, runner.progress))
     done = {}
+    train_code = _code("experiments/demo/sinkgrow.py", "experiments/demo/backbones.py", "interventions/training.py", "interventions/adapt")
+    vl_code = _code("experiments/demo/vl.py", "interventions/adapt")
     for b in build["backbones"]:
-        train = {**build["pretrain"], **({"steps": b["steps"]} if b.get("steps") else {})}
-        runner.run(f"build/pretrain/{b['name']}", {"backbone": b, "pretrain": train},
-                   lambda b=b, train=train: pretrain_step(data, models, b, train, runner.progress), deps=["build/tokenizer"],
-                   outputs=models / f"{b['name']}-base")
-        runner.run(f"build/vl/{b['name']}", {"vl": build["vl"]},
-                   lambda b=b: vl_step(models / f"{b['name']}-base", models / f"{b['name']}-vlm", build["vl"], runner.progress),
-                   deps=[f"build/pretrain/{b['name']}"], outputs=models / f"{b['name']}-vlm")
+        base, vlm = models / f"{b['name']}-base", models / f"{b['name']}-vlm"
+        if b["kind"] == "pretrained":
+            from experiments.demo.real import identity
+
+            runner.run(f"build/pretrain/{b['name']}", {"backbone": identity(b["pretrained"])},
+                       lambda b=b, base=base: link_pretrained(b["pretrained"], base), outputs=base)
+        else:
+            spec = {"backbone": b, "curve_every": build["pretrain"]["curve_every"], "code": train_code}
+            runner.run(f"build/pretrain/{b['name']}", spec,
+                       lambda b=b, base=base: pretrain_step(data, models, b, base, build["pretrain"]["curve_every"], runner.progress),
+                       deps=["build/tokenizer"], outputs=base)
+        runner.run(f"build/vl/{b['name']}", {"vl": build["vl"], "code": vl_code},
+                   lambda base=base, vlm=vlm: vl_step(base, vlm, build["vl"], runner.progress, data=data),
+                   deps=[f"build/pretrain/{b['name']}", "build/corpus"], outputs=vlm)
         done[b["name"]] = f"build/vl/{b['name']}"
     return done
 
@@ -170,24 +317,77 @@ def load_demo_tokenizer(path: Path):
     return load_tokenizer(path)
 
 
-def pretrain_step(data: Path, models: Path, spec: dict, train: dict, progress: bool) -> dict:
-    from experiments.demo.backbones import pretrain_backbone
+def pretrain_step(data: Path, models: Path, backbone: dict, out: Path, curve_every: int | None, progress: bool) -> dict:
+    """Train one backbone's recipe on the corpus (its data mix formed here), recording S every
+    `curve_every` steps; save model + tokenizer to `out` atomically."""
+    from experiments.demo.backbones import save_backbone
+    from experiments.demo.sinkgrow import Recipe, grow
     from sinkstudy.provenance import model_fingerprint
 
     tok = load_demo_tokenizer(models / "tokenizer")
-    texts = training_texts(data, tok)
-    out = models / f"{spec['name']}-base"
-    stats = pretrain_backbone(spec, tok, texts, out, train=train, force=True, progress=progress)
-    return {**stats, "path": str(out), "fingerprint": model_fingerprint(out)}
+    recipe = Recipe(**{k: v for k, v in backbone.items() if k in _recipe_fields()})
+    marks = sorted({0, recipe.steps, *range(0, recipe.steps, curve_every)}) if curve_every else ()
+    model, grown = grow(recipe, tok, training_texts(data, tok), checkpoints=marks, progress=progress)
+    save_backbone(model, tok, out)
+    return {"steps": recipe.steps, "final_loss": grown.final_loss, "tokens": grown.tokens, "train_seconds": round(grown.train_seconds, 1),
+            "params": sum(p.numel() for p in model.parameters()), "recipe": grown.recipe.to_json(),
+            "sink_curve": [{k: p[k] for k in ("step", "S", "mass", "argmax_is_sink")} for p in grown.curve],
+            "path": str(out), "fingerprint": model_fingerprint(out)}
 
 
-def vl_step(base: Path, out: Path, cfg: dict, progress: bool) -> dict:
-    """The engine's two LLaVA stages on digits; the run directory (report, trajectory) is
-    `<models>/../adapt/<out name>`, the VLM checkpoint `out`."""
+def link_pretrained(name: str, out: Path) -> dict:
+    """A pretrained backbone: `out` becomes a link to its converted checkpoint in the user's cache."""
+    from experiments.demo import real
+    from sinkstudy.provenance import model_fingerprint
+
+    target = real.checkpoint(name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    if out.is_dir() and not out.is_symlink():
+        from sinkstudy.io import remove_tree
+
+        remove_tree(out, within=out.parent)
+    os.replace(tmp, out)
+    return {"pretrained": name, "source": real.source(name), "checkpoint": str(target), "path": str(out),
+            "params": _count_params(out), "fingerprint": model_fingerprint(out)}
+
+
+def _count_params(path: Path) -> int:
+    from sinkstudy.checkpoint import read_header, weight_files
+
+    files = weight_files(path)
+    return sum(math.prod(t.shape) for f in files.files for t in read_header(f).values()) if files else 0
+
+
+def reference_step(name: str, sink: dict, progress: bool) -> dict:
+    """Sink Strength of a real pretrained LLM with the study's sink settings (skipped, saying why,
+    when its weights package is not installed)."""
+    from evals.sink import compute_sink_maps, strength_from_maps
+    from experiments.demo import real
+    from interventions.pairs import load_causal_lm
+
+    if real.installed_version(name) is None:
+        return {"name": name, "skipped": "the `real` extra is not installed (make real-model installs it)"}
+    path = real.checkpoint(name)
+    model, tok = load_causal_lm(path)
+    maps = compute_sink_maps(model, tok, sink["texts"], metric=sink["metric"], progress=progress, **sink["options"])
+    strength = strength_from_maps(maps, sink["metric"], **sink["params"])
+    return {"name": name, "source": real.source(name), "native_qk_norm": real.native_qk_norm(name), "path": str(path),
+            "sink_strength": strength.value, "mean_mass": float(maps.mass.mean()),
+            "median_per_layer": strength.details.get("median_per_layer"), "layers": model.config.num_hidden_layers}
+
+
+def vl_step(base: Path, out: Path, cfg: dict, progress: bool, *, data: Path) -> dict:
+    """The engine's two LLaVA stages on digits (plus text-only corpus chats where a stage sets
+    `text_share`); the run directory (report, trajectory) is `<models>/../adapt/<out name>`, the VLM
+    checkpoint `out`."""
     from experiments.demo.vl import adapt_vl
     from sinkstudy.provenance import model_fingerprint
 
     if not (base / "config.json").is_file():
         raise SinkstudyError(f"VL adaptation needs the base checkpoint {base}")
-    res = adapt_vl(base, out, cfg, work_dir=out.parent.parent / "adapt" / out.name, progress=progress)
+    chats = [(u, a) for u, a in read_records(data) if a is not None]
+    res = adapt_vl(base, out, cfg, work_dir=out.parent.parent / "adapt" / out.name, progress=progress, chats=chats)
     return {**res, "path": str(out), "fingerprint": model_fingerprint(out)}

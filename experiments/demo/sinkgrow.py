@@ -138,6 +138,11 @@ def get_recipe(name: str, **overrides) -> Recipe:
     return replace(RECIPES[name], **overrides)
 
 
+def training_mix(recipe: Recipe, tokenizer, texts: Sequence[str]) -> list[str]:
+    """The texts one recipe trains on: `texts` plus its data mix (Bigram-Backcopy share)."""
+    return mixed_texts(texts, tokenizer, recipe.backcopy_share, recipe.seed) if recipe.backcopy_share else list(texts)
+
+
 # --------------------------------------------------------------------------- training with a curve
 
 @dataclass
@@ -177,7 +182,7 @@ def grow(recipe: Recipe, tokenizer, texts: Sequence[str], *, checkpoints: Sequen
 
     measure = measure or (lambda m: sink_point(m, tokenizer))
     model = build_backbone(recipe.backbone_spec(), tokenizer)
-    train_texts = mixed_texts(texts, tokenizer, recipe.backcopy_share, recipe.seed) if recipe.backcopy_share else list(texts)
+    train_texts = training_mix(recipe, tokenizer, texts)
     result = GrowResult(recipe)
     marks = set(checkpoints)
     measuring = [0.0]

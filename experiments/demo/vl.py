@@ -5,30 +5,48 @@ digits linearly) and a new projector around each demo backbone, then LLaVA's two
 projector alone (LM and tower frozen), then projector + LM (tower frozen: training it against a
 frozen LM that has never seen captions collapses the image information). Schedules are the
 paper's (constant / cosine, 3% warm-up); steps, learning rates and batch sizes come from the demo
-config. Loss is on the assistant's answer tokens only. The held-out probe scores the ten answers
+config. Loss is on the assistant's answer tokens only. A stage may mix in text-only chats from the
+pretraining corpus (`text_share`), as LLaVA-665K mixes ShareGPT conversations into its stage 2. The held-out probe scores the ten answers
 "It is a d." by likelihood, formatted by the engine's own encoder.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
+from typing import Sequence
 
 DIGIT_QUESTION = "What digit is this?"
 
 
-def recipe(cfg: dict, records: list[dict]):
-    """The demo's `build.vl` section as an engine recipe (AdaptConfig) training on `records`."""
+def recipe(cfg: dict, records: list[dict], chats: Sequence[tuple[str, str]] = ()):
+    """The demo's `build.vl` section as an engine recipe (AdaptConfig) training on `records`, plus,
+    in a stage with `text_share`, text-only chats drawn from `chats` (LLaVA-665K's text part)."""
     from interventions.adapt.config import from_dict
 
     stages = []
     for name in ("stage1", "stage2"):
         s = cfg[name]
-        stages.append({"name": name, "data": [{"records": records}], "steps": s["steps"], "lr": s["lr"],
+        data = [{"records": records}]
+        if s.get("text_share"):
+            data.append({"records": text_records(chats, len(records), s["text_share"], cfg["seed"])})
+        stages.append({"name": name, "data": data, "steps": s["steps"], "lr": s["lr"],
                        "batch_size": s["batch_size"], "micro_batch_size": s["batch_size"],
                        **({"trainable": s["trainable"]} if "trainable" in s else {})})
     return from_dict({"seed": cfg["seed"], "precision": "fp32", "stages": stages,
                       "trajectory": {"every": cfg.get("trajectory_every")}})
+
+
+def text_records(chats: Sequence[tuple[str, str]], n_images: int, share: float, seed: int) -> list[dict]:
+    """Text-only chats making up `share` of a stage beside `n_images` image records (sampled with `seed`)."""
+    from sinkstudy import SinkstudyError
+
+    n = round(n_images * share / (1 - share))
+    if n > len(chats):
+        raise SinkstudyError(f"text_share {share} needs {n} text chats beside {n_images} images; the corpus has {len(chats)}")
+    return [{"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]}
+            for u, a in random.Random(seed).sample(list(chats), n)]
 
 
 def vision(cfg: dict):
@@ -45,18 +63,21 @@ def training_records(cfg: dict) -> list[dict]:
     return digits_records("train", n_heldout=cfg["heldout_images"], seed=cfg["seed"], captions=digit_caption)
 
 
-def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, work_dir: Path, progress: bool = True) -> dict:
-    """Build the VLM from the base checkpoint, run both stages, save it (with its processor) to `out_dir`."""
+def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, work_dir: Path, progress: bool = True,
+             chats: Sequence[tuple[str, str]] = ()) -> dict:
+    """Build the VLM from the base checkpoint, run both stages, save it (with its processor) to `out_dir`.
+    `chats`: (user, assistant) pairs the stages with `text_share` draw their text-only examples from."""
     from interventions.adapt import adapt
 
     records = training_records(cfg)
-    config = recipe(cfg, records)
+    config = recipe(cfg, records, chats)
     report = adapt(base_dir, vision=vision(cfg), config=config, out=work_dir, model_dir=out_dir, force=True, progress=progress)
     heldout = digit_accuracy(out_dir, cfg)
     stages = {s["stage"]: {k: s[k] for k in ("steps", "lr", "trainable_groups", "final_loss", "trainable_params", "steps_per_second")}
               for s in report["stages"]}
     points = (report.get("trajectory") or {}).get("points") or []
-    return {"stages": stages, "heldout": heldout, "n_train_images": len(records),
+    n_text = {st.name: sum(len(d["records"]) for d in st.data[1:]) for st in config.stages}
+    return {"stages": stages, "heldout": heldout, "n_train_images": len(records), "n_text_chats": n_text,
             "image_tokens": report["build"]["image_tokens_per_image"], "round_trip": report["build"]["round_trip_max_abs_logit_diff"],
             "sink_trajectory": [(p["step"], p["sink_strength"]) for p in points], "run_dir": str(work_dir)}
 
