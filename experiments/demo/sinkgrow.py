@@ -7,8 +7,12 @@ holds what docs/sinks.md measured about changing that, as code the demo config c
   tokenizer encodes as one token each: a fixed bigram table (each word has a few likely
   successors), plus trigger words after which the next word copies the word before the trigger.
   Most positions need no context, so the heads that solve the copy have nothing to do elsewhere.
-- `mixed_texts`: the demo's chat texts plus a share of Bigram-Backcopy texts (the corpus itself is
-  not changed; the mix is formed at training time).
+- `retrieval_texts`: sequences where context matters only at rare positions, each by one kind of
+  retrieval (induction, key-value look-up, backcopy), for heads that have a specialised job;
+- `with_noise`: a span of random tokens put before a share of the chats (same sequence), so that
+  averaging the whole context hurts and heads must select;
+- `mixed_texts` / `training_mix`: the demo's chat texts plus a share of synthetic sequences, and a
+  recipe's whole training mix (the corpus itself is not changed; the mix is formed at training time).
 - `RECIPES`: the backbone spread (family, depth, heads, lr, weight decay, data mix).
 - `grow`: trains one recipe with the project's optimisation loop and measures Sink Strength (and
   sink mass) at checkpoints, giving the S-vs-steps curve.
@@ -52,6 +56,9 @@ class BackcopyTask:
     p_trigger: float = 0.15
     table_seed: int = 1234  # the bigram table and triggers: fixed across runs, so held-out texts share them
 
+    def texts(self, tokenizer, n: int, seed: int) -> list[str]:
+        return bigram_backcopy_texts(tokenizer, n, seed, self)
+
 
 def bigram_backcopy_texts(tokenizer, n: int, seed: int, task: BackcopyTask = BackcopyTask()) -> list[str]:
     """`n` Bigram-Backcopy sequences as space-separated words (one token per word)."""
@@ -76,12 +83,91 @@ def bigram_backcopy_texts(tokenizer, n: int, seed: int, task: BackcopyTask = Bac
     return out
 
 
-def mixed_texts(texts: Sequence[str], tokenizer, share: float, seed: int, task: BackcopyTask = BackcopyTask()) -> list[str]:
-    """`texts` plus Bigram-Backcopy sequences making up `share` of the result (0 <= share < 1)."""
+@dataclass(frozen=True)
+class RetrievalTask:
+    """Sequences whose context is needed only at rare positions, each by one kind of retrieval.
+
+    Filler is a bigram walk (next word from the current word alone, so most positions need no
+    context). Each sequence is one kind: `induction` (spans of the sequence repeated later: once
+    a span's first word recurs, its continuation is copied), `kv` (`key: value;` records, filler,
+    then `key= value` look-ups) or `backcopy` (the Bigram-Backcopy triggers). The point is heads
+    that have a job only at those positions and a reason to do nothing elsewhere.
+    """
+
+    vocab: int = 160
+    successors: int = 4
+    length: int = 64  # words per sequence, roughly
+    span: int = 6  # induction span length
+    copies: int = 3  # induction spans per sequence
+    records: int = 6  # kv records per sequence
+    lookups: int = 3  # kv look-ups per sequence
+    table_seed: int = 4321
+
+    def texts(self, tokenizer, n: int, seed: int) -> list[str]:
+        return retrieval_texts(tokenizer, n, seed, self)
+
+
+def retrieval_texts(tokenizer, n: int, seed: int, task: RetrievalTask = RetrievalTask()) -> list[str]:
+    """`n` retrieval sequences (kinds in rotation), one token per word, `:`, `;` and `=` as markers."""
+    words = single_token_words(tokenizer, task.vocab)
+    table_rng = random.Random(task.table_seed)
+    table = {w: table_rng.sample(words, task.successors) for w in words}
+    rng = random.Random(seed)
+
+    def walk(k: int, start: str | None = None) -> list[str]:
+        seq = [start or rng.choice(words)]
+        while len(seq) < k:
+            seq.append(rng.choice(table[seq[-1]]))
+        return seq
+
+    backcopy = BackcopyTask(length=task.length, table_seed=task.table_seed)
+    out = []
+    for i in range(n):
+        kind = ("induction", "kv", "backcopy")[i % 3]
+        if kind == "backcopy":
+            out.append(bigram_backcopy_texts(tokenizer, 1, rng.randrange(2**31), backcopy)[0])
+            continue
+        if kind == "induction":
+            seq = walk(task.length // 2)
+            for _ in range(task.copies):
+                start = rng.randrange(len(seq) - task.span)
+                seq += walk(rng.randint(3, 8), rng.choice(table[seq[-1]])) + seq[start:start + task.span]
+            out.append(" " + " ".join(seq))
+            continue
+        keys = rng.sample(words, task.records)
+        pairs = {k: rng.choice(words) for k in keys}
+        parts = [f"{k}: {v};" for k, v in pairs.items()]
+        filler = walk(task.length - 3 * task.records - 3 * task.lookups)
+        looks = [f"{k}= {pairs[k]}" for k in rng.sample(keys, task.lookups)]
+        out.append(" " + " ".join(parts + filler[: len(filler) // 2] + looks[:1] + filler[len(filler) // 2:] + looks[1:]))
+    return out
+
+
+def noise_document(tokenizer, rng: random.Random, length: int) -> str:
+    """An irrelevant span: `length` tokens drawn uniformly from the non-special vocabulary, as text."""
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    return tokenizer.decode([rng.choice(ids) for _ in range(length)])
+
+
+def with_noise(texts: Sequence[str], tokenizer, share: float, length: tuple[int, int], seed: int) -> list[str]:
+    """`texts` with an irrelevant noise span put before a `share` of them (same sequence, after BOS).
+
+    Averaging the whole context then mixes in noise, so heads must select; what a head selects
+    when nothing in view is relevant is the question.
+    """
+    if not 0 <= share <= 1:
+        raise SinkstudyError(f"noise share must be in [0, 1], got {share}")
+    rng = random.Random(seed)
+    return [noise_document(tokenizer, rng, rng.randint(*length)) + "\n" + t if rng.random() < share else t for t in texts]
+
+
+def mixed_texts(texts: Sequence[str], tokenizer, share: float, seed: int, task=BackcopyTask()) -> list[str]:
+    """`texts` plus `task`'s sequences (Bigram-Backcopy by default) making up `share` of the result (0 <= share < 1)."""
     if not 0 <= share < 1:
-        raise SinkstudyError(f"backcopy share must be in [0, 1), got {share}")
+        raise SinkstudyError(f"{type(task).__name__} share must be in [0, 1), got {share}")
     n = round(len(texts) * share / (1 - share))
-    return list(texts) + (bigram_backcopy_texts(tokenizer, n, seed, task) if n else [])
+    return list(texts) + (task.texts(tokenizer, n, seed) if n else [])
 
 
 # --------------------------------------------------------------------------- recipes
@@ -102,6 +188,9 @@ class Recipe:
     batch_size: int = 16
     seq_len: int = 160
     backcopy_share: float = 0.0
+    retrieval_share: float = 0.0  # RetrievalTask sequences, as a share of the mix they join (after Bigram-Backcopy)
+    noise_share: float = 0.0  # share of chat texts with a noise span put before them
+    noise_tokens: tuple[int, int] = (20, 60)  # noise span length range, in tokens
     seed: int = 0
     notes: str = ""
 
@@ -136,6 +225,16 @@ def get_recipe(name: str, **overrides) -> Recipe:
     if name not in RECIPES:
         raise SinkstudyError(f"unknown sink recipe {name!r}; known: {', '.join(RECIPES)}")
     return replace(RECIPES[name], **overrides)
+
+
+def training_mix(recipe: Recipe, tokenizer, texts: Sequence[str]) -> list[str]:
+    """The recipe's training texts: noise spans before a share of the chats, then the synthetic sequences mixed in."""
+    out = with_noise(texts, tokenizer, recipe.noise_share, recipe.noise_tokens, recipe.seed) if recipe.noise_share else list(texts)
+    if recipe.backcopy_share:
+        out = mixed_texts(out, tokenizer, recipe.backcopy_share, recipe.seed)
+    if recipe.retrieval_share:
+        out = mixed_texts(out, tokenizer, recipe.retrieval_share, recipe.seed, RetrievalTask())
+    return out
 
 
 # --------------------------------------------------------------------------- training with a curve
@@ -176,7 +275,7 @@ def grow(recipe: Recipe, tokenizer, texts: Sequence[str], *, checkpoints: Sequen
 
     measure = measure or (lambda m: sink_point(m, tokenizer))
     model = build_backbone(recipe.backbone_spec(), tokenizer)
-    train_texts = mixed_texts(texts, tokenizer, recipe.backcopy_share, recipe.seed) if recipe.backcopy_share else list(texts)
+    train_texts = training_mix(recipe, tokenizer, texts)
     examples = encode_texts(tokenizer, train_texts, recipe.seq_len)
     pad_id = tokenizer.pad_token_id
     result = GrowResult(recipe)
