@@ -99,6 +99,27 @@ def test_with_noise_puts_noise_before_the_chosen_share(demo_tokenizer):
         sinkgrow.with_noise(chats, demo_tokenizer, 1.5, (20, 30), seed=1)
 
 
+def test_sprinkle_noise_only_touches_user_turns(demo_tokenizer):
+    records = corpus.training_records(300, 0)
+    texts = [corpus.chat(demo_tokenizer, u, a) if a is not None else u for u, a in records]
+    noisy = sinkgrow.sprinkle_noise(texts, demo_tokenizer, 0.5, seed=2)
+    inserted = words = 0
+    for (user, assistant), clean, text in zip(records, texts, noisy):
+        if assistant is None:
+            assert text == clean  # plain text has no user turn
+            continue
+        assert text.endswith(clean[clean.index(user) + len(user):])  # the assistant turn is untouched
+        got = text.split("\n", 1)[1].split("<|end|>")[0].split(" ")
+        it = iter(got)
+        assert all(w in it for w in user.split(" "))  # the request's words, in order, with noise between
+        inserted += len(got) - len(user.split(" "))
+        words += len(user.split(" "))
+    assert 0.8 < inserted / words < 1.2  # rate / (1 - rate) = 1 noise token per word on average
+    assert sinkgrow.sprinkle_noise(texts, demo_tokenizer, 0.0, seed=2) == texts
+    with pytest.raises(SinkstudyError, match="sprinkle rate"):
+        sinkgrow.sprinkle_noise(texts, demo_tokenizer, 1.0, seed=2)
+
+
 def test_recipe_grows_a_bos_sink_in_its_domain(demo_tokenizer):
     """Guo et al.'s setting: a 1-layer model on Bigram-Backcopy parks attention on BOS as it trains.
 

@@ -11,6 +11,8 @@ holds what docs/sinks.md measured about changing that, as code the demo config c
   retrieval (induction, key-value look-up, backcopy), for heads that have a specialised job;
 - `with_noise`: a span of random tokens put before a share of the chats (same sequence), so that
   averaging the whole context hurts and heads must select;
+- `sprinkle_noise`: random tokens between the words of each user turn, so that a bag of the request
+  is noisy too;
 - `mixed_texts` / `training_mix`: the demo's chat texts plus a share of synthetic sequences, and a
   recipe's whole training mix (the corpus itself is not changed; the mix is formed at training time).
 - `RECIPES`: the backbone spread (family, depth, heads, lr, weight decay, data mix).
@@ -162,6 +164,36 @@ def with_noise(texts: Sequence[str], tokenizer, share: float, length: tuple[int,
     return [noise_document(tokenizer, rng, rng.randint(*length)) + "\n" + t if rng.random() < share else t for t in texts]
 
 
+def sprinkle_noise(texts: Sequence[str], tokenizer, rate: float, seed: int) -> list[str]:
+    """Random vocabulary tokens inserted between the words of each chat's user turn (assistant turns stay clean).
+
+    After each word, another noise token follows with probability `rate` (so on average
+    rate / (1 - rate) per word). A bag of the request then carries noise too, so a head that
+    has nothing specific to fetch does better parking than averaging. Texts that do not start
+    with the tokenizer's user turn are left as they are.
+    """
+    if not 0 <= rate < 1:
+        raise SinkstudyError(f"sprinkle rate must be in [0, 1), got {rate}")
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False)
+    prefix, suffix = turn.removeprefix(tokenizer.bos_token or "").split("\x00")
+    special = set(tokenizer.all_special_ids)
+    pieces = [p for p in (tokenizer.decode([i]).strip() for i in range(len(tokenizer)) if i not in special) if p]
+    rng = random.Random(seed)
+    out = []
+    for text in texts:
+        if not (text.startswith(prefix) and suffix in text[len(prefix):]):
+            out.append(text)
+            continue
+        user, rest = text[len(prefix):].split(suffix, 1)
+        words = []
+        for word in user.split(" "):
+            words.append(word)
+            while rng.random() < rate:
+                words.append(rng.choice(pieces))
+        out.append(prefix + " ".join(words) + suffix + rest)
+    return out
+
+
 def mixed_texts(texts: Sequence[str], tokenizer, share: float, seed: int, task=BackcopyTask()) -> list[str]:
     """`texts` plus `task`'s sequences (Bigram-Backcopy by default) making up `share` of the result (0 <= share < 1)."""
     if not 0 <= share < 1:
@@ -191,6 +223,7 @@ class Recipe:
     retrieval_share: float = 0.0  # RetrievalTask sequences, as a share of the mix they join (after Bigram-Backcopy)
     noise_share: float = 0.0  # share of chat texts with a noise span put before them
     noise_tokens: tuple[int, int] = (20, 60)  # noise span length range, in tokens
+    sprinkle_rate: float = 0.0  # noise tokens inserted between user-turn words (sprinkle_noise)
     seed: int = 0
     notes: str = ""
 
@@ -228,8 +261,11 @@ def get_recipe(name: str, **overrides) -> Recipe:
 
 
 def training_mix(recipe: Recipe, tokenizer, texts: Sequence[str]) -> list[str]:
-    """The recipe's training texts: noise spans before a share of the chats, then the synthetic sequences mixed in."""
-    out = with_noise(texts, tokenizer, recipe.noise_share, recipe.noise_tokens, recipe.seed) if recipe.noise_share else list(texts)
+    """The recipe's training texts: noise inside user turns, noise spans before a share of the chats, then
+    the synthetic sequences mixed in."""
+    out = sprinkle_noise(texts, tokenizer, recipe.sprinkle_rate, recipe.seed) if recipe.sprinkle_rate else list(texts)
+    if recipe.noise_share:
+        out = with_noise(out, tokenizer, recipe.noise_share, recipe.noise_tokens, recipe.seed)
     if recipe.backcopy_share:
         out = mixed_texts(out, tokenizer, recipe.backcopy_share, recipe.seed)
     if recipe.retrieval_share:
