@@ -246,6 +246,22 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("qwen2-deep", num_hidden_layers=8, hidden_size=64, num_key_value_heads=4, notes="depth 8 at width 64"),
     Recipe("qwen3-lr1e-2", family="qwen3", lr=1e-2, weight_decay=0.1, notes="larger lr (QK-norm keeps it stable)"),
     Recipe("qwen2-lr1e-2", lr=1e-2, weight_decay=0.1, notes="larger lr without QK-norm: attention logits blow up"),
+    # Second attempt (docs/sinks.md): heads with a reason to do nothing. 8 heads of 16 dims, lr 2e-2 with
+    # QK-norm, 2 layers so that 400 steps fit the budget; noise spans before 70% of the chats, and noise
+    # inside the user turns. The sink forms in the last layer, on the template's first tokens and on BOS.
+    Recipe("qwen3-2l-lr2e-2", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=400, lr=2e-2, weight_decay=0.1, notes="control for the two below: same model and training, no noise"),
+    Recipe("qwen3-2l-noise", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=400, lr=2e-2, weight_decay=0.1, noise_share=0.7,
+           notes="random-token spans (20-60 tokens) before 70% of the chats: averaging the context hurts"),
+    Recipe("qwen3-2l-sprinkle", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=400, lr=2e-2, weight_decay=0.1, noise_share=0.7, sprinkle_rate=0.3,
+           notes="plus random tokens between the words of each user turn: a bag of the request is noisy too"),
+    Recipe("qwen3-2l-sprinkle-150", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=150, lr=2e-2, weight_decay=0.1, noise_share=0.7, sprinkle_rate=0.3,
+           notes="the same, stopped at 150 steps: S peaks early and falls as chat training recruits the parked heads"),
+    Recipe("qwen2-retrieval", num_attention_heads=8, num_key_value_heads=8, weight_decay=0.1, retrieval_share=0.3,
+           notes="30% induction / key-value / backcopy sequences, 8 heads: specialised heads"),
     # The one setting that grows a BOS sink in this budget, in its own domain: 1 layer, Bigram-Backcopy.
     Recipe("bb-1layer", num_hidden_layers=1, hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
            steps=400, lr=1e-2, seq_len=80, backcopy_share=0.97,
