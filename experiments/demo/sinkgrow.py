@@ -145,10 +145,14 @@ def retrieval_texts(tokenizer, n: int, seed: int, task: RetrievalTask = Retrieva
     return out
 
 
+def _plain_ids(tokenizer) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
 def noise_document(tokenizer, rng: random.Random, length: int) -> str:
     """An irrelevant span: `length` tokens drawn uniformly from the non-special vocabulary, as text."""
-    special = set(tokenizer.all_special_ids)
-    ids = [i for i in range(len(tokenizer)) if i not in special]
+    ids = _plain_ids(tokenizer)
     return tokenizer.decode([rng.choice(ids) for _ in range(length)])
 
 
@@ -176,8 +180,7 @@ def sprinkle_noise(texts: Sequence[str], tokenizer, rate: float, seed: int) -> l
         raise SinkstudyError(f"sprinkle rate must be in [0, 1), got {rate}")
     turn = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False)
     prefix, suffix = turn.removeprefix(tokenizer.bos_token or "").split("\x00")
-    special = set(tokenizer.all_special_ids)
-    pieces = [p for p in (tokenizer.decode([i]).strip() for i in range(len(tokenizer)) if i not in special) if p]
+    pieces = [p for p in (tokenizer.decode([i]).strip() for i in _plain_ids(tokenizer)) if p]
     rng = random.Random(seed)
     out = []
     for text in texts:
