@@ -116,9 +116,11 @@ ROWS = [
     pytest.param(["sink", "{missing}", "--out", "{out}/s"], "model-0000", None, id="missing-shard"),
     pytest.param(["sink", "{corrupt}", "--out", "{out}/s"], "safetensors", None, id="corrupt-safetensors"),
     pytest.param(["merge", "--method", "ties", "--base", "{corrupt}", "--vlm", "{vlm}", "--out", "{out}/m", "--no-eval"],
-                 "not a readable safetensors file", None, id="merge-corrupt-safetensors"),
+                 "corrupt safetensors header", None, id="merge-corrupt-safetensors"),
     pytest.param(["merge", "--method", "ties", "--base", "{base}", "--vlm", "{truncated}", "--out", "{out}/m", "--no-eval"],
-                 "is truncated", None, id="merge-truncated-shard"),
+                 "truncated", None, id="merge-truncated-shard"),
+    pytest.param(["merge", "--method", "ties", "--base", "{missing}", "--vlm", "{vlm}", "--out", "{out}/m", "--no-eval"],
+                 "missing shard", None, id="merge-missing-shard"),
     # item 11: non-UTF-8 text files, named
     pytest.param(["run", "{study_latin1}", "--out", "{out}/run"], "latin1.yaml is not UTF-8", None, id="non-utf8-study"),
     pytest.param([*SWEEP, "--config", "{latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-sweep-config"),

@@ -15,7 +15,7 @@ from pathlib import Path
 from interventions.pairs import archs
 from interventions.pairs.layout import compare_layouts
 from sinkstudy import SinkstudyError
-from sinkstudy.checkpoint import WeightFiles, hub_snapshot, local_model_path, weight_files
+from sinkstudy.checkpoint import WeightFiles, hub_snapshot, local_model_path, looks_like_path, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,6 @@ def resolve_dtype(dtype):
     return dtype
 
 
-def _looks_like_path(name: str) -> bool:
-    # Hub ids are "name" or "org/name"; anything else that does not exist is a missing local path.
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-
-
 def load_config(source):
     """AutoConfig for a local dir, .gguf file or hub id; one-line SinkstudyError if it is missing or unreadable."""
     from transformers import AutoConfig
@@ -127,7 +122,7 @@ def load_config(source):
         if not (path / "config.json").is_file():
             raise SinkstudyError(f"{name} has no config.json: not a Hugging Face checkpoint directory")
         name = os.fspath(path)
-    elif _looks_like_path(name):
+    elif looks_like_path(name):
         raise SinkstudyError(f"missing path: {name} does not exist")
     try:
         return AutoConfig.from_pretrained(name)
