@@ -336,7 +336,7 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
     model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"],
                   "models": {"base": model_fingerprint(pair["base"]), "vlm": model_fingerprint(pair["vlm"])},
                   "code": code_version(_HERE / "interventions" / "pairs")}
-    extracted = runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study), deps=deps, outputs=lm_dir)
+    extracted = runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study, runner.progress), deps=deps, outputs=lm_dir)
     results: dict[str, dict] = {
         "base": measure(runner, study, pair, "base", pair["base"], deps=deps[:1]),
         "vlm": measure(runner, study, pair, "vlm", str(lm_dir), deps=[f"{p}/extract"],
@@ -419,14 +419,22 @@ def _file_digest(path: str) -> str:
 
 # --------------------------------------------------------------------------- step bodies
 
-def extract_step(pair: dict, lm_dir: Path, study) -> dict:
-    from interventions.pairs import load_pair, save_causal_lm
+def extract_step(pair: dict, lm_dir: Path, study, progress: bool = False) -> dict:
+    """The VLM's language model in the base's class and vocabulary, streamed disk to disk in the study's
+    dtype: about one shard in memory; the vision tower is never read or built."""
+    from interventions.pairs import plan_extraction, resolve, write_language_model
+    from sinkstudy.checkpoint import try_load_tokenizer
 
-    mp = load_pair(pair["base"], pair["vlm"], dtype=_dtype(study), device=study.model["device"] or "cpu")
-    save_causal_lm(mp.vlm_lm, mp.tokenizer, lm_dir, force=True, extra={"extraction": mp.report.to_dict(), "vlm": pair["vlm"]})
+    base = resolve(pair["base"])
+    if base.kind != "causal_lm":
+        raise SinkstudyError(f"pair {pair['name']}: the base must be a causal LM, got a {base.config.model_type} VLM: {base.id}")
+    plan = plan_extraction(pair["vlm"], base)  # every check before any weight is read
+    report = plan.report.to_dict()
+    write_language_model(plan, lm_dir, tokenizer=try_load_tokenizer(base.tokenizer_path), dtype=_dtype(study), force=True,
+                         extra={"extraction": report, "vlm": pair["vlm"]}, progress=progress)
     fps = {pair["base"]: model_fingerprint(pair["base"]), pair["vlm"]: model_fingerprint(pair["vlm"]),
            str(lm_dir): model_fingerprint(lm_dir)}
-    return {"path": str(lm_dir), "report": mp.report.to_dict(), "fingerprints": fps}
+    return {"path": str(lm_dir), "report": report, "fingerprints": fps}
 
 
 def _load(path: str, study):

@@ -161,10 +161,15 @@ def is_vlm_checkpoint(path: str | os.PathLike) -> bool:
     return "vision_config" in cfg or any("ConditionalGeneration" in a for a in cfg.get("architectures") or [])
 
 
+# Bump when resolve_lm's output changes for the same inputs (2: streamed, in the VLM's stored dtype).
+_LM_CACHE_FORMAT = 2
+
+
 def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
-    once by the pair loader (base's class, vocabulary and tokenizer) into a cache keyed by both
-    models' fingerprints and the pair loader's code version."""
+    once by the pair loader (base's class, vocabulary and tokenizer), streamed disk to disk in the
+    VLM's stored dtype (about one shard in memory, never the vision tower), into a cache keyed by
+    both models' fingerprints and the pair loader's code version."""
     import hashlib
 
     from sinkstudy.provenance import code_version, model_fingerprint
@@ -173,14 +178,16 @@ def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str |
     if not is_vlm_checkpoint(vlm):
         return vlm
     extracted = Path(cache_dir) if cache_dir else cache_root() / "vlm_lm"
-    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs")])
+    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs"),
+                    f"format:{_LM_CACHE_FORMAT}"])
     target = extracted / hashlib.sha256(key.encode()).hexdigest()[:32]
     if not (target / "config.json").is_file():
-        from interventions.pairs import extract_language_model, load_tokenizer, save_causal_lm
+        from interventions.pairs import load_tokenizer, plan_extraction, write_language_model
 
         LOG.info("extracting the language model of %s into %s", vlm, target)
-        lm, _report = extract_language_model(vlm, base)
-        save_causal_lm(lm, load_tokenizer(base), target, force=True, extra={"source": str(vlm)})
+        plan = plan_extraction(vlm, base)
+        write_language_model(plan, target, tokenizer=load_tokenizer(base), force=True,
+                             extra={"source": str(vlm), "extraction": plan.report.to_dict()})
     return target
 
 

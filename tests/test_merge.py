@@ -256,21 +256,32 @@ def test_bad_input_refused_before_work(trio, tmp_path, monkeypatch):
     assert (existing / "keep.txt").read_text() == "x"
 
 
-def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer):
-    """A VLM checkpoint as `vlm`: its LM is extracted once into the cache, then merged."""
+def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer, monkeypatch):
+    """A VLM checkpoint as `vlm`: its LM is streamed once into the cache (in the VLM's stored dtype, never
+    built in memory), then merged."""
+    import json
+
     from vlm_factories import save_tiny_vlm, tiny_base
 
     from interventions.merge import run_mergekit_merge
+    from interventions.pairs import EXTRACTION_JSON
 
+    def no_in_memory_lm(*args, **kwargs):
+        raise AssertionError("the VLM's language model was built in memory")
+
+    monkeypatch.setattr("interventions.pairs.extract.build_causal_lm", no_in_memory_lm)
+    monkeypatch.setattr("interventions.pairs.loading.build_causal_lm", no_in_memory_lm)
     base = _save_model(tiny_base("qwen2"), tokenizer, tmp_path / "base")
-    vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer)
+    vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer, dtype=torch.bfloat16)
     cache = tmp_path / "cache"
     out = run_mergekit_merge("linear", base, vlm, tmp_path / "m", weight=1.0, cache_dir=cache, progress=False)
     (lm_dir,) = list(cache.iterdir())
     lm, m = _w(lm_dir), _w(out)
-    assert set(m) == set(lm)
-    for name in m:
-        torch.testing.assert_close(m[name], lm[name], rtol=0, atol=1e-6)
+    assert set(m) == set(lm) and {t.dtype for t in lm.values()} == {torch.bfloat16}
+    assert json.loads((lm_dir / EXTRACTION_JSON).read_text())["provenance"]["source"] == str(vlm)
+    for name in m:  # float32 like the base; the bf16 values exactly
+        assert m[name].dtype == torch.float32
+        torch.testing.assert_close(m[name], lm[name].float(), rtol=0, atol=0)
 
 
 def test_apply_intervention_reuses_finished_and_refuses_other_requests(trio, tmp_path):
