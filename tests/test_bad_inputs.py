@@ -7,7 +7,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -195,11 +194,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, needle, patch, in
         rc = main([a.format(**paths) for a in argv])
     except SystemExit as exc:  # argparse
         rc = exc.code
-    err = capsys.readouterr().err
-    # The message is one line; progress bars (a model being loaded) are not part of it.
-    lines = [line for line in err.splitlines() if line.strip() and not re.search(r"\d+%\|", line)]
+    captured = capsys.readouterr()
+    err = captured.err
+    # The message is one line and the only output: refused before any work (no model loaded, no progress bar).
+    lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2, err
     assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
+    assert captured.out == "", captured.out
     assert needle in lines[0], lines[0]
     assert _tree(work) == before
 
