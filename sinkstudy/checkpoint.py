@@ -24,6 +24,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from sinkstudy import SinkstudyError
+from sinkstudy.provenance import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -268,14 +269,6 @@ def try_load_tokenizer(path):
 
 GGUF_JSON = "sinkstudy_gguf.json"
 _GGUF_FORMAT = 1  # bump when the conversion below changes its output
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=8)
