@@ -350,7 +350,7 @@ def test_the_study_extract_step_streams_and_never_builds_the_vision_tower(tmp_pa
     study = SimpleNamespace(model={"dtype": "bfloat16", "device": None})
     base, out = base_dirs("qwen2"), tmp_path / "lm"
     with tensor_reads(poison=_is_vision) as reads:
-        result = extract_step({"name": "p", "base": str(base), "vlm": str(vlm_dir)}, out, study)
+        result = extract_step({"name": "p", "base": str(base), "vlm": str(vlm_dir), "revision": {}}, out, study)
     assert reads and all(devices == {"meta"} for devices in towers_built)
     assert result["fingerprints"] == {str(base): model_fingerprint(base), str(vlm_dir): model_fingerprint(vlm_dir),
                                       str(out): model_fingerprint(out)}

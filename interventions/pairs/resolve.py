@@ -112,8 +112,9 @@ def resolve_dtype(dtype):
     return dtype
 
 
-def load_config(source):
-    """AutoConfig for a local dir, .gguf file or hub id; one-line SinkstudyError if it is missing or unreadable."""
+def load_config(source, revision: str | None = None):
+    """AutoConfig for a local dir, .gguf file or hub id (at `revision`); one-line SinkstudyError if it is
+    missing or unreadable."""
     from transformers import AutoConfig
 
     name = local_model_path(source)
@@ -125,7 +126,7 @@ def load_config(source):
     elif looks_like_path(name):
         raise SinkstudyError(f"missing path: {name} does not exist")
     try:
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name, **({"revision": revision} if revision else {}))
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if path.exists():
