@@ -13,7 +13,8 @@ Schema (every key but `name` and `pairs`/`build` optional; unknown keys are erro
     keep_models: true               # false: delete each intervention's checkpoint once measured
     build: {...}                    # the embedded demo only: build the pairs (experiments.demo)
     pairs:                          # derived from build.backbones when omitted
-      - {name, base, vlm, root?, native_qk_norm?, params_b?: {base, vlm}, published?: {sink_strength, ifeval_delta}}
+      - {name, base, vlm, root?, native_qk_norm?, params_b?: {base, vlm}, published?: {sink_strength, ifeval_delta},
+         base_revision?, vlm_revision?, root_revision?}   # or revision: {base, vlm, root}: hub ids pinned to a commit
     sink: {metric: logodds, texts: null, params: {}, options: {}}
     evals: {tasks: [...], data_files: {task: path}, limit, batch_size (int | auto | auto:N), max_gen_toks,
             apply_chat_template, chat_template_kwargs: {...}, system_instruction, gen_kwargs: {...},
@@ -43,7 +44,9 @@ class StudyConfigError(SinkstudyError):
 
 
 TOP_KEYS = {"name", "out", "seed", "keep_models", "build", "pairs", "sink", "evals", "interventions", "model", "protocol", "report"}
-PAIR_KEYS = {"name", "base", "vlm", "root", "native_qk_norm", "params_b", "published", "notes"}
+MODEL_ROLES = ("base", "vlm", "root")
+PAIR_KEYS = {"name", *MODEL_ROLES, *(f"{r}_revision" for r in MODEL_ROLES), "revision", "native_qk_norm", "params_b",
+             "published", "notes"}
 PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "source"}
 SINK_KEYS = {"metric", "texts", "params", "options"}
 EVAL_KEYS = {"tasks", "data_files", "limit", "batch_size", "max_gen_toks", "apply_chat_template", "num_fewshot",
@@ -188,6 +191,7 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
                 _fail(pw, f"{k} must be a hub id or a path")
         _mapping(p.get("published"), f"{pw}.published", PUBLISHED_KEYS)
         _mapping(p.get("params_b"), f"{pw}.params_b", {"base", "vlm"})
+        p["revision"] = _revisions(p, pw)
         pairs.append(p)
 
     sink = {**DEFAULT_SINK, **_mapping(cfg.get("sink"), f"{where}: sink", SINK_KEYS)}
@@ -217,13 +221,31 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
                   protocol, dict(report))
     for p in study.pairs:
-        for k in ("base", "vlm", "root"):
+        for k in MODEL_ROLES:
             if isinstance(p.get(k), str):
                 p[k] = study.expand(p[k])
     study.evals["data_files"] = {t: study.expand(f) for t, f in study.evals["data_files"].items()}
     _check_outputs_distinct(study, where)
     _check_local_inputs(study, where)
     return study
+
+
+def _revisions(p: dict, where: str) -> dict[str, str]:
+    """{role: revision} of a pair's hub models, from `revision: {base, vlm, root}` and/or `<role>_revision`
+    (one form per role); the pair keeps only the mapping."""
+    out = dict(_mapping(p.pop("revision", None), f"{where}.revision", set(MODEL_ROLES)))
+    for role in MODEL_ROLES:
+        key = f"{role}_revision"
+        if key in p:
+            if role in out:
+                _fail(where, f"{key} and revision.{role} both given; use one")
+            out[role] = p.pop(key)
+    for role, rev in out.items():
+        if not isinstance(rev, str) or not rev.strip() or rev != rev.strip():
+            _fail(f"{where}.{role}_revision", f"must be a hub revision (commit, branch or tag), got {rev!r}")
+        if not p.get(role):
+            _fail(where, f"{role}_revision given without a {role}")
+    return out
 
 
 def _check_outputs_distinct(study: Study, where: str) -> None:
@@ -270,11 +292,16 @@ def _local_input(study: Study, path: str) -> bool:
 
 def _check_local_inputs(study: Study, where: str) -> None:
     """Model paths, data files and calibration texts that must exist before the run starts."""
+    from sinkstudy.checkpoint import looks_like_path
+
     for p in study.pairs:
-        for k in ("base", "vlm", "root"):
+        for k in MODEL_ROLES:
             v = p.get(k)
             if v and _local_input(study, v) and not Path(v).expanduser().exists():
                 _fail(where, f"pair {p['name']}: {k} {v} does not exist")
+        for k in p["revision"]:
+            if looks_like_path(p[k]) or Path(p[k]).expanduser().exists():
+                _fail(where, f"pair {p['name']}: {k}_revision pins a hub id, but {k} {p[k]} is a local path")
     for task, f in study.evals["data_files"].items():
         if _local_input(study, f):
             from sinkstudy.io import read_text
