@@ -16,18 +16,18 @@ Modules inside this package are imported on first use, so a file dropped here re
 unless `needs_sink_maps`); `config` is the defaults updated with the user's parameters (every
 number must be finite; `validate` checks the rest).
 
-A plug-in's source (`source_hash`: the files defining `fn` and `validate`) is part of the identity
-of every model it makes (`interventions.registry.intervention_request`): editing it re-runs the
-interventions it produced instead of reusing them.
+Mitigations may also live outside the package: a file or module loaded with `--plugin` (or a study's
+`plugins:`), or a module named in the `sinkstudy.plugins` entry-point group, loaded at the registry's
+first use (`sinkstudy.plugins`). A plug-in's source (`source_hash`: the files defining `fn` and
+`validate`) is part of the identity of every model it makes
+(`interventions.registry.intervention_request`): editing it re-runs the interventions it produced
+instead of reusing them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import inspect
 import math
-import marshal
 import os
 import pkgutil
 from dataclasses import dataclass, field
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from sinkstudy import SinkstudyError
+from sinkstudy.plugins import load_entry_points, same_module_reloaded
+from sinkstudy.plugins import source_hash as plugin_source_hash
 
 
 class MitigationError(SinkstudyError):
@@ -62,7 +64,7 @@ def register_mitigation(name: str, *, defaults: Mapping[str, Any] | None = None,
     `validate(config)`, optional, raises a one-line error for bad values before anything loads.
     """
     def wrap(fn):
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn and not same_module_reloaded(_REGISTRY[name].fn, fn):
             raise MitigationError(f"mitigation {name!r} is already registered")
         doc = (fn.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = Mitigation(name, fn, dict(defaults or {}), needs_sink_maps, description or (doc[0] if doc else ""),
@@ -73,10 +75,12 @@ def register_mitigation(name: str, *, defaults: Mapping[str, Any] | None = None,
 
 
 def _load_plugins() -> None:
+    """The modules of this package, then the `sinkstudy.plugins` entry points (once per process)."""
     global _LOADED
     if not _LOADED:
         for mod in pkgutil.iter_modules(__path__):
             importlib.import_module(f"{__name__}.{mod.name}")
+        load_entry_points()
         _LOADED = True
 
 
@@ -111,22 +115,7 @@ def resolve_config(mitigation: Mitigation, params: Mapping[str, Any] | None) -> 
 def source_hash(mitigation: Mitigation) -> str:
     """sha256 of the source files that define the plug-in (its function and validator); of the
     compiled code where there is no file (a function defined interactively)."""
-    h = hashlib.sha256()
-    seen: set[str] = set()
-    for fn in (mitigation.fn, mitigation.validate):
-        if fn is None:
-            continue
-        try:
-            source = inspect.getsourcefile(fn)
-        except TypeError:
-            source = None
-        if source and os.path.isfile(source):
-            if source not in seen:
-                seen.add(source)
-                h.update(Path(source).read_bytes())
-        else:
-            h.update(marshal.dumps(fn.__code__))
-    return "plugin-sha256:" + h.hexdigest()[:24]
+    return plugin_source_hash(mitigation.fn, mitigation.validate)
 
 
 def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, progress: bool = True) -> dict[str, Any]:

@@ -1,0 +1,169 @@
+"""Training-time protection plug-ins: `TrainingHook`s registered by name, constructed from a config.
+
+A protection acts during VL adaptation (`interventions.adapt`), through the engine's hook seam
+(`interventions.adapt.hooks`: prepare_base, setup, dataset, loss, after_backward,
+after_optimizer_step, teardown). It is a `Protection` subclass registered with defaults and an
+optional validator, so a new idea is a small class:
+
+    from interventions.protect import Protection, register_protection, select_heads
+
+    @register_protection("scale_sink_heads_grad", defaults={"heads": {"by": "strength", "top_k": 4}, "factor": 0.1},
+                         needs_sink_maps=True)
+    class ScaleSinkHeadsGrad(Protection):
+        '''Scale the q_proj gradient rows of the sink heads by `factor`.'''
+        def setup(self, ctx):
+            self.heads = select_heads(ctx.sink_maps, self.config["heads"])
+        def after_backward(self, ctx):
+            ...
+
+    hooks = [make_protection("scale_sink_heads_grad", {"factor": 0.2})]
+    adapt(base, vision=..., config=..., out=..., hooks=hooks)
+
+Every protection takes `stages` (the recipe stages it acts in; None: every stage). `ctx.sink_maps`
+(per-layer / per-head sink mass, log-odds on each head's argmax key, the argmax key per text) is
+the base's, measured once before training on `ctx.calibration` when `needs_sink_maps` is set.
+`select_heads` is the one head-selection rule all protections share (top-k by Sink Strength or by
+sink mass, a threshold, an explicit list).
+
+Shipped (modules of this package register themselves on first use, then the `sinkstudy.plugins`
+entry points): `freeze_below_sink`, `sink_head_freeze`, `sink_head_qk_projection`,
+`sink_preservation_loss`, `text_replay`, and `disable_qk_norm` (the sufficiency switch). Plug-ins
+from files or modules: `sinkstudy.plugins.load_plugin`. See docs/protect.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from interventions.adapt.hooks import TrainingHook
+from sinkstudy import SinkstudyError
+from sinkstudy.plugins import load_entry_points, same_module_reloaded
+
+COMMON_DEFAULTS = {"stages": None}
+
+
+class ProtectionError(SinkstudyError):
+    """A bad protection name or setting (one line), raised before any work."""
+
+
+@dataclass(frozen=True)
+class ProtectionSpec:
+    name: str
+    cls: type
+    defaults: dict
+    description: str
+    validate: Callable[[dict], None] | None = None
+
+
+_REGISTRY: dict[str, ProtectionSpec] = {}
+_LOADED = False
+
+
+class Protection(TrainingHook):
+    """A registered protection: `self.config` is its defaults updated with the given settings
+    (validated); `self.stages` comes from `config["stages"]`."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None):
+        spec = _REGISTRY.get(getattr(type(self), "name", None))
+        if spec is None or spec.cls is not type(self):
+            raise ProtectionError(f"{type(self).__name__} is not a registered protection (use @register_protection)")
+        self.config = resolve_config(spec, config)
+        self.stages = self.config["stages"]
+
+    def sources(self) -> tuple:
+        # The shared helpers every protection uses are part of its identity besides its own file.
+        from interventions.protect import capture, heads
+
+        return (type(self), Protection, heads, capture)
+
+
+def register_protection(name: str, *, defaults: Mapping[str, Any] | None = None, needs_sink_maps: bool = False,
+                        edits_training: bool | None = None, description: str | None = None,
+                        validate: Callable[[dict], None] | None = None):
+    """Class decorator: register a `Protection` subclass under `name`.
+
+    `defaults` lists every setting it takes (plus `stages`); `validate(config)` raises a one-line
+    error for bad values before anything loads.
+    """
+    def wrap(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Protection)):
+            raise ProtectionError(f"protection {name!r} must be a subclass of interventions.protect.Protection")
+        old = _REGISTRY.get(name)
+        if old is not None and old.cls is not cls and not same_module_reloaded(old.cls, cls):
+            raise ProtectionError(f"protection {name!r} is already registered (by {old.cls.__module__})")
+        cls.name = name
+        cls.needs_sink_maps = needs_sink_maps or cls.needs_sink_maps
+        if edits_training is not None:
+            cls.edits_training = edits_training
+        doc = (cls.__doc__ or "").strip().splitlines()
+        _REGISTRY[name] = ProtectionSpec(name, cls, {**COMMON_DEFAULTS, **dict(defaults or {})},
+                                         description or (doc[0] if doc else ""), validate)
+        return cls
+
+    return wrap
+
+
+def _load_builtin() -> None:
+    global _LOADED
+    if not _LOADED:
+        for mod in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{mod.name}")
+        load_entry_points()
+        _LOADED = True
+
+
+def list_protections() -> dict[str, ProtectionSpec]:
+    _load_builtin()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_protection(name: str) -> ProtectionSpec:
+    registry = list_protections()
+    if name not in registry:
+        raise ProtectionError(f"unknown protection {name!r}; registered: {', '.join(registry) or 'none'}")
+    return registry[name]
+
+
+def resolve_config(spec: ProtectionSpec, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults updated by `params`; unknown keys, non-finite numbers and what `validate` refuses are errors."""
+    params = dict(params or {})
+    unknown = set(params) - set(spec.defaults)
+    if unknown:
+        raise ProtectionError(f"protection {spec.name} has no setting(s) {', '.join(sorted(unknown))}; "
+                              f"it takes {', '.join(spec.defaults)}")
+    config = {**spec.defaults, **params}
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtectionError(f"protection {spec.name}: {key} must be a finite number, got {value!r}")
+    stages = config["stages"]
+    if stages is not None and (not isinstance(stages, list) or not stages or not all(isinstance(s, str) for s in stages)):
+        raise ProtectionError(f"protection {spec.name}: stages must be null or a non-empty list of stage names, got {stages!r}")
+    if spec.validate is not None:
+        try:
+            spec.validate(config)
+        except SinkstudyError as exc:
+            raise ProtectionError(f"protection {spec.name}: {exc}") from None
+    return config
+
+
+def make_protection(name: str, params: Mapping[str, Any] | None = None) -> Protection:
+    """An instance of registered protection `name` with `params` (validated)."""
+    return get_protection(name).cls(params)
+
+
+def validate_protection(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The resolved settings of protection `name`, checked without building anything."""
+    return resolve_config(get_protection(name), params)
+
+
+from interventions.protect.heads import HEAD_STATISTICS, head_statistic, select_heads, validate_heads  # noqa: E402
+
+__all__ = [
+    "HEAD_STATISTICS", "Protection", "ProtectionError", "ProtectionSpec", "get_protection", "head_statistic",
+    "list_protections", "make_protection", "register_protection", "resolve_config", "select_heads", "validate_heads",
+    "validate_protection",
+]
