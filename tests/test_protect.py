@@ -306,7 +306,9 @@ def test_text_replay_mixes_the_configured_share_into_stage_2_batches(tmp_path, t
     cfg = from_dict({"precision": "fp32", "seed": 2, "stages": [
         {"name": "stage1", "data": ["digits"], "steps": 2, "batch_size": 8, "micro_batch_size": 4, "lr": 1e-3},
         {"name": "stage2", "data": ["digits"], "steps": 5, "batch_size": 8, "micro_batch_size": 4, "lr": 1e-3}]})
-    replay = make_protection("text_replay", {"data": str(_chats(tmp_path)), "share": 0.25})
+    corpus = tmp_path / "corpus.jsonl"  # the demo corpus's form: {user, assistant} exchanges, assistant null = plain text
+    corpus.write_text("\n".join(json.dumps({"user": f"Say {i}.", "assistant": None if i % 3 == 0 else f"{i}."}) for i in range(24)))
+    replay = make_protection("text_replay", {"data": str(corpus), "share": 0.25})
     counter = _BatchCounter(tokenizer.convert_tokens_to_ids("<|image|>"))
     counter.stages = ["stage2"]
     report = adapt(tmp_path / "base", vision=VisionSpec("tiny", tiny={"hidden_size": 32, "num_hidden_layers": 1,
@@ -338,6 +340,14 @@ def test_hooks_act_only_in_their_stages_and_unknown_stages_fail_before_work(tmp_
     adapt(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer=tokenizer, config=cfg, out=tmp_path / "run",
           hooks=[hook], progress=False)
     assert hook.seen == ["b"]
+    images = tmp_path / "with_images.jsonl"
+    images.write_text(json.dumps({"image": "x.png", "conversations": [{"from": "human", "value": "<image>\nHi"},
+                                                                       {"from": "gpt", "value": "Hi."}]}))
+    (tmp_path / "x.png").write_bytes(b"")
+    with pytest.raises(SinkstudyError, match="replay data must be text-only"):
+        make_protection("text_replay", {"data": str(images), "stages": ["b"]}).dataset(
+            HookContext(model=None, language_model=None, tokenizer=tokenizer, stage=cfg.stages[1], config=cfg),
+            type("D", (), {"encoder": object()})())
     bad = make_protection("sink_head_freeze", {"stages": ["stage9"]})
     with pytest.raises(SinkstudyError, match="stage9"):
         adapt(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer=tokenizer, config=cfg, out=tmp_path / "bad",
@@ -387,3 +397,30 @@ def test_disable_qk_norm_in_an_adaptation_and_its_refusals(tmp_path, tokenizer):
         adapt(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer=tokenizer, config=_text_cfg(chats),
               out=tmp_path / "qwen2", hooks=[make_protection("disable_qk_norm")], progress=False)
     assert "\n" not in str(err.value) and not (tmp_path / "qwen2").exists()
+
+
+# --------------------------------------------------------------------------- the command line
+
+def test_adapt_command_takes_protections_with_settings(tmp_path, tokenizer, capsys):
+    from experiments.cli import main
+
+    base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    chats = _chats(tmp_path)
+    common = ["adapt", "--base", str(tmp_path / "base"), "--text-only", "--data", str(chats), "--steps", "2", "--quiet"]
+    assert main([*common, "--protect", "sink_head_freeze", "--protect-param", "heads=[[0, 1]]",
+                 "--protect-param", "keys=false", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert 'text sink_head_freeze: {"heads": [{"layer": 0, "head": 1' in out and '"frozen_rows": 32' in out  # q rows + q bias rows (keys: false)
+    request = json.loads((tmp_path / "run" / "request.json").read_text())
+    assert request["hooks"][0]["params"]["config"]["heads"] == [[0, 1]] and request["hooks"][0]["params"]["config"]["keys"] is False
+    for extra, needle in [(["--protect", "sink_head_freeze", "--protect-param", "top_k=2"], "has no setting"),
+                          (["--protect", "a", "--protect", "b", "--protect-param", "k=1"], "unknown protection"),
+                          (["--protect", "sink_head_freeze", "--protect", "text_replay", "--protect-param", "k=1"], "say which"),
+                          (["--protect", "sink_head_freeze", "--protect-param", "x.k=1"], "not one of the --protect"),
+                          (["--protect", "disable_qk_norm"], "native per-head QK-norm")]:
+        assert main([*common, *extra, "--out", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "bad").exists()

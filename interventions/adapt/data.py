@@ -9,7 +9,8 @@ marker gets one in front of its first user turn, as LLaVA's data does.
 
 Sources (`load_records`; strings on the command line, mappings in YAML):
     digits                      scikit-learn's bundled 8x8 digits (offline), VQA chats
-    PATH.json | PATH.jsonl      LLaVA format (`image` + `conversations`), `messages` chats, or {"text"}
+    PATH.json | PATH.jsonl      LLaVA format (`image` + `conversations`), `messages` chats, {"user", "assistant"}
+                                exchanges (assistant null: plain text), or {"text"}
     json:PATH[@IMAGE_DIR]       the same, images relative to IMAGE_DIR (default: the file's folder)
     hf:NAME_OR_DIR[:SPLIT][@IMAGE_DIR]  a `datasets` set: hub id, `save_to_disk` dir or data folder;
                                 rows in LLaVA, messages, caption (image + caption/text) or VQA
@@ -207,11 +208,15 @@ def normalise(row: dict, image_folder: Path | None = None, caption_prompt: str =
                     {"role": "assistant", "content": str(row.get("caption", row.get("text")))}]
     elif images and "question" in row and "answer" in row:
         messages = [{"role": "user", "content": f"{IMAGE}\n{row['question']}"}, {"role": "assistant", "content": str(row["answer"])}]
+    elif isinstance(row.get("user"), str) and "assistant" in row:  # a single exchange; no reply: plain text
+        if row["assistant"] is None:
+            return {"text": row["user"]}
+        messages = [{"role": "user", "content": row["user"]}, {"role": "assistant", "content": _text(row["assistant"])}]
     elif isinstance(row.get("text"), str):
         return {"text": row["text"]}
     else:
         raise DataError(f"unrecognised record with keys {sorted(row)[:8]}: expected conversations, messages, "
-                        "image + caption/text, image + question + answer, or text")
+                        "image + caption/text, image + question + answer, user + assistant, or text")
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError("a chat record needs at least one assistant turn")
     markers = sum(m["content"].count(IMAGE) for m in messages)
