@@ -132,3 +132,39 @@ def test_plugin_option_on_the_commands(tmp_path, capsys):
         assert "plug-in file not found" in capsys.readouterr().err
     finally:
         _forget(name)
+
+
+def test_the_worked_example_in_docs_runs_as_a_plugin(tmp_path, tokenizer):
+    """docs/protect.md's example, loaded as a plug-in file: factor 0 keeps the sink heads' rows bit-identical."""
+    import copy
+    import json
+    import re
+    from pathlib import Path
+
+    import torch
+
+    from interventions.adapt import adapt, from_dict
+    from interventions.pairs import load_causal_lm
+    from interventions.protect import _REGISTRY, make_protection
+    from sinkstudy.tiny import tiny_causal_lm
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protect.md").read_text()
+    code = re.search(r"## A worked example.*?```python\n(.*?)```", doc, re.S).group(1)
+    assert 35 <= len(code.strip().splitlines()) <= 60  # a new idea in ~50 lines
+    (tmp_path / "my_protection.py").write_text(code)
+    try:
+        load_plugin(str(tmp_path / "my_protection.py"))
+        base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+        chats = tmp_path / "chats.jsonl"
+        chats.write_text("\n".join(json.dumps({"user": f"Add {i} and 2.", "assistant": f"{i + 2}."}) for i in range(12)))
+        cfg = from_dict({"precision": "fp32", "stages": [{"name": "text", "data": [str(chats)], "trainable": ["lm"], "steps": 2,
+                                                          "batch_size": 2, "micro_batch_size": 2, "lr": 1e-2, "weight_decay": 0.1}]})
+        hook = make_protection("sink_head_slow_lr", {"heads": [[1, 3]], "factor": 0.0})
+        report = adapt(copy.deepcopy(base), tokenizer=tokenizer, config=cfg, out=tmp_path / "run", hooks=[hook], progress=False)
+        trained, _ = load_causal_lm(report["model"])
+        a, b = base.model.layers[1].self_attn, trained.model.layers[1].self_attn
+        assert torch.equal(a.q_proj.weight[48:64], b.q_proj.weight[48:64]) and torch.equal(a.k_proj.weight[16:32], b.k_proj.weight[16:32])
+        assert not torch.equal(a.q_proj.weight[:48], b.q_proj.weight[:48])
+        assert report["stages"][0]["hooks"]["sink_head_slow_lr"]["row_blocks"] == 2
+    finally:
+        _REGISTRY.pop("sink_head_slow_lr", None)
