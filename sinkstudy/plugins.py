@@ -175,3 +175,58 @@ def same_module_reloaded(old: Any, new: Any) -> bool:
     """Whether `new` replaces `old` because their module was loaded again (an edited plug-in file)."""
     return getattr(old, "__module__", None) == getattr(new, "__module__", None) and \
         getattr(old, "__qualname__", None) == getattr(new, "__qualname__", None)
+
+
+class Registry:
+    """Named plug-ins of one kind (mitigations, protections): the registering package's own modules
+    are imported at first use, then the `sinkstudy.plugins` entry points; `items` maps name -> entry.
+
+    `key(entry)` is the registered function or class: registering a name again is an error unless it
+    is the same object or the same one from a plug-in file loaded again after an edit.
+    """
+
+    def __init__(self, kind: str, package: str, error: type, key):
+        self.kind, self.package, self.error, self.key = kind, package, error, key
+        self.items: dict[str, Any] = {}
+        self._loaded = False
+
+    def add(self, name: str, entry: Any) -> None:
+        old = self.items.get(name)
+        if old is not None and self.key(old) is not self.key(entry) and not same_module_reloaded(self.key(old), self.key(entry)):
+            raise self.error(f"{self.kind} {name!r} is already registered (by {getattr(self.key(old), '__module__', '?')})")
+        self.items[name] = entry
+
+    def all(self) -> dict[str, Any]:
+        if not self._loaded:
+            import pkgutil
+
+            package = importlib.import_module(self.package)
+            for mod in pkgutil.iter_modules(package.__path__):
+                importlib.import_module(f"{self.package}.{mod.name}")
+            load_entry_points()
+            self._loaded = True
+        return dict(sorted(self.items.items()))
+
+    def get(self, name: str) -> Any:
+        registry = self.all()
+        if name not in registry:
+            raise self.error(f"unknown {self.kind} {name!r}; registered: {', '.join(registry) or 'none'}")
+        return registry[name]
+
+    def resolve(self, name: str, defaults: dict, params, validate=None) -> dict[str, Any]:
+        """`defaults` updated by `params`: unknown keys (typos must not pass silently), non-finite
+        numbers and whatever `validate(config)` refuses are one-line errors."""
+        import math
+
+        params = dict(params or {})
+        unknown = set(params) - set(defaults)
+        if unknown:
+            raise self.error(f"{self.kind} {name} has no parameter(s) {', '.join(sorted(unknown))}; "
+                             f"it takes {', '.join(defaults) or 'none'}")
+        config = {**defaults, **params}
+        for key, value in config.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise self.error(f"{self.kind} {name}: {key} must be a finite number, got {value!r}")
+        if validate is not None:
+            validate(config)
+        return config

@@ -58,7 +58,7 @@ def test_registry_lists_the_shipped_protections_and_refuses_bad_settings_in_one_
             "disable_qk_norm"} <= set(list_protections())
     for name, params, needle in [
         ("nope", {}, "unknown protection"),
-        ("sink_head_freeze", {"top_k": 3}, r"has no setting\(s\) top_k"),
+        ("sink_head_freeze", {"top_k": 3}, r"has no parameter\(s\) top_k"),
         ("sink_head_freeze", {"heads": {"by": "volume", "top_k": 2}}, "heads.by"),
         ("sink_head_freeze", {"heads": {"by": "mass"}}, "give top_k, threshold or both"),
         ("sink_head_freeze", {"heads": [[0, -1]]}, "explicit list"),
@@ -415,7 +415,7 @@ def test_adapt_command_takes_protections_with_settings(tmp_path, tokenizer, caps
     assert 'text sink_head_freeze: {"heads": [{"layer": 0, "head": 1' in out and '"frozen_rows": 32' in out  # q rows + q bias rows (keys: false)
     request = json.loads((tmp_path / "run" / "request.json").read_text())
     assert request["hooks"][0]["params"]["config"]["heads"] == [[0, 1]] and request["hooks"][0]["params"]["config"]["keys"] is False
-    for extra, needle in [(["--protect", "sink_head_freeze", "--protect-param", "top_k=2"], "has no setting"),
+    for extra, needle in [(["--protect", "sink_head_freeze", "--protect-param", "top_k=2"], "has no parameter"),
                           (["--protect", "a", "--protect", "b", "--protect-param", "k=1"], "unknown protection"),
                           (["--protect", "sink_head_freeze", "--protect", "text_replay", "--protect-param", "k=1"], "say which"),
                           (["--protect", "sink_head_freeze", "--protect-param", "x.k=1"], "not one of the --protect"),

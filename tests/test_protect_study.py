@@ -143,7 +143,7 @@ def test_adapt_section_errors_are_one_line(study_files, tmp_path):
     for patch, needle in [
         ({"arms": [{"name": "x"}]}, "names no protection"),
         ({"arms": [{"name": "x", "protection": "nope"}]}, "unknown protection"),
-        ({"arms": [{"name": "x", "protection": "sink_head_freeze", "params": {"k": 1}}]}, "no setting"),
+        ({"arms": [{"name": "x", "protection": "sink_head_freeze", "params": {"k": 1}}]}, "no parameter"),
         ({"arms": [{"name": "control", "protection": "sink_head_freeze"}]}, "control arm takes no protection"),
         ({"arms": [{"name": "x", "protection": "text_replay", "params": {"data": "digits", "stages": ["s9"]}}]}, "s9"),
         ({"arms": [{"name": "x", "protection": "sink_head_freeze", "pairs": ["q"]}]}, "pair names"),

@@ -33,15 +33,12 @@ from files or modules: `sinkstudy.plugins.load_plugin`. See docs/protect.md.
 
 from __future__ import annotations
 
-import importlib
-import math
-import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from interventions.adapt.hooks import TrainingHook
 from sinkstudy import SinkstudyError
-from sinkstudy.plugins import load_entry_points, same_module_reloaded
+from sinkstudy.plugins import Registry
 
 COMMON_DEFAULTS = {"stages": None}
 
@@ -59,8 +56,8 @@ class ProtectionSpec:
     validate: Callable[[dict], None] | None = None
 
 
-_REGISTRY: dict[str, ProtectionSpec] = {}
-_LOADED = False
+_PLUGINS = Registry("protection", __name__, ProtectionError, key=lambda spec: spec.cls)
+_REGISTRY = _PLUGINS.items
 
 
 class Protection(TrainingHook):
@@ -68,7 +65,7 @@ class Protection(TrainingHook):
     (validated); `self.stages` comes from `config["stages"]`."""
 
     def __init__(self, config: Mapping[str, Any] | None = None):
-        spec = _REGISTRY.get(getattr(type(self), "name", None))
+        spec = _PLUGINS.items.get(getattr(type(self), "name", None))
         if spec is None or spec.cls is not type(self):
             raise ProtectionError(f"{type(self).__name__} is not a registered protection (use @register_protection)")
         self.config = resolve_config(spec, config)
@@ -92,62 +89,45 @@ def register_protection(name: str, *, defaults: Mapping[str, Any] | None = None,
     def wrap(cls):
         if not (isinstance(cls, type) and issubclass(cls, Protection)):
             raise ProtectionError(f"protection {name!r} must be a subclass of interventions.protect.Protection")
-        old = _REGISTRY.get(name)
-        if old is not None and old.cls is not cls and not same_module_reloaded(old.cls, cls):
-            raise ProtectionError(f"protection {name!r} is already registered (by {old.cls.__module__})")
+        doc = (cls.__doc__ or "").strip().splitlines()
+        _PLUGINS.add(name, ProtectionSpec(name, cls, {**COMMON_DEFAULTS, **dict(defaults or {})},
+                                          description or (doc[0] if doc else ""), validate))
         cls.name = name
         cls.needs_sink_maps = needs_sink_maps or cls.needs_sink_maps
         if edits_training is not None:
             cls.edits_training = edits_training
-        doc = (cls.__doc__ or "").strip().splitlines()
-        _REGISTRY[name] = ProtectionSpec(name, cls, {**COMMON_DEFAULTS, **dict(defaults or {})},
-                                         description or (doc[0] if doc else ""), validate)
         return cls
 
     return wrap
 
 
-def _load_builtin() -> None:
-    global _LOADED
-    if not _LOADED:
-        for mod in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{mod.name}")
-        load_entry_points()
-        _LOADED = True
-
-
 def list_protections() -> dict[str, ProtectionSpec]:
-    _load_builtin()
-    return dict(sorted(_REGISTRY.items()))
+    """The package's protections, then the `sinkstudy.plugins` entry points' (loaded once per process)."""
+    return _PLUGINS.all()
 
 
 def get_protection(name: str) -> ProtectionSpec:
-    registry = list_protections()
-    if name not in registry:
-        raise ProtectionError(f"unknown protection {name!r}; registered: {', '.join(registry) or 'none'}")
-    return registry[name]
+    return _PLUGINS.get(name)
+
+
+def _check_stages(config: dict) -> None:
+    stages = config["stages"]
+    if stages is not None and (not isinstance(stages, list) or not stages or not all(isinstance(s, str) for s in stages)):
+        raise SinkstudyError(f"stages must be null or a non-empty list of stage names, got {stages!r}")
 
 
 def resolve_config(spec: ProtectionSpec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Defaults updated by `params`; unknown keys, non-finite numbers and what `validate` refuses are errors."""
-    params = dict(params or {})
-    unknown = set(params) - set(spec.defaults)
-    if unknown:
-        raise ProtectionError(f"protection {spec.name} has no setting(s) {', '.join(sorted(unknown))}; "
-                              f"it takes {', '.join(spec.defaults)}")
-    config = {**spec.defaults, **params}
-    for key, value in config.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ProtectionError(f"protection {spec.name}: {key} must be a finite number, got {value!r}")
-    stages = config["stages"]
-    if stages is not None and (not isinstance(stages, list) or not stages or not all(isinstance(s, str) for s in stages)):
-        raise ProtectionError(f"protection {spec.name}: stages must be null or a non-empty list of stage names, got {stages!r}")
-    if spec.validate is not None:
+    """Defaults updated by `params`; unknown keys, non-finite numbers, bad `stages` and what the
+    protection's `validate` refuses are one-line errors."""
+    def validate(config: dict) -> None:
         try:
-            spec.validate(config)
+            _check_stages(config)
+            if spec.validate is not None:
+                spec.validate(config)
         except SinkstudyError as exc:
             raise ProtectionError(f"protection {spec.name}: {exc}") from None
-    return config
+
+    return _PLUGINS.resolve(spec.name, spec.defaults, params, validate)
 
 
 def make_protection(name: str, params: Mapping[str, Any] | None = None) -> Protection:
