@@ -90,7 +90,7 @@ def run_arms(runner, study, pair: dict, deps: list[str]) -> dict[str, dict]:
     made = {}
     for arm in arms_of(study, pair["name"]):
         *_, request = arm_request(study, pair, arm)
-        spec = {"request": request, "code": adapt_code_version(), "seed": request["config"]["seed"]}
+        spec = {"base": pair["base"], "request": request, "code": adapt_code_version(), "seed": request["config"]["seed"]}
         vlm = model_dir(runner.out, pair["name"], arm["name"], "vlm")
         made[arm["name"]] = runner.run(f"{pair['name']}/adapt/{arm['name']}", spec,
                                        lambda arm=arm: adapt_step(study, pair, arm, runner.progress), deps=deps, outputs=vlm)
