@@ -232,8 +232,20 @@ def _walk(runner: Runner, study) -> dict[str, dict]:
         from experiments.demo.build import run_build
 
         built = run_build(runner, study.build)
-    return {pair["name"]: run_pair(runner, study, pair, deps=[built[pair["name"]]] if pair["name"] in built else [])
-            for pair in study.pairs}
+    out = {}
+    for pair in study.pairs:
+        deps = [built[pair["name"]]] if pair["name"] in built else []
+        if study.adapt is None:
+            out[pair["name"]] = run_pair(runner, study, pair, deps)
+            continue
+        from experiments.protection import measure_arms, run_arms
+
+        made = run_arms(runner, study, pair, deps)  # the control arm makes the pair's VLM
+        results = run_pair(runner, study, pair, deps, vlm_deps=[f"{pair['name']}/adapt/control"])
+        arms = measure_arms(runner, study, pair, made, measure)
+        results["vlm"]["control_arm"] = arms.pop("vlm")
+        out[pair["name"]] = {**results, **arms}
+    return out
 
 
 def plan_study(study, command: str = "sinkstudy run CONFIG") -> list[dict]:
@@ -326,8 +338,9 @@ def _dtype(study):
     return getattr(torch, study.model["dtype"])
 
 
-def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
-    """Every step of one pair; returns {model label: {"path", "sink", "eval", ...}}."""
+def run_pair(runner: Runner, study, pair: dict, deps: list[str], vlm_deps: Sequence[str] = ()) -> dict:
+    """Every step of one pair; returns {model label: {"path", "sink", "eval", ...}}. `vlm_deps`: steps
+    that make the pair's VLM (a study's control adaptation), read by the extraction only."""
     from experiments.study import model_dir
     from interventions.registry import intervention_request, takes_root
 
@@ -336,7 +349,8 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
     model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"],
                   "models": {"base": pair_fingerprint(pair, pair["base"]), "vlm": pair_fingerprint(pair, pair["vlm"])},
                   "code": code_version(_HERE / "interventions" / "pairs")}
-    extracted = runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study, runner.progress), deps=deps, outputs=lm_dir)
+    extracted = runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study, runner.progress),
+                           deps=[*deps, *vlm_deps], outputs=lm_dir)
     results: dict[str, dict] = {
         "base": measure(runner, study, pair, "base", pair["base"], deps=deps[:1], fingerprint=pair_fingerprint(pair, pair["base"])),
         "vlm": measure(runner, study, pair, "vlm", str(lm_dir), deps=[f"{p}/extract"],
@@ -656,6 +670,10 @@ def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
             entry["interventions"][label] = {
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
                        "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict()} for task in ev["tasks"]}
+        if study.adapt is not None:
+            from experiments.protection import protection_summary
+
+            entry["protection"] = protection_summary(study, p, res, runs, kw)
         entry["examples"] = _examples(runs["base"], runs["vlm"], ev["tasks"][0], out["headline"].get(ev["tasks"][0]))
         pair_cfg = next(x for x in study.pairs if x["name"] == p)
         entry["published"] = pair_cfg.get("published")
