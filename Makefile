@@ -29,10 +29,17 @@ DONOR ?=
 INITS ?= identity-gain,scale-preserving
 NATIVE ?= $(RUN)/models/qwen3-base
 VISION_ARGS = $(if $(VISION),--vision $(VISION),$(if $(DONOR),--donor $(DONOR),--tiny-vision))
+# Training-time protections (make protect / protect-study): NAME= a protection (`sinkstudy adapt --base B
+# --tiny-vision --protect list`; NAME's default head_restore is the mitigation's, so protect falls back to
+# sink_head_qk_projection), PARAMS="KEY=VALUE ...", PLUGIN="file.py module ...".
+PROTECT_CONFIG ?= experiments/configs/protect.yaml
+PROTECTION = $(if $(filter head_restore,$(NAME)),sink_head_qk_projection,$(NAME))
+PARAMS ?=
+PLUGIN ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install test demo bench bench-extract bench-adapt real-model sink eval compare pair-extract pair-diff qknorm \
-        adapt qknorm-arm merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
+        adapt qknorm-arm protect protect-study merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -93,6 +100,16 @@ qknorm-arm: $(STAMP) ## QK-norm control / injected (INITS=) / native (NATIVE=) a
 	$(SINKSTUDY) qknorm $(BASE) --adapt $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
 		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--data $(d)) \
 		--max-gen-toks 64 $(if $(LIMIT),--limit $(LIMIT)) --out $(or $(OUT),runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
+
+protect: $(STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ...")
+	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
+	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--data $(d)) --config $(ADAPT_CONFIG) \
+		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(foreach p,$(PLUGIN),--plugin $(p)) \
+		--out $(or $(OUT),runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(ARGS)
+
+protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S
+	$(if $(wildcard $(RUN)/models/qwen2-base/config.json),,$(MAKE) demo)
+	$(SINKSTUDY) run $(PROTECT_CONFIG) $(foreach p,$(PLUGIN),--plugin $(p)) $(if $(OUT),--out $(OUT)) $(ARGS)
 
 merge-linear: $(STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)

@@ -66,3 +66,16 @@ def confidence(text: str) -> float:
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"confidence must be in (0, 1), got {text}")
     return value
+
+
+def add_plugin_option(parser) -> None:
+    """`--plugin FILE.py|MODULE` (repeatable): protections / mitigations from outside the package."""
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py|MODULE",
+                        help="load protections and mitigations from a plug-in file or module first (repeatable; docs/protect.md)")
+
+
+def load_plugin_options(args) -> list:
+    """Import the plug-ins named by `--plugin` (one-line error for a missing or failing one)."""
+    from sinkstudy.plugins import load_plugins
+
+    return load_plugins(getattr(args, "plugin", None) or [])

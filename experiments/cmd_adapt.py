@@ -2,6 +2,7 @@
 
     sinkstudy adapt --base B (--vision ID|PATH | --donor ID|PATH | --tiny-vision | --text-only)
                     --data [STAGE=]SPEC ... --out DIR [--config YAML] [--resume] [--force] [--estimate]
+                    [--protect NAME ... [--protect-param [NAME.]KEY=VALUE ...]] [--plugin FILE.py|MODULE ...]
 
 The recipe is the paper's two stages (--text-only: one "text" stage training the LM) unless --config
 gives another (docs/adapt.md); --data without
@@ -9,6 +10,8 @@ STAGE= feeds every stage, with it one stage (replacing that stage's data from th
 """
 
 from __future__ import annotations
+
+import json
 
 
 def register(subparsers) -> None:
@@ -24,6 +27,13 @@ def register(subparsers) -> None:
     p.add_argument("--config", metavar="YAML", help="adaptation recipe (default: the paper's two stages)")
     p.add_argument("--steps", action="append", default=[], metavar="[STAGE=]N", help="optimizer steps (overrides epochs); repeatable")
     p.add_argument("--qknorm", metavar="INIT", help="inject QK-RMSNorm into the base first (identity-gain, scale-preserving, blend)")
+    p.add_argument("--protect", action="append", default=[], metavar="NAME",
+                   help="a training-time protection (repeatable; `--protect list` lists them; docs/protect.md)")
+    p.add_argument("--protect-param", action="append", default=[], metavar="[NAME.]KEY=VALUE",
+                   help="a protection setting, VALUE as YAML (NAME. needed with several --protect), e.g. heads='{by: mass, top_k: 8}'")
+    from experiments.argtypes import add_plugin_option
+
+    add_plugin_option(p)
     p.add_argument("--out", help="run directory (model in OUT/model; default runs/adapt/<base name>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its last checkpoint")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
@@ -93,8 +103,51 @@ def _int(value: str, flag: str) -> int:
     return n
 
 
+def protections(args) -> list:
+    """The --protect hooks with their --protect-param settings, validated before any work."""
+    import yaml
+
+    from interventions.protect import get_protection, make_protection
+    from sinkstudy import SinkstudyError
+
+    for name in args.protect:
+        get_protection(name)
+    params: dict[str, dict] = {name: {} for name in args.protect}
+    for item in args.protect_param:
+        key, sep, value = item.partition("=")
+        name, dot, key = key.rpartition(".") if "." in key else ("", "", key)
+        if not sep or not key:
+            raise SinkstudyError(f"--protect-param {item}: use [NAME.]KEY=VALUE")
+        if not name:
+            if len(args.protect) != 1:
+                raise SinkstudyError(f"--protect-param {item}: say which protection (NAME.KEY=VALUE) with {len(args.protect)} --protect")
+            name = args.protect[0]
+        if name not in params:
+            raise SinkstudyError(f"--protect-param {item}: {name!r} is not one of the --protect names ({', '.join(args.protect) or 'none'})")
+        try:
+            params[name][key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise SinkstudyError(f"--protect-param {item}: VALUE is not valid YAML") from None
+    return [make_protection(name, params[name]) for name in args.protect]
+
+
+def print_protections() -> None:
+    from interventions.protect import list_protections
+
+    for name, spec in list_protections().items():
+        print(f"  {name:<26} {spec.description}")
+        print(f"  {'':<26} settings: " + ", ".join(f"{k}={v!r}" for k, v in spec.defaults.items()))
+
+
 def main(args) -> int:
+    from experiments.argtypes import load_plugin_options
+
+    load_plugin_options(args)
+    if args.protect == ["list"]:
+        print_protections()
+        return 0
     vision, config = build_request(args)
+    hooks = protections(args)
     if args.estimate:
         from interventions.adapt.estimate import estimate, format_estimate
 
@@ -106,9 +159,12 @@ def main(args) -> int:
     from interventions.adapt import adapt
 
     report = adapt(args.base, vision=vision, config=config, out=args.out, resume=args.resume, force=args.force,
-                   qknorm={"init": args.qknorm} if args.qknorm else None, progress=not args.quiet)
+                   qknorm={"init": args.qknorm} if args.qknorm else None, hooks=hooks, progress=not args.quiet)
     if report:
         print(format_summary(report))
+        for stage in report["stages"]:
+            for name, summary in (stage.get("hooks") or {}).items():
+                print(f"{stage['stage']} {name}: {json.dumps(summary, default=str)}")
         print(f"wrote {args.out} (model: {report['model']})")
     return 0
 

@@ -13,21 +13,12 @@ def register(subparsers) -> None:
                               "shipped task sets sinkstudy_ifeval,sinkstudy_gsm or --data TASK=FILE.")
     p.add_argument("model", help="checkpoint path or hub id")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS})")
-    p.add_argument("--limit", type=argtypes.limit, default=None, help="first N docs per task (a fraction < 1: that share)")
-    p.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
-    p.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=256, help="generation length; 0 keeps each task's own")
-    p.add_argument("--batch-size", type=argtypes.batch_size, default=8, help="an integer, or auto / auto:N (lm-eval detects it)")
-    add_protocol_args(p)
-    p.add_argument("--data", action="append", default=None, metavar="TASK=FILE", help="local jsonl for a task (repeatable)")
+    add_eval_args(p)
     p.add_argument("--tokenizer", default=None, help="tokenizer path/id when it is not beside the model")
     p.add_argument("--out", default=None, help="write the run (results.json + samples/) here")
     p.add_argument("--force", action="store_true", help="replace an existing --out that holds a different run")
     p.add_argument("--cache-dir", default=None, help="per-task result cache (default $SINKSTUDY_CACHE/evals)")
     p.add_argument("--no-cache", action="store_true", help="evaluate even when a cached result exists")
-    p.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="vllm: lm-eval's vLLM backend (GPU)")
-    p.add_argument("--backend-args", default=None, metavar="JSON|K=V,...",
-                   help="backend constructor arguments as a JSON object or K=V pairs (quote values with commas), "
-                        "e.g. tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.85")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="load the model in this dtype (default float32 on hf; vllm: the checkpoint's)")
     p.add_argument("--device", default=None, help="device for the loaded model (hf backend), e.g. cuda")
@@ -51,6 +42,36 @@ def register(subparsers) -> None:
     sink.add_argument("--sink-strength", type=float, default=None, metavar="S", help="--published: Sink Strength S of A (the base)")
     sink.add_argument("--sink-json", default=None, metavar="FILE", help="--published: a sink.json of A from `sinkstudy sink` (logodds metric)")
     c.set_defaults(func=_compare)
+
+
+def add_eval_args(p, *, prefix: str = "") -> None:
+    """How an evaluating command runs lm-eval, the flags of `sinkstudy eval`: --limit, --max-gen-toks,
+    --no-chat-template, the batch size, local task data, the backend and the protocol (`add_protocol_args`).
+    `prefix` ("eval-") where the command's own --batch-size / --data mean something else (qknorm's recovery
+    batch, adaptation data): then they are --eval-batch-size / --eval-data. `eval_kwargs` reads them back."""
+    p.add_argument("--limit", type=argtypes.limit, default=None, help="first N docs per task (a fraction < 1: that share)")
+    p.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
+    p.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=256, help="generation length; 0 keeps each task's own")
+    p.add_argument(f"--{prefix}batch-size", dest="eval_batch_size", type=argtypes.batch_size, default=8,
+                   help="eval batch size: an integer, or auto / auto:N (lm-eval detects it)")
+    add_protocol_args(p)
+    p.add_argument(f"--{prefix}data", dest="eval_data", action="append", default=None, metavar="TASK=FILE",
+                   help="local jsonl for a task (repeatable)")
+    p.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="vllm: lm-eval's vLLM backend (GPU)")
+    p.add_argument("--backend-args", default=None, metavar="JSON|K=V,...",
+                   help="backend constructor arguments as a JSON object or K=V pairs (quote values with commas), "
+                        "e.g. tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.85")
+
+
+def eval_kwargs(args) -> dict:
+    """run_eval's keyword arguments from the flags of `add_eval_args`, checked (one line on bad input);
+    JSON data, so a command can record them in its report."""
+    from evals.protocol import check_backend, parse_kwargs
+
+    check_backend(args.backend)
+    return {"limit": args.limit, "batch_size": args.eval_batch_size, "apply_chat_template": not args.no_chat_template,
+            "max_gen_toks": args.max_gen_toks or None, "data_files": args.eval_data, "backend": args.backend,
+            "backend_args": parse_kwargs(args.backend_args, "--backend-args"), **protocol_kwargs(args)}
 
 
 def add_protocol_args(p) -> None:
@@ -81,16 +102,12 @@ def protocol_kwargs(args) -> dict:
 
 def _eval(args) -> int:
     from evals.lmeval import run_eval
-    from evals.protocol import parse_kwargs
     from experiments.loaders import load_model
 
     run = run_eval(
-        args.model, args.tokenizer, tasks=args.tasks, limit=args.limit, batch_size=args.batch_size,
-        apply_chat_template=not args.no_chat_template, max_gen_toks=args.max_gen_toks or None,
-        data_files=args.data, out_dir=args.out, force=args.force,
-        cache_dir=args.cache_dir, use_cache=not args.no_cache, backend=args.backend,
-        backend_args=parse_kwargs(args.backend_args, "--backend-args"), device=args.device, dtype=args.dtype,
-        seed=args.seed, loader=load_model, **protocol_kwargs(args),
+        args.model, args.tokenizer, tasks=args.tasks, out_dir=args.out, force=args.force, cache_dir=args.cache_dir,
+        use_cache=not args.no_cache, device=args.device, dtype=args.dtype, seed=args.seed, loader=load_model,
+        **eval_kwargs(args),
     )
     if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
         return 0

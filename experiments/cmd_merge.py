@@ -40,6 +40,7 @@ def register(subparsers) -> None:
     pair_args(t, required=False)
     t.add_argument("--top-k", type=argtypes.positive_int, help="head_restore: number of heads to restore")
     t.add_argument("--texts", help="calibration texts for the sink maps (shipped set name or file)")
+    argtypes.add_plugin_option(t)
     _common_args(t)
     t.set_defaults(func=run_mitigate)
 
@@ -350,6 +351,7 @@ def run_mitigate(args) -> int:
     from sinkstudy import SinkstudyError
     from sinkstudy.io import output_lock
 
+    argtypes.load_plugin_options(args)
     if args.list:
         for name, kind in list_interventions().items():
             print(f"  {name:<18} {kind}")

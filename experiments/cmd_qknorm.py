@@ -37,12 +37,10 @@ def register(subparsers) -> None:
     p.add_argument("--seq-len", type=int, default=128, help="recovery sequence length (default 128)")
     p.add_argument("--seed", type=int, default=0, help="training and eval seed (default 0)")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts per task")
-    p.add_argument("--max-gen-toks", type=int, default=256, help="generation length cap for the evals (default 256)")
     p.add_argument("--no-eval", action="store_true", help="skip the strict evals (sink and KL only)")
-    from experiments.cmd_eval import add_protocol_args
+    from experiments.cmd_eval import add_eval_args
 
-    add_protocol_args(p)
+    add_eval_args(p, prefix="eval-")  # `sinkstudy eval`'s flags; --batch-size / --data here are recovery / adaptation settings
     p.add_argument("--native-ok", action="store_true", help="measure a native QK-norm backbone (same recipe) instead of refusing it")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -76,11 +74,11 @@ def _validate(args) -> None:
 
     if args.train_steps < 0:
         raise SinkstudyError(f"--train-steps must be >= 0, got {args.train_steps}")
-    from experiments.cmd_eval import protocol_kwargs
+    from experiments.cmd_eval import eval_kwargs
 
-    protocol_kwargs(args)  # bad protocol flags fail before any training
-    if args.limit is not None and args.limit <= 0:
-        raise SinkstudyError(f"--limit must be positive, got {args.limit}")
+    eval_kwargs(args)  # bad eval flags fail before any training
+    if args.backend == "vllm" and not args.adapt:
+        raise SinkstudyError("--backend vllm evaluates checkpoints on disk: only the --adapt arms are; drop it here")
     if not 0.0 <= args.alpha <= 1.0:
         raise SinkstudyError(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.train_texts and not Path(args.train_texts).is_file():
@@ -221,9 +219,9 @@ def _evaluate(original, candidate, tokenizer, tasks, args, out) -> dict:
     """Both models on the same prompts, then paired differences (bootstrap CI, McNemar) per metric."""
     from evals.lmeval import run_eval
     from evals.stats import compare_runs
-    from experiments.cmd_eval import protocol_kwargs
+    from experiments.cmd_eval import eval_kwargs
 
-    kw = dict(tasks=tasks, limit=args.limit, max_gen_toks=args.max_gen_toks, seed=args.seed, **protocol_kwargs(args))
+    kw = dict(tasks=tasks, seed=args.seed, **eval_kwargs(args))
     runs = {"original": run_eval(original, tokenizer, out_dir=out / "original", **kw),
             "candidate": run_eval(candidate, tokenizer, out_dir=out / "candidate", **kw)}
     return {"scores": {name: r.scores for name, r in runs.items()},

@@ -54,6 +54,7 @@ def run_sink(args) -> int:
         raise SinkstudyError("--batch-size must be >= 1 and --max-length >= 2")
     out = Path(args.out) if args.out else default_out(args.model, spec.name)
     check_output_dir(out, args.force)
+    _check_architecture(args.model)
 
     from interventions.pairs import load_causal_lm
 
@@ -62,6 +63,19 @@ def run_sink(args) -> int:
         raise SinkstudyError(f"no tokenizer found for {args.model}")
     with output_lock(out):  # a second writer into the same --out fails at once
         return _measure_and_write(args, spec, params, model, tokenizer, out)
+
+
+def _check_architecture(model: str) -> None:
+    """Refuse an architecture the sink pass cannot measure from its config, before any weights load
+    (a VLM is measured as the causal LM its language model extracts to)."""
+    from evals.sink import check_supported_config
+    from interventions.pairs import archs
+    from interventions.pairs.resolve import load_config
+
+    config = load_config(model)
+    if archs.classify(config) == "vlm":
+        config = archs.plan_target_config(config)[0]
+    check_supported_config(config)
 
 
 def _measure_and_write(args, spec, params, model, tokenizer, out: Path) -> int:

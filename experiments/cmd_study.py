@@ -22,6 +22,9 @@ def register(subparsers) -> None:
     one.add_argument("--plan", nargs="?", const="text", choices=("text", "json"),
                      help="print every step as a command with its inputs, outputs and dependencies (json: one list); run nothing")
     one.add_argument("--step", metavar="STEP_ID", help="run only this step (its dependencies must have finished)")
+    from experiments.argtypes import add_plugin_option
+
+    add_plugin_option(p)
     _common(p)
     p.add_argument("--jobs", type=_positive, default=1, metavar="N",
                    help="run independent steps on N local worker processes (default: %(default)s)")
@@ -76,11 +79,14 @@ def cmd_run(args) -> int:
     import json
     import shlex
 
+    from experiments.argtypes import load_plugin_options
     from experiments.runner import format_steps, plan_study, run_step
     from experiments.study import load_study
 
+    load_plugin_options(args)  # before the config: its interventions and arms may name a plug-in's
     study = load_study(args.config, out=args.out)
-    command = "sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
+    command = ("sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
+               + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin))
     if args.plan:
         steps = plan_study(study, command)
         print(json.dumps(steps, indent=1) if args.plan == "json" else format_steps(steps, study, command))

@@ -75,6 +75,8 @@ def run_arms(args) -> dict[str, Any]:
     """Adapt every arm, extract and measure its LM, compare; writes report.json / report.md."""
     from evals.lmeval import run_eval
     from evals.sink.calibration import resolve_texts
+    from experiments.cmd_eval import eval_kwargs
+    from experiments.loaders import load_model
     from interventions.adapt import adapt
     from interventions.adapt.build import save_extracted_lm
     from interventions.adapt.trajectory import plot_trajectories, read_points
@@ -90,8 +92,9 @@ def run_arms(args) -> dict[str, Any]:
     calibration = [t.text for t in resolve_texts(args.calibration, "ifeval15")[0]]
     if args.force and out.exists():
         shutil.rmtree(out)
-    eval_kw = dict(tasks=tasks, limit=args.limit, max_gen_toks=args.max_gen_toks, seed=args.seed, force=True,
-                   progress=not getattr(args, "quiet", False))
+    protocol = {**eval_kwargs(args), "dtype": args.dtype, "device": args.device}  # `sinkstudy eval`'s flags, recorded
+    eval_kw = dict(tasks=tasks, seed=args.seed, force=True, progress=not getattr(args, "quiet", False), loader=load_model,
+                   **protocol)
     results: dict[str, dict] = {}
     for arm in arms:
         name = arm["name"]
@@ -119,7 +122,7 @@ def run_arms(args) -> dict[str, Any]:
             base_runs[own] = run_eval(own, None, out_dir=out / "evals" / label, **eval_kw)
         results[arm["name"]]["own_base"] = own
         results[arm["name"]]["own_base_eval"] = base_runs[own]
-    report = _report(args, arms, results, tasks, config, vision)
+    report = _report(args, arms, results, tasks, config, vision) | {"eval": protocol}
     report["provenance"] = provenance(model_fingerprints={"base": model_fingerprint(args.base),
                                                           **{a: r["fingerprint"] for a, r in results.items()}},
                                       seeds={"seed": args.seed, "adapt": config.seed})

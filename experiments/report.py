@@ -212,6 +212,110 @@ def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
     return _save(fig, plt, out, f"recovery_{task}.png")
 
 
+def plot_protect_pareto(summary: dict, task: str, out: Path) -> str | None:
+    """Text retention vs VL skill per adaptation arm: the score on `task` (points) against held-out
+    digit accuracy, one colour per pair, the control ringed; up-right is better on both."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    shown = 0
+    for i, (p, entry) in enumerate(summary["pairs"].items()):
+        arms = (entry.get("protection") or {}).get("arms") or {}
+        colour = f"C{i % 10}"
+        for arm, a in arms.items():
+            model = entry["models"][a["label"]]
+            score = (model["scores"].get(task) or {}).get(summary["headline"].get(task) or "")
+            skill = (a.get("vl_skill") or {}).get("digit_accuracy")
+            if _nan(score) or _nan(skill):
+                continue
+            shown += 1
+            ax.scatter([skill], [100 * score], color=colour, s=40, zorder=3, edgecolors="black" if arm == "control" else colour,
+                       linewidths=1.5 if arm == "control" else 0.5, label=p if arm == "control" else None)
+            ax.annotate(arm, (skill, 100 * score), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    if not shown:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("VL skill: held-out digit accuracy")
+    ax.set_ylabel(f"{task} score after adaptation (points)")
+    ax.legend(fontsize=7, title="pair (ringed: control)", title_fontsize=7)
+    ax.set_title("Text retention vs VL skill per arm (up-right is better)", fontsize=9)
+    return _save(fig, plt, out, f"protect_pareto_{task}.png")
+
+
+def plot_protect_trajectory(summary: dict, pair: str, out: Path) -> str | None:
+    """Sink Strength during adaptation, one line per arm (interventions.adapt.trajectory's plot)."""
+    from interventions.adapt.trajectory import plot_trajectories
+
+    arms = (summary["pairs"][pair].get("protection") or {}).get("arms") or {}
+    lines = {arm: a["adapt"]["trajectory"] for arm, a in arms.items() if (a.get("adapt") or {}).get("trajectory")}
+    if not lines:
+        return None
+    f = out / "plots" / f"protect_trajectory_{pair}.png"
+    plot_trajectories(lines, f, title=f"{pair}: Sink Strength of the LM during adaptation, per arm")
+    return os.path.relpath(f, out)
+
+
+def _protection_note(where: str, name: str, stage: str, rep) -> str | None:
+    """One line on what a protection chose (first sink layer, heads, the removed QK-norm), from its report."""
+    if not isinstance(rep, dict):
+        return None
+    if "first_sink_layer" in rep:
+        if rep["first_sink_layer"] is None:
+            return f"{where}: {name}: {rep['note']}"
+        return (f"{where}: {name} froze the layers below layer {rep['first_sink_layer']} ({rep['statistic']} >= "
+                f"{rep['threshold']}; per layer {rep['per_layer']})")
+    if rep.get("heads"):
+        return (f"{where} ({stage}): {name} on heads "
+                + ", ".join(f"L{h['layer']}H{h['head']} (S {h['strength']:.2f}, mass {h['mass']:.2f})" for h in rep["heads"]))
+    if rep.get("mode") == "remove":
+        return (f"{where}: QK-norm removed (Llama twin, next-token KL to the original {rep['mean_next_token_kl_to_original']:.4f}; "
+                f"S {rep['sink_strength_original']:.3f} -> {rep['sink_strength_without_norm']:.3f} before any training)")
+    return None
+
+
+def protection_blocks(summary: dict, out: Path) -> list[tuple]:
+    """The training-time protection section: per arm VL skill, S and text scores vs control and base."""
+    tasks = summary["tasks"]
+    pairs = {p: e for p, e in summary["pairs"].items() if e.get("protection")}
+    if not pairs:
+        return []
+    header = ["pair", "arm", "protections", "digit acc.", "S after"]
+    for t in tasks:
+        header += [f"{t} score", f"{t} Δ pts vs control [95% CI]", f"{t} Δ pts vs base [95% CI]"]
+    rows, notes = [], []
+    for p, entry in pairs.items():
+        for arm, a in entry["protection"]["arms"].items():
+            skill = (a.get("vl_skill") or {}).get("digit_accuracy")
+            row = [p, arm, ", ".join(a["protections"]) or "none", _f(skill), _f(a["sink_strength"])]
+            for t in tasks:
+                base_cmp = entry["degradation"][t] if a["label"] == "vlm" else entry["interventions"][a["label"]][t]["vs_base"]
+                ctrl = (a.get("vs_control") or {}).get(t)
+                row += [_pts(base_cmp["after"]), _with_ci(ctrl["delta_points"], ctrl["delta_points_ci"], 1) if ctrl else "-",
+                        _with_ci(base_cmp["delta_points"], base_cmp["delta_points_ci"], 1)]
+            rows.append(row)
+            last = {}  # what each protection reported in the last stage it acted in
+            for stage in (a.get("adapt") or {}).get("stages") or []:
+                last.update({name: (stage["stage"], rep) for name, rep in (stage.get("hooks") or {}).items()})
+            notes += [n for name, (stage, rep) in last.items() if (n := _protection_note(f"{p} / {arm}", name, stage, rep))]
+    b = [("h", 2, "Training-time protections"),
+         ("p", "Every arm adapts the same base with the same recipe, vision side, data order and seed; the control arm has no "
+               "protection and its VLM is the pair's VLM above. Δ pts vs control = arm − control in points with a paired bootstrap "
+               "CI over prompts (positive = the protection kept more text skill than the unprotected adaptation); Δ pts vs base "
+               "= arm − base (negative = capability lost). Digit accuracy: held-out 8x8 digits, chance 0.10. S after: Sink "
+               "Strength of the arm's LM."),
+         ("table", header, rows)]
+    if notes:
+        b.append(("ul", notes))
+    for t in tasks:
+        f = plot_protect_pareto(summary, t, out)
+        if f:
+            b.append(("img", f, f"text retention on {t} vs VL skill per arm"))
+    for p in pairs:
+        f = plot_protect_trajectory(summary, p, out)
+        if f:
+            b.append(("img", f, f"{p}: Sink Strength during adaptation per arm (stage starts dashed)"))
+    return b
+
+
 # --------------------------------------------------------------------------- content
 
 def _sign(c: dict, key: str) -> str:
@@ -377,6 +481,8 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
                        "(a ratio of noise). 'Δ pts vs base' = intervened − base in points with its CI. "
                        "qknorm rows are the injected base (text-only cost of the injection); qknorm-vl rows are the LM of a VLM "
                        "trained from the injected base with the same VL recipe (the paper's experiment)."))
+
+    b += protection_blocks(summary, out)
 
     examples = [(p, x) for p, e in summary["pairs"].items() for x in e.get("examples") or []]
     if examples:

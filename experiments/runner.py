@@ -236,8 +236,20 @@ def _walk(runner: Runner, study) -> dict[str, dict]:
         from experiments.demo.build import run_build
 
         built = run_build(runner, study.build)
-    return {pair["name"]: run_pair(runner, study, pair, deps=[built[pair["name"]]] if pair["name"] in built else [])
-            for pair in study.pairs}
+    out = {}
+    for pair in study.pairs:
+        deps = [built[pair["name"]]] if pair["name"] in built else []
+        if study.adapt is None:
+            out[pair["name"]] = run_pair(runner, study, pair, deps)
+            continue
+        from experiments.protection import measure_arms, run_arms
+
+        made = run_arms(runner, study, pair, deps)  # the control arm makes the pair's VLM
+        results = run_pair(runner, study, pair, deps, vlm_deps=[f"{pair['name']}/adapt/control"])
+        arms = measure_arms(runner, study, pair, made, measure)
+        results["vlm"]["control_arm"] = arms.pop("vlm")
+        out[pair["name"]] = {**results, **arms}
+    return out
 
 
 def plan_study(study, command: str = "sinkstudy run CONFIG") -> list[dict]:
@@ -389,19 +401,21 @@ def _dtype(study):
     return getattr(torch, study.model["dtype"])
 
 
-def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
-    """Every step of one pair; returns {model label: {"path", "sink", "eval", ...}}."""
+def run_pair(runner: Runner, study, pair: dict, deps: list[str], vlm_deps: Sequence[str] = ()) -> dict:
+    """Every step of one pair; returns {model label: {"path", "sink", "eval", ...}}. `vlm_deps`: steps
+    that make the pair's VLM (a study's control adaptation), read by the extraction only."""
     from experiments.study import model_dir
     from interventions.registry import intervention_request, takes_root
 
     p = pair["name"]
     lm_dir = model_dir(runner.out, p, "vlm", "lm")
     model_spec = {"base": pair["base"], "vlm": pair["vlm"], "dtype": study.model["dtype"],
-                  "models": {"base": model_fingerprint(pair["base"]), "vlm": model_fingerprint(pair["vlm"])},
+                  "models": {"base": pair_fingerprint(pair, pair["base"]), "vlm": pair_fingerprint(pair, pair["vlm"])},
                   "code": code_version(_HERE / "interventions" / "pairs")}
-    extracted = runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study), deps=deps, outputs=lm_dir)
+    extracted = runner.run(f"{p}/extract", model_spec, lambda: extract_step(pair, lm_dir, study, runner.progress),
+                           deps=[*deps, *vlm_deps], outputs=lm_dir)
     results: dict[str, dict] = {
-        "base": measure(runner, study, pair, "base", pair["base"], deps=deps[:1]),
+        "base": measure(runner, study, pair, "base", pair["base"], deps=deps[:1], fingerprint=pair_fingerprint(pair, pair["base"])),
         "vlm": measure(runner, study, pair, "vlm", str(lm_dir), deps=[f"{p}/extract"],
                        fingerprint=runner.fingerprint(lm_dir, extracted["fingerprints"][str(lm_dir)])),
     }
@@ -420,7 +434,8 @@ def run_pair(runner: Runner, study, pair: dict, deps: list[str]) -> dict:
             iv_deps += [f"{p}/sink/base", f"{p}/sink/vlm"]
         out_dir = model_dir(runner.out, p, name)
         # Input fingerprints, full settings, seed and the intervention's code (a plug-in's source).
-        spec = intervention_request(iv["method"], pair["base"], lm_dir, params, study.seed)
+        pins = {r: rev for r, rev in pair["revision"].items() if r != "vlm"}  # the request's vlm is the extracted LM
+        spec = intervention_request(iv["method"], pair["base"], lm_dir, params, study.seed, revisions=pins)
         step = f"{p}/intervene/{name}"
         make = lambda iv=iv, params=params, out_dir=out_dir: intervene_step(study, pair, iv, params, lm_dir, out_dir, runner.progress)  # noqa: E731
         made = runner.run(step, spec, make, deps=iv_deps, outputs=out_dir if study.keep_models else None)
@@ -480,16 +495,46 @@ def _file_digest(path: str) -> str:
     return file_digest(path) if Path(path).is_file() else f"missing:{path}"
 
 
+# --------------------------------------------------------------------------- a pair's models
+
+def _pinned(pair: dict, path) -> str | None:
+    """The revision the study pins `path` to (`base_revision`..., for the pair's hub ids), else None."""
+    return next((rev for role, rev in pair["revision"].items() if pair.get(role) == path), None)
+
+
+def pair_fingerprint(pair: dict, path) -> str:
+    """A model's identity in `pair`'s steps: content for a local path, `hub:<id>@<revision>` for a hub id
+    the study pins, `hub:<id>` otherwise."""
+    return model_fingerprint(path, revision=_pinned(pair, path))
+
+
+def loadable(pair: dict, path) -> str:
+    """What loaders read for `path`: itself, or for a pinned hub id its snapshot at that revision (fetched
+    once, when a step body needs it; never by a plan)."""
+    from sinkstudy.checkpoint import local_checkpoint
+
+    revision = _pinned(pair, path)
+    return path if revision is None else os.fspath(local_checkpoint(path, revision))
+
+
 # --------------------------------------------------------------------------- step bodies
 
-def extract_step(pair: dict, lm_dir: Path, study) -> dict:
-    from interventions.pairs import load_pair, save_causal_lm
+def extract_step(pair: dict, lm_dir: Path, study, progress: bool = False) -> dict:
+    """The VLM's language model in the base's class and vocabulary, streamed disk to disk in the study's
+    dtype: about one shard in memory; the vision tower is never read or built."""
+    from interventions.pairs import plan_extraction, resolve, write_language_model
+    from sinkstudy.checkpoint import try_load_tokenizer
 
-    mp = load_pair(pair["base"], pair["vlm"], dtype=_dtype(study), device=study.model["device"] or "cpu")
-    save_causal_lm(mp.vlm_lm, mp.tokenizer, lm_dir, force=True, extra={"extraction": mp.report.to_dict(), "vlm": pair["vlm"]})
-    fps = {pair["base"]: model_fingerprint(pair["base"]), pair["vlm"]: model_fingerprint(pair["vlm"]),
+    base = resolve(loadable(pair, pair["base"]))
+    if base.kind != "causal_lm":
+        raise SinkstudyError(f"pair {pair['name']}: the base must be a causal LM, got a {base.config.model_type} VLM: {base.id}")
+    plan = plan_extraction(loadable(pair, pair["vlm"]), base)  # every check before any weight is read
+    report = plan.report.to_dict()
+    write_language_model(plan, lm_dir, tokenizer=try_load_tokenizer(base.tokenizer_path), dtype=_dtype(study), force=True,
+                         extra={"extraction": report, "vlm": pair["vlm"]}, progress=progress)
+    fps = {pair["base"]: pair_fingerprint(pair, pair["base"]), pair["vlm"]: pair_fingerprint(pair, pair["vlm"]),
            str(lm_dir): model_fingerprint(lm_dir)}
-    return {"path": str(lm_dir), "report": mp.report.to_dict(), "fingerprints": fps}
+    return {"path": str(lm_dir), "report": report, "fingerprints": fps}
 
 
 def _load(path: str, study):
@@ -501,9 +546,9 @@ def _load(path: str, study):
 def sink_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     from evals.sink import compute_sink_maps, strength_from_maps
 
-    model, tok = _load(path, study)
+    model, tok = _load(loadable(pair, path), study)
     if tok is None:
-        tok = _load_tokenizer(pair["base"])
+        tok = _load_tokenizer(loadable(pair, pair["base"]))
     maps = compute_sink_maps(model, tok, study.sink["texts"], metric=study.sink["metric"], progress=progress, **study.sink["options"])
     strength = strength_from_maps(maps, study.sink["metric"], **study.sink["params"])
     maps_file = _sink_file(study, pair["name"], label)
@@ -511,7 +556,7 @@ def sink_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     details = {k: v for k, v in strength.details.items() if k != "median_per_layer"}
     return {"value": strength.value, "metric": strength.metric, "details": details,
             "median_per_layer": strength.details.get("median_per_layer"), "mean_mass": float(maps.mass.mean()),
-            "maps": str(maps_file), "path": path, "fingerprint": model_fingerprint(path)}
+            "maps": str(maps_file), "path": path, "fingerprint": pair_fingerprint(pair, path)}
 
 
 def _load_tokenizer(path: str):
@@ -539,16 +584,18 @@ def eval_step(study, pair: dict, label: str, path: str, progress: bool) -> dict:
     protocol = {k: ev[k] for k in ("limit", "batch_size", "apply_chat_template", "chat_template_kwargs", "system_instruction",
                                    "max_gen_toks", "gen_kwargs", "num_fewshot", "confirm_run_unsafe_code", "backend",
                                    "backend_args")}
-    run = run_eval(path, _load_tokenizer(pair["base"]), tasks=ev["tasks"], data_files=ev["data_files"] or None, out_dir=out_dir,
-                   force=True, device=study.model["device"], dtype=study.model["dtype"], seed=study.seed, progress=progress,
-                   loader=load_model, **protocol)
+    run = run_eval(loadable(pair, path), _load_tokenizer(loadable(pair, pair["base"])), tasks=ev["tasks"],
+                   data_files=ev["data_files"] or None, out_dir=out_dir, force=True, device=study.model["device"],
+                   dtype=study.model["dtype"], seed=study.seed, progress=progress, loader=load_model, **protocol)
     return {"dir": str(out_dir), "scores": run.scores, "path": path, "fingerprint": run.fingerprint}
 
 
 def intervene_step(study, pair: dict, iv: dict, params: dict, lm_dir: Path, out_dir: Path, progress: bool) -> dict:
     from interventions.registry import apply_intervention
 
-    out = apply_intervention(iv["method"], pair["base"], lm_dir, params, out_dir, seed=study.seed, force=True, progress=progress)
+    params = {**params, **({"root": loadable(pair, params["root"])} if params.get("root") else {})}
+    out = apply_intervention(iv["method"], loadable(pair, pair["base"]), lm_dir, params, out_dir, seed=study.seed, force=True,
+                             progress=progress)
     info = read_json(Path(out) / "intervention.json") if (Path(out) / "intervention.json").is_file() else {}
     return {"path": str(out), "fingerprint": model_fingerprint(out), "info": {k: v for k, v in info.items() if k != "provenance"}}
 
@@ -560,7 +607,7 @@ def _native_qk(pair: dict) -> bool:
         return bool(pair["native_qk_norm"])
     from interventions.pairs.resolve import load_config
 
-    cfg = load_config(pair["base"])
+    cfg = load_config(pair["base"], revision=_pinned(pair, pair["base"]))
     return getattr(cfg, "model_type", "") in ("qwen3", "gemma3_text", "olmo2", "olmo3")
 
 
@@ -575,7 +622,7 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
         return {}
     params = {"init": "scale-preserving", "train_steps": 0, "trainable": "all", "lr": 1e-3, "vl": False, **iv["params"]}
     base_out = model_dir(runner.out, p, name, "base")
-    spec = {"qknorm": params, "seed": study.seed, "base": model_fingerprint(pair["base"]),
+    spec = {"qknorm": params, "seed": study.seed, "base": pair_fingerprint(pair, pair["base"]),
             "code": code_version(_HERE / "interventions" / "qknorm.py", _HERE / "interventions" / "training.py",
                                  _HERE / "interventions" / "adapt")}
     made = runner.run(f"{p}/intervene/{name}", spec,
@@ -608,8 +655,8 @@ def qknorm_arm(runner: Runner, study, pair: dict, iv: dict, deps: list[str]) -> 
 def qknorm_step(study, pair: dict, params: dict, out_dir: Path, progress: bool) -> dict:
     from interventions.qknorm import init_report, inject_qk_norm, save_injected, trainable_filter
 
-    model, tok = _load(pair["base"], study)
-    tok = tok or _load_tokenizer(pair["base"])
+    model, tok = _load(loadable(pair, pair["base"]), study)
+    tok = tok or _load_tokenizer(loadable(pair, pair["base"]))
     texts = _calibration_texts(study)
     injected = inject_qk_norm(copy.deepcopy(model), init=params["init"], calibration_texts=texts, tokenizer=tok,
                               **({"alpha": params["alpha"]} if "alpha" in params else {}))
@@ -688,6 +735,10 @@ def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
             entry["interventions"][label] = {
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
                        "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict()} for task in ev["tasks"]}
+        if study.adapt is not None:
+            from experiments.protection import protection_summary
+
+            entry["protection"] = protection_summary(study, p, res, runs, kw)
         entry["examples"] = _examples(runs["base"], runs["vlm"], ev["tasks"][0], out["headline"].get(ev["tasks"][0]))
         pair_cfg = next(x for x in study.pairs if x["name"] == p)
         entry["published"] = pair_cfg.get("published")

@@ -21,12 +21,12 @@ import logging
 import os
 import re
 import shutil
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import WeightFiles, local_checkpoint, weight_files
 from sinkstudy.io import cache_root
 
 LOG = logging.getLogger(__name__)
@@ -39,8 +39,6 @@ PASSTHROUGH_PARAMS = {"gamma", "lambda", "normalize", "rescale", "int8_mask"}
 # Numeric pass-through parameters and their ranges (the others are booleans).
 _PASSTHROUGH_RANGES = {"gamma": {"lo": 0.0, "hi": 1.0, "hi_open": True}, "lambda": {"lo": 0.0, "hi": 10.0}}
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-_SAFETENSORS_TO_NAME = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 _NAME_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 DISK_MARGIN = 1.10  # shard padding, tokenizer and temp files on top of the raw tensor bytes
 RESULT_JSON = "intervention.json"
@@ -111,62 +109,36 @@ def _selective(value: float, outside: float, selection: Selection | None) -> Any
 
 # --------------------------------------------------------------------------- checkpoints on disk
 
-def weight_files(path: str | os.PathLike) -> list[Path]:
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-    if not files:
-        raise MergeError(f"{path}: no *.safetensors weights (merges need local safetensors checkpoints)")
+def checkpoint_weights(path: str | os.PathLike) -> WeightFiles:
+    """The validated safetensors files of a checkpoint dir (`sinkstudy.checkpoint.weight_files`: every
+    shard, index and header checked); merges refuse `.bin`-only checkpoints in one line."""
+    files = weight_files(path)
+    if files is None:
+        raise MergeError(f"{path}: only pytorch_model.bin weights; merges need safetensors checkpoints")
     return files
-
-
-def safetensors_header(file: Path) -> dict[str, dict]:
-    """Tensor name -> {dtype, shape, data_offsets}, read from the header only (no tensor data).
-    A corrupt header or a file shorter than its header says (a truncated shard) fails in one line."""
-    try:
-        size = Path(file).stat().st_size
-        with open(file, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) < 8:
-                raise ValueError("shorter than a safetensors header")
-            (n,) = struct.unpack("<Q", raw)
-            if n > size - 8:
-                raise ValueError(f"its header claims {n} bytes, the file has {size}")
-            header = json.loads(fh.read(n))
-        header.pop("__metadata__", None)
-        end = max((int(info["data_offsets"][1]) for info in header.values()), default=0)
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        raise MergeError(f"{file} is not a readable safetensors file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    if 8 + n + end > size:
-        raise MergeError(f"{file} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
-    return header
 
 
 def tensor_layout(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Tensor name -> (safetensors dtype, shape) over all shards of a checkpoint."""
-    layout = {}
-    for f in weight_files(path):
-        for name, info in safetensors_header(f).items():
-            layout[name] = (info["dtype"], tuple(info["shape"]))
-    return layout
+    return {name: (t.dtype, t.shape) for name, t in checkpoint_weights(path).tensors.items()}
 
 
 def checkpoint_dtype(path: str | os.PathLike) -> str:
-    """The float dtype a checkpoint stores its weights in (e.g. "bfloat16")."""
-    for dtype, _shape in tensor_layout(path).values():
-        if dtype in _SAFETENSORS_TO_NAME:
-            return _SAFETENSORS_TO_NAME[dtype]
-    raise MergeError(f"{path}: no floating-point tensors")
+    """The float dtype a checkpoint stores its weights in (e.g. "bfloat16"): the one holding most bytes."""
+    dtype = checkpoint_weights(path).float_dtype()
+    if dtype is None:
+        raise MergeError(f"{path}: no floating-point tensors")
+    return dtype
 
 
 def estimate_output_bytes(path: str | os.PathLike, out_dtype: str | None = None) -> int:
-    """Bytes of the merged weights: the base's tensors at `out_dtype` (default: as stored)."""
+    """Bytes of the merged weights: the base's tensors, floating ones at `out_dtype` (default: as stored)."""
+    import math
+
     total = 0
-    for dtype, shape in tensor_layout(path).values():
-        numel = 1
-        for s in shape:
-            numel *= s
-        per = _NAME_BYTES[out_dtype] if out_dtype and dtype in _SAFETENSORS_TO_NAME else _DTYPE_BYTES.get(dtype, 4)
-        total += numel * per
+    for t in checkpoint_weights(path).tensors.values():
+        float_out = out_dtype is not None and t.torch_dtype is not None
+        total += math.prod(t.shape) * _NAME_BYTES[out_dtype] if float_out else t.nbytes
     return total
 
 
@@ -189,31 +161,15 @@ def is_vlm_checkpoint(path: str | os.PathLike) -> bool:
     return "vision_config" in cfg or any("ConditionalGeneration" in a for a in cfg.get("architectures") or [])
 
 
-_SNAPSHOT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
-
-
-def local_checkpoint(ref: str | os.PathLike) -> Path:
-    """A local checkpoint dir for a path or a hub id (downloaded once into the HF cache: weights,
-    configs and tokenizer files only). Offline or unknown ids fail with one line."""
-    path = Path(ref).expanduser()
-    if path.exists():
-        return path
-    name = os.fspath(ref)
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise MergeError(f"checkpoint {name} does not exist (and is not a hub id of the form org/name)")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(name, allow_patterns=_SNAPSHOT_PATTERNS))
-    except Exception as exc:  # hub errors come in many classes; the user needs the first line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise MergeError(f"cannot fetch {name} from the hub (offline? HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {first}") from None
+# Bump when resolve_lm's output changes for the same inputs (2: streamed, in the VLM's stored dtype).
+_LM_CACHE_FORMAT = 2
 
 
 def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
-    once by the pair loader (base's class, vocabulary and tokenizer) into a cache keyed by both
-    models' fingerprints and the pair loader's code version."""
+    once by the pair loader (base's class, vocabulary and tokenizer), streamed disk to disk in the
+    VLM's stored dtype (about one shard in memory, never the vision tower), into a cache keyed by
+    both models' fingerprints and the pair loader's code version."""
     import hashlib
 
     from sinkstudy.provenance import code_version, model_fingerprint
@@ -222,14 +178,16 @@ def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str |
     if not is_vlm_checkpoint(vlm):
         return vlm
     extracted = Path(cache_dir) if cache_dir else cache_root() / "vlm_lm"
-    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs")])
+    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs"),
+                    f"format:{_LM_CACHE_FORMAT}"])
     target = extracted / hashlib.sha256(key.encode()).hexdigest()[:32]
     if not (target / "config.json").is_file():
-        from interventions.pairs import extract_language_model, load_tokenizer, save_causal_lm
+        from interventions.pairs import load_tokenizer, plan_extraction, write_language_model
 
         LOG.info("extracting the language model of %s into %s", vlm, target)
-        lm, _report = extract_language_model(vlm, base)
-        save_causal_lm(lm, load_tokenizer(base), target, force=True, extra={"source": str(vlm)})
+        plan = plan_extraction(vlm, base)
+        write_language_model(plan, target, tokenizer=load_tokenizer(base), force=True,
+                             extra={"source": str(vlm), "extraction": plan.report.to_dict()})
     return target
 
 
@@ -505,8 +463,9 @@ def check_finite_checkpoint(path: str | os.PathLike) -> None:
     import torch
     from safetensors import safe_open
 
-    for f in weight_files(path):
-        with safe_open(str(f), framework="pt") as fh:
+    files = checkpoint_weights(path)
+    for f in files.files:
+        with safe_open(os.fspath(files.root / f), framework="pt") as fh:
             for name in fh.keys():
                 t = fh.get_tensor(name)
                 if t.is_floating_point() and not torch.isfinite(t).all():

@@ -106,8 +106,10 @@ def _spectral_kwargs(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None, seed: int = 0) -> dict[str, Any]:
-    """The identity of intervention `name` on (base, vlm) with `params` and `seed` (module doc)."""
+def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None, seed: int = 0,
+                         revisions: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The identity of intervention `name` on (base, vlm) with `params` and `seed` (module doc); `revisions`
+    ({"base" | "vlm" | "root": revision}) pins hub ids, whose fingerprints then name the revision."""
     from sinkstudy.provenance import file_digest, model_fingerprint
 
     params = dict(params or {})
@@ -116,9 +118,10 @@ def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None,
               if k not in ("sink_maps", "root")}
     if "select" in public and public["select"] is not None:
         public["select"] = str(public["select"])
-    models = {"base": model_fingerprint(base), "vlm": model_fingerprint(vlm)}
+    revisions = revisions or {}
+    models = {"base": model_fingerprint(base, revisions.get("base")), "vlm": model_fingerprint(vlm, revisions.get("vlm"))}
     if params.get("root") is not None:
-        models["root"] = model_fingerprint(params["root"])
+        models["root"] = model_fingerprint(params["root"], revisions.get("root"))
     request = {"name": name, "params": public, "seed": seed, "models": models, "code": _code_identity(name)}
     texts = params.get("texts")
     if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():

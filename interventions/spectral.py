@@ -35,11 +35,11 @@ from interventions.merge import (
     check_disk_space,
     check_number,
     check_pair,
+    checkpoint_weights,
     copy_side_files,
     estimate_output_bytes,
     local_checkpoint,
     resolve_lm,
-    weight_files,
     write_result,
 )
 
@@ -112,19 +112,18 @@ def merge_tensor(method: str, deltas: list, **p):
 # --------------------------------------------------------------------------- on disk
 
 class _Tensors:
-    """Lazy access to the tensors of a (possibly sharded) safetensors checkpoint."""
+    """Lazy access to the tensors of a validated (possibly sharded) safetensors checkpoint."""
 
     def __init__(self, path: str | os.PathLike):
-        from safetensors import safe_open
+        from sinkstudy.checkpoint import TensorReader
 
-        self._handles = [safe_open(str(f), framework="pt") for f in weight_files(path)]
-        self._where = {k: h for h in self._handles for k in h.keys()}
+        self._reader = TensorReader(checkpoint_weights(path))
 
     def names(self) -> list[str]:
-        return list(self._where)
+        return list(self._reader.files.tensors)
 
     def __getitem__(self, name: str):
-        return self._where[name].get_tensor(name)
+        return self._reader.get(name)
 
 
 class _ShardWriter:

@@ -100,15 +100,16 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| recipe | seed | S (chat) | S at step 0 | sink mass | argmax=BOS | S (BB text) | held-out chat loss | "
-            "ifeval prompt-strict (n) | train s |")
+    head = ("| recipe | seed | S (chat) | S per layer (chat) | S at step 0 | sink mass | argmax=BOS | S (BB text) | "
+            "held-out chat loss | ifeval prompt-strict (n) | train s |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         r, last, first = row["recipe"], row["curve"][-1], row["curve"][0]
         ife = row.get("ifeval") or {}
         strict = next((v for k, v in ife.items() if k.startswith("prompt_level_strict")), None)
         strict_txt = "-" if strict is None else f"{strict:.2f} ({ife['n']})"
-        lines.append(f"| {r['name']} | {r['seed']} | {last['S']:.2f} | {first['S']:.2f} | {last['mass']:.3f} | "
+        per_layer = " / ".join(f"{v:.2f}" for v in last.get("S_per_layer", []))
+        lines.append(f"| {r['name']} | {r['seed']} | {last['S']:.2f} | {per_layer} | {first['S']:.2f} | {last['mass']:.3f} | "
                      f"{last['argmax_is_sink']:.2f} | {last['backcopy']['S']:.2f} | {row['heldout_chat_loss']:.3f} | "
                      f"{strict_txt} | {row['train_seconds']:.1f} |")
     return "\n".join(lines) + "\n"

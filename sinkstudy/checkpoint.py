@@ -24,6 +24,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from sinkstudy import SinkstudyError
+from sinkstudy.provenance import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +200,30 @@ def local_model_path(path: str | os.PathLike) -> str:
 _SNAPSHOT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 
-def hub_snapshot(name: str) -> Path:
-    """The local snapshot of hub id `name` (configs, safetensors, tokenizer files; fetched once into the HF cache)."""
+def looks_like_path(name: str) -> bool:
+    """Whether `name` can only be a local path: hub ids are "name" or "org/name"."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def local_checkpoint(ref: str | os.PathLike, revision: str | None = None) -> Path:
+    """A checkpoint directory on disk for a local dir, a `.gguf` file (converted once) or a hub id (its
+    snapshot at `revision`, fetched once). A missing local path or an unreachable hub id fails in one line."""
+    name = os.fspath(ref)
+    path = Path(local_model_path(name)).expanduser()
+    if path.exists():
+        return path
+    if looks_like_path(name):
+        raise SinkstudyError(f"missing path: {name} does not exist")
+    return hub_snapshot(name, revision)
+
+
+def hub_snapshot(name: str, revision: str | None = None) -> Path:
+    """The local snapshot of hub id `name` at `revision` (configs, safetensors, tokenizer files; fetched
+    once into the HF cache)."""
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(name, allow_patterns=_SNAPSHOT_PATTERNS))
+        return Path(snapshot_download(name, revision=revision, allow_patterns=_SNAPSHOT_PATTERNS))
     except Exception as exc:  # hub errors come in many classes; the user needs the first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SinkstudyError(f"cannot fetch {name} from the hub (offline? "
@@ -250,14 +269,6 @@ def try_load_tokenizer(path):
 
 GGUF_JSON = "sinkstudy_gguf.json"
 _GGUF_FORMAT = 1  # bump when the conversion below changes its output
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=8)

@@ -159,18 +159,19 @@ def _file_digest(f: Path, cache: dict[str, Any]) -> tuple[str, bool]:
     """(sha256 of f, whether the cache gained an entry)."""
     st = f.stat()
     if st.st_size < _HASH_CACHE_MIN_BYTES:
-        return _sha256(f), False
+        return file_sha256(f), False
     resolved = os.fspath(f.resolve())
     stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     hit = cache.get(resolved)
     if isinstance(hit, dict) and hit.get("stat") == stamp:
         return hit["sha256"], False
-    digest = _sha256(f)
+    digest = file_sha256(f)
     cache[resolved] = {"stat": stamp, "sha256": digest}
     return digest, True
 
 
-def _sha256(f: Path) -> str:
+def file_sha256(f: str | os.PathLike) -> str:
+    """sha256 (hex) of one file's content, read in 4 MiB chunks."""
     h = hashlib.sha256()
     with open(f, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
@@ -187,7 +188,7 @@ def model_fingerprint(model_or_path, revision: str | None = None) -> str:
 
 def file_digest(path: str | os.PathLike) -> str:
     """sha256 of one file's content (data files, calibration texts): short form for keys."""
-    return _sha256(Path(path))[:24]
+    return file_sha256(path)[:24]
 
 
 def _fingerprint_cache() -> Path:

@@ -118,10 +118,20 @@ def test_qknorm_arms_through_the_same_adaptation(models, tmp_path, capsys):
     out = tmp_path / "arms"
     rc = main(["qknorm", str(models / "qwen2"), "--adapt", str(models / "recipe.yaml"), "--init", "identity-gain,scale-preserving",
                "--native", str(models / "qwen3"), "--tasks", "sinkstudy_ifeval", "--limit", "3", "--max-gen-toks", "8",
-               "--out", str(out)])
+               "--system-instruction", "Answer briefly.", "--chat-template-kwargs", '{"enable_thinking": false}',
+               "--gen-kwargs", "do_sample=false", "--eval-batch-size", "2", "--out", str(out)])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     arms = report["arms"]
+    # `sinkstudy eval`'s protocol flags reach every arm's and every base's eval, and the report records them.
+    protocol = {"system_instruction": "Answer briefly.", "chat_template_kwargs": {"enable_thinking": False},
+                "gen_kwargs": {"do_sample": False}, "batch_size": 2, "max_gen_toks": 8, "limit": 3}
+    assert {k: report["eval"][k] for k in protocol} == protocol
+    for run in ("control", "native", "base", "native-base"):
+        settings = json.loads((out / "evals" / run / "results.json").read_text())["settings"]
+        assert {k: settings[k] for k in protocol} == protocol, run
+        prompt = json.loads(next((out / "evals" / run / "samples").glob("*.json*")).read_text().splitlines()[0])["prompt"]
+        assert "<|system|>\nAnswer briefly.<|end|>" in prompt, run
     assert list(arms) == ["control", "injected-identity-gain", "injected-scale-preserving", "native"]
     assert "vs_control" not in arms["control"]["tasks"]["sinkstudy_ifeval"]
     for name, arm in arms.items():

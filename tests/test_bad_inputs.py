@@ -7,7 +7,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -116,9 +115,11 @@ ROWS = [
     pytest.param(["sink", "{missing}", "--out", "{out}/s"], "model-0000", None, id="missing-shard"),
     pytest.param(["sink", "{corrupt}", "--out", "{out}/s"], "safetensors", None, id="corrupt-safetensors"),
     pytest.param(["merge", "--method", "ties", "--base", "{corrupt}", "--vlm", "{vlm}", "--out", "{out}/m", "--no-eval"],
-                 "not a readable safetensors file", None, id="merge-corrupt-safetensors"),
+                 "corrupt safetensors header", None, id="merge-corrupt-safetensors"),
     pytest.param(["merge", "--method", "ties", "--base", "{base}", "--vlm", "{truncated}", "--out", "{out}/m", "--no-eval"],
-                 "is truncated", None, id="merge-truncated-shard"),
+                 "truncated", None, id="merge-truncated-shard"),
+    pytest.param(["merge", "--method", "ties", "--base", "{missing}", "--vlm", "{vlm}", "--out", "{out}/m", "--no-eval"],
+                 "missing shard", None, id="merge-missing-shard"),
     # item 11: non-UTF-8 text files, named
     pytest.param(["run", "{study_latin1}", "--out", "{out}/run"], "latin1.yaml is not UTF-8", None, id="non-utf8-study"),
     pytest.param([*SWEEP, "--config", "{latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-sweep-config"),
@@ -193,11 +194,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, needle, patch, in
         rc = main([a.format(**paths) for a in argv])
     except SystemExit as exc:  # argparse
         rc = exc.code
-    err = capsys.readouterr().err
-    # The message is one line; progress bars (a model being loaded) are not part of it.
-    lines = [line for line in err.splitlines() if line.strip() and not re.search(r"\d+%\|", line)]
+    captured = capsys.readouterr()
+    err = captured.err
+    # The message is one line and the only output: refused before any work (no model loaded, no progress bar).
+    lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2, err
     assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
+    assert captured.out == "", captured.out
     assert needle in lines[0], lines[0]
     assert _tree(work) == before
 

@@ -60,6 +60,27 @@ def test_linear_is_weighted_average(trio, tmp_path):
     assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file()
 
 
+def test_a_gguf_base_is_converted_and_merged(trio, tmp_path, tokenizer):
+    """A .gguf base goes through sinkstudy.checkpoint's conversion: the merge mixes its real tensors."""
+    pytest.importorskip("gguf")
+    import json
+
+    from gguf_factory import save_tiny_gguf
+    from interventions.merge import RESULT_JSON, run_mergekit_merge
+    from sinkstudy.provenance import model_fingerprint
+    from transformers import AutoModelForCausalLM
+
+    base_model = AutoModelForCausalLM.from_pretrained(trio["base"])
+    gguf = save_tiny_gguf(tmp_path / "base.gguf", base_model, tokenizer)
+    out = run_mergekit_merge("linear", gguf, trio["vlm"], tmp_path / "m", weight=0.3, progress=False)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    for name in (Q, UP, EMB):
+        torch.testing.assert_close(m[name], 0.7 * b[name] + 0.3 * v[name], rtol=1e-5, atol=1e-6)
+    record = json.loads((out / RESULT_JSON).read_text())
+    assert record["models"]["base"] == str(gguf)
+    assert record["provenance"]["fingerprints"]["base"] == model_fingerprint(gguf)  # the file the user gave
+
+
 def test_task_arithmetic_adds_scaled_delta(trio, tmp_path):
     from interventions.merge import run_mergekit_merge
 
@@ -211,10 +232,10 @@ def test_bad_input_refused_before_work(trio, tmp_path, monkeypatch):
         run_mergekit_merge("linear", trio["base"], trio["vlm"], tmp_path / "m", density=0.5)
     with pytest.raises(MergeError, match="unknown mergekit method"):
         run_mergekit_merge("nonsense", trio["base"], trio["vlm"], tmp_path / "m")
-    with pytest.raises(MergeError, match="does not exist"):
+    with pytest.raises(SinkstudyError, match="does not exist"):
         run_mergekit_merge("linear", tmp_path / "missing", trio["vlm"], tmp_path / "m")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(MergeError, match="cannot fetch no-such-org/no-such-model from the hub") as err:
+    with pytest.raises(SinkstudyError, match="cannot fetch no-such-org/no-such-model from the hub") as err:
         run_mergekit_merge("linear", trio["base"], "no-such-org/no-such-model", tmp_path / "m")
     assert "\n" not in str(err.value)
     # The estimate is the base's tensor bytes (float32 here), from the safetensors headers.
@@ -235,21 +256,32 @@ def test_bad_input_refused_before_work(trio, tmp_path, monkeypatch):
     assert (existing / "keep.txt").read_text() == "x"
 
 
-def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer):
-    """A VLM checkpoint as `vlm`: its LM is extracted once into the cache, then merged."""
+def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer, monkeypatch):
+    """A VLM checkpoint as `vlm`: its LM is streamed once into the cache (in the VLM's stored dtype, never
+    built in memory), then merged."""
+    import json
+
     from vlm_factories import save_tiny_vlm, tiny_base
 
     from interventions.merge import run_mergekit_merge
+    from interventions.pairs import EXTRACTION_JSON
 
+    def no_in_memory_lm(*args, **kwargs):
+        raise AssertionError("the VLM's language model was built in memory")
+
+    monkeypatch.setattr("interventions.pairs.extract.build_causal_lm", no_in_memory_lm)
+    monkeypatch.setattr("interventions.pairs.loading.build_causal_lm", no_in_memory_lm)
     base = _save_model(tiny_base("qwen2"), tokenizer, tmp_path / "base")
-    vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer)
+    vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer, dtype=torch.bfloat16)
     cache = tmp_path / "cache"
     out = run_mergekit_merge("linear", base, vlm, tmp_path / "m", weight=1.0, cache_dir=cache, progress=False)
     (lm_dir,) = list(cache.iterdir())
     lm, m = _w(lm_dir), _w(out)
-    assert set(m) == set(lm)
-    for name in m:
-        torch.testing.assert_close(m[name], lm[name], rtol=0, atol=1e-6)
+    assert set(m) == set(lm) and {t.dtype for t in lm.values()} == {torch.bfloat16}
+    assert json.loads((lm_dir / EXTRACTION_JSON).read_text())["provenance"]["source"] == str(vlm)
+    for name in m:  # float32 like the base; the bf16 values exactly
+        assert m[name].dtype == torch.float32
+        torch.testing.assert_close(m[name], lm[name].float(), rtol=0, atol=0)
 
 
 def test_apply_intervention_reuses_finished_and_refuses_other_requests(trio, tmp_path):

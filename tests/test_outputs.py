@@ -104,7 +104,10 @@ def test_a_killed_writer_leaves_nothing_after_the_next_write_or_clean(tmp_path, 
     writer.communicate(timeout=60)
     assert main(["clean", str(tmp_path / "runs")]) == 0
     assert not tmp.exists() and mine.is_dir() and "removed" in capsys.readouterr().out
-    dry = subprocess.run(["make", "-n", "clean"], cwd=_code_root(), capture_output=True, text=True)
+    # --no-print-directory: under a parent make (CI runs `make test`) make -n would print "Entering directory" first
+    dry = subprocess.run(["make", "-n", "--no-print-directory", "clean"], cwd=_code_root(),
+                         capture_output=True, text=True, env={k: v for k, v in os.environ.items()
+                                                              if not k.startswith("MAKE")})
     assert " clean" in dry.stdout.splitlines()[0]  # make clean runs `sinkstudy clean` first
 
 

@@ -326,6 +326,42 @@ def test_streamed_extraction_of_a_sharded_vlm_reads_only_the_language_model(tmp_
     assert meta["provenance"]["model_fingerprint"] == model_fingerprint(out) and meta["model_class"] == TARGET_CLASS[family]
 
 
+def test_the_study_extract_step_streams_and_never_builds_the_vision_tower(tmp_path, tokenizer, base_dirs, monkeypatch):
+    """`sinkstudy run`'s extract step: no vision tensor read, the vision tower only ever on the meta device
+    (a weightless layout), the language model never built in memory; the written LM equals the VLM's."""
+    from types import SimpleNamespace
+
+    from experiments.runner import extract_step
+
+    vlm_dir = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", "qwen2", tokenizer=tokenizer, max_shard_size="40KB")
+    reference = tiny_vlm("qwen2_5_vl", "qwen2")
+    tower, real_init, towers_built = type(reference.model.visual), type(reference.model.visual).__init__, []
+
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        towers_built.append({p.device.type for p in self.parameters()})
+
+    def no_in_memory_lm(*args, **kwargs):
+        raise AssertionError("the extract step built the language model in memory")
+
+    monkeypatch.setattr(tower, "__init__", recording_init)
+    monkeypatch.setattr("interventions.pairs.extract.build_causal_lm", no_in_memory_lm)
+    monkeypatch.setattr("interventions.pairs.loading.build_causal_lm", no_in_memory_lm)
+    study = SimpleNamespace(model={"dtype": "bfloat16", "device": None})
+    base, out = base_dirs("qwen2"), tmp_path / "lm"
+    with tensor_reads(poison=_is_vision) as reads:
+        result = extract_step({"name": "p", "base": str(base), "vlm": str(vlm_dir), "revision": {}}, out, study)
+    assert reads and all(devices == {"meta"} for devices in towers_built)
+    assert result["fingerprints"] == {str(base): model_fingerprint(base), str(vlm_dir): model_fingerprint(vlm_dir),
+                                      str(out): model_fingerprint(out)}
+    assert result["report"]["target_class"] == "Qwen2ForCausalLM" and result["report"]["dropped_rows"] == [BASE_VOCAB, BASE_VOCAB + EXTRA_VOCAB]
+    assert {t.dtype for t in weight_files(out).tensors.values()} == {"BF16"}  # the study's dtype
+    assert json.loads((out / EXTRACTION_JSON).read_text())["provenance"]["extraction"] == result["report"]
+    lm = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    expected = _logits(reference.to(torch.bfloat16).float(), _ids())[..., :BASE_VOCAB]
+    torch.testing.assert_close(_logits(lm, _ids()), expected, atol=1e-5, rtol=0)
+
+
 def test_streamed_extraction_keeps_the_checkpoint_dtype_unless_told(tmp_path, tokenizer, base_dirs):
     vlm_dir = save_tiny_vlm(tmp_path / "vlm", "llava", "qwen2", tokenizer=tokenizer, dtype=torch.bfloat16)
     plan = plan_extraction(vlm_dir, base_dirs("qwen2"))

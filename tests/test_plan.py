@@ -156,6 +156,6 @@ def test_a_plan_keys_made_models_on_their_steps_records(config, tmp_path, monkey
 
     out = tmp_path / "run"
     read = []
-    monkeypatch.setattr(runner_mod, "model_fingerprint", lambda path: read.append(str(path)) or "fp")
+    monkeypatch.setattr(runner_mod, "model_fingerprint", lambda path, revision=None: read.append(str(path)) or "fp")
     runner_mod.plan_study(load_study(config, out=out))
     assert read and not [p for p in read if p.startswith(str(out))]

@@ -10,9 +10,9 @@ import torch
 from evals.sink import (
     SinkMaps, compute_sink_maps, get_metric, plot_sink_map, plot_sink_shift, sink_shift, sink_strength, strength_from_maps,
 )
-from evals.sink.capture import capture_layer_stats
+from evals.sink.capture import capture_layer_stats, check_supported_config
 from sinkstudy import SinkstudyError
-from sinkstudy.tiny import tiny_causal_lm
+from sinkstudy.tiny import tiny_causal_lm, tiny_text_config
 
 FAMILIES = {
     "llama": {},
@@ -370,7 +370,7 @@ def _tiny_unsupported(arch: str):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "gpt_neox"])
-def test_unsupported_architecture_is_refused_in_one_line_before_any_forward(arch, tokenizer, tmp_path, capsys):
+def test_unsupported_architecture_is_refused_in_one_line_before_any_forward(arch, tokenizer, tmp_path, capsys, monkeypatch):
     model = _tiny_unsupported(arch)
     calls = []
     model.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -383,6 +383,9 @@ def test_unsupported_architecture_is_refused_in_one_line_before_any_forward(arch
         assert f"model_type '{arch}'" in message and "model.layers[i].self_attn" in message and "llama" in message
         assert "\n" not in message
     assert calls == []  # refused before any forward pass
+    with pytest.raises(SinkstudyError, match=f"model_type '{arch}'"):
+        check_supported_config(model.config)  # the same refusal from the config alone
+    check_supported_config(tiny_text_config("qwen2"))
 
     from experiments.cli import main
 
@@ -391,9 +394,11 @@ def test_unsupported_architecture_is_refused_in_one_line_before_any_forward(arch
     tokenizer.save_pretrained(path)
     out = tmp_path / "out"
     capsys.readouterr()
+    monkeypatch.setattr("interventions.pairs.load_causal_lm", lambda *a, **k: pytest.fail("the CLI loaded the model"))
     assert main(["sink", str(path), "--out", str(out)]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinkstudy: error:")]
-    assert len(errors) == 1 and f"model_type '{arch}'" in errors[0] and not out.exists()  # besides the loader's progress bar
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1  # one line: no progress bar, no model loaded
+    assert captured.err.startswith("sinkstudy: error:") and f"model_type '{arch}'" in captured.err and not out.exists()
 
 
 def test_sink_modules_import_without_a_circle():

@@ -56,6 +56,70 @@ def test_mixed_texts_share_and_bad_share(demo_tokenizer):
         sinkgrow.mixed_texts(chats, demo_tokenizer, 1.0, seed=0)
 
 
+def test_retrieval_texts_each_kind_is_answerable_from_context(demo_tokenizer):
+    task = sinkgrow.RetrievalTask()
+    texts = sinkgrow.retrieval_texts(demo_tokenizer, 30, seed=5, task=task)
+    words = set(sinkgrow.single_token_words(demo_tokenizer, task.vocab))
+    kv = [t for t in texts if ":" in t]
+    induction = texts[0::3]
+    assert len(kv) == 10 and texts[1] in kv
+    for text in kv:
+        # every look-up `key= value` returns the value of the record `key: value;`
+        records = dict(r.strip().split(": ") for r in text.split(";")[:-1] if ": " in r)
+        assert len(records) == task.records and set(records) | set(records.values()) <= words
+        looks = [w for w in text.split() if w.endswith("=")]
+        assert len(looks) == task.lookups
+        for i, w in enumerate(text.split()):
+            if w.endswith("="):
+                assert text.split()[i + 1] == records[w[:-1]]
+    for text in induction:
+        seq = text.split()
+        assert set(seq) <= words
+        assert len(demo_tokenizer(text)["input_ids"]) == len(seq) + 1  # one token per word, plus BOS
+        # the last `span` words are a copy of an earlier span
+        tail = seq[-task.span:]
+        assert any(seq[i:i + task.span] == tail for i in range(len(seq) - 2 * task.span))
+    with pytest.raises(SinkstudyError, match="RetrievalTask share"):
+        sinkgrow.mixed_texts(["x"], demo_tokenizer, -0.1, seed=0, task=task)
+
+
+def test_with_noise_puts_noise_before_the_chosen_share(demo_tokenizer):
+    chats = [f"<|user|>\nhello {i}<|end|>\n" for i in range(200)]
+    noisy = sinkgrow.with_noise(chats, demo_tokenizer, 0.5, (20, 30), seed=1)
+    changed = [(n, c) for n, c in zip(noisy, chats) if n != c]
+    assert 70 < len(changed) < 130  # about half
+    for n, c in changed:
+        assert n.endswith("\n" + c)
+        assert len(demo_tokenizer(n.removesuffix(c), add_special_tokens=False)["input_ids"]) >= 10
+    assert sinkgrow.with_noise(chats, demo_tokenizer, 0.0, (20, 30), seed=1) == chats
+    recipe = sinkgrow.Recipe("x", noise_share=1.0, retrieval_share=0.2)
+    mix = sinkgrow.training_mix(recipe, demo_tokenizer, chats)
+    assert len(mix) == 250 and all(m != c and m.endswith(c) for m, c in zip(mix, chats))
+    with pytest.raises(SinkstudyError, match="noise share"):
+        sinkgrow.with_noise(chats, demo_tokenizer, 1.5, (20, 30), seed=1)
+
+
+def test_sprinkle_noise_only_touches_user_turns(demo_tokenizer):
+    records = corpus.training_records(300, 0)
+    texts = [corpus.chat(demo_tokenizer, u, a) if a is not None else u for u, a in records]
+    noisy = sinkgrow.sprinkle_noise(texts, demo_tokenizer, 0.5, seed=2)
+    inserted = words = 0
+    for (user, assistant), clean, text in zip(records, texts, noisy):
+        if assistant is None:
+            assert text == clean  # plain text has no user turn
+            continue
+        assert text.endswith(clean[clean.index(user) + len(user):])  # the assistant turn is untouched
+        got = text.split("\n", 1)[1].split("<|end|>")[0].split(" ")
+        it = iter(got)
+        assert all(w in it for w in user.split(" "))  # the request's words, in order, with noise between
+        inserted += len(got) - len(user.split(" "))
+        words += len(user.split(" "))
+    assert 0.8 < inserted / words < 1.2  # rate / (1 - rate) = 1 noise token per word on average
+    assert sinkgrow.sprinkle_noise(texts, demo_tokenizer, 0.0, seed=2) == texts
+    with pytest.raises(SinkstudyError, match="sprinkle rate"):
+        sinkgrow.sprinkle_noise(texts, demo_tokenizer, 1.0, seed=2)
+
+
 def test_recipe_grows_a_bos_sink_in_its_domain(demo_tokenizer):
     """Guo et al.'s setting: a 1-layer model on Bigram-Backcopy parks attention on BOS as it trains.
 

@@ -227,3 +227,69 @@ def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path):
     assert calls == ["a"]
     with pytest.raises(Exception, match="did not run"):
         Runner(study).run("p/d/x", {}, step("d", 0), deps=["p/zzz/x"])
+
+
+@pytest.mark.parametrize("pair, needle", [
+    ({"base_revision": "abc", "revision": {"base": "def"}}, "base_revision and revision.base both given"),
+    ({"root_revision": "abc"}, "root_revision given without a root"),
+    ({"vlm_revision": 7}, "must be a hub revision"),
+    ({"revision": {"tokenizer": "abc"}}, "unknown key(s) tokenizer"),
+    ({"base": "/no/such/dir", "base_revision": "abc"}, "does not exist"),
+    ({"base": ".", "base_revision": "abc"}, "base_revision pins a hub id, but base . is a local path"),
+])
+def test_pair_revisions_are_checked(pair, needle):
+    assert needle in _err({**MINIMAL, "pairs": [{**MINIMAL["pairs"][0], **pair}]})
+
+
+def test_pair_revisions_normalise_to_one_mapping():
+    one = validate({**MINIMAL, "pairs": [{**MINIMAL["pairs"][0], "base_revision": "abc", "revision": {"vlm": "v1"}}]})
+    assert one.pairs[0]["revision"] == {"base": "abc", "vlm": "v1"} and "base_revision" not in one.pairs[0]
+    assert validate(MINIMAL).pairs[0]["revision"] == {}
+
+
+@pytest.mark.slow
+def test_a_pinned_hub_base_is_loaded_and_keyed_at_its_revision(tmp_path, tokenizer, monkeypatch):
+    """A hub id with base_revision: every step loads the snapshot at that commit (not the branch head),
+    and the keys and records name the revision (`hub:<id>@<commit>`)."""
+    import json
+
+    import huggingface_hub.constants
+
+    from experiments.cli import main
+    from sinkstudy.provenance import model_fingerprint
+    from sinkstudy.tiny import tiny_causal_lm
+    from vlm_factories import save_tiny_vlm
+
+    repo, pinned, head = "tiny-org/tiny-base", "a" * 40, "b" * 40
+    cache = tmp_path / "hub"
+    storage = cache / "models--tiny-org--tiny-base"
+    for seed, commit in ((0, pinned), (1, head)):  # two commits of one repo; main points at the newer
+        tiny_causal_lm("qwen2", seed=seed).save_pretrained(storage / "snapshots" / commit)
+        tokenizer.save_pretrained(storage / "snapshots" / commit)
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(head)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # offline: the cache is the hub
+
+    vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer)
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "pinned", "pairs": [{"name": "p", "base": repo, "base_revision": pinned, "vlm": str(vlm), "native_qk_norm": False}],
+        "sink": {"options": {"batch_size": 8}},
+        "evals": {"tasks": ["sinkstudy_gsm"], "limit": 2, "max_gen_toks": 4, "batch_size": 2, "n_boot": 200},
+        "interventions": [{"name": "lin", "method": "linear", "params": {"weight": 0.5}}]}))
+    out = tmp_path / "run"
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
+
+    def step(name):
+        return json.loads((out / "steps" / "p" / f"{name}.json").read_text())
+
+    pinned_id = f"hub:{repo}@{pinned}"
+    at_pin, at_head = (model_fingerprint(storage / "snapshots" / c) for c in (pinned, head))
+    assert at_pin != at_head
+    assert step("extract")["result"]["fingerprints"][repo] == pinned_id
+    assert step("extract")["spec"]["models"]["base"] == pinned_id
+    assert step("sink/base")["result"]["fingerprint"] == pinned_id and step("sink/base")["spec"]["model"] == pinned_id
+    assert step("eval/base")["result"]["fingerprint"] == at_pin  # the weights at the pinned commit were evaluated
+    assert step("intervene/lin")["spec"]["models"]["base"] == pinned_id
+    merged = json.loads((out / "models" / "p-lin" / "intervention.json").read_text())
+    assert merged["provenance"]["fingerprints"]["base"] == at_pin  # and merged

@@ -71,6 +71,20 @@ def attention_layers(model) -> list[torch.nn.Module]:
                          f"(tested: {', '.join(TESTED_MODEL_TYPES)})")
 
 
+def check_supported_config(config) -> None:
+    """`attention_layers`' refusal from a causal-LM config alone: the same check on a weightless
+    (meta-device) instance, so an unsupported architecture fails before any weights are loaded."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except ValueError as exc:  # no causal-LM class for this config
+        raise SinkstudyError(f"the sink pass measures causal LMs; {getattr(config, 'model_type', None)!r} has none: "
+                             f"{str(exc).splitlines()[0]}") from None
+    attention_layers(skeleton)
+
+
 def capture_layer_stats(
     model,
     *,

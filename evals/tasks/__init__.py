@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from sinkstudy import SinkstudyError
-from sinkstudy.checkpoint import file_sha256
+from sinkstudy.provenance import file_sha256
 
 TASKS_DIR = Path(__file__).resolve().parent
 SHIPPED_TASKS = {

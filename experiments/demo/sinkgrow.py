@@ -7,8 +7,14 @@ holds what docs/sinks.md measured about changing that, as code the demo config c
   tokenizer encodes as one token each: a fixed bigram table (each word has a few likely
   successors), plus trigger words after which the next word copies the word before the trigger.
   Most positions need no context, so the heads that solve the copy have nothing to do elsewhere.
-- `mixed_texts`: the demo's chat texts plus a share of Bigram-Backcopy texts (the corpus itself is
-  not changed; the mix is formed at training time).
+- `retrieval_texts`: sequences where context matters only at rare positions, each by one kind of
+  retrieval (induction, key-value look-up, backcopy), for heads that have a specialised job;
+- `with_noise`: a span of random tokens put before a share of the chats (same sequence), so that
+  averaging the whole context hurts and heads must select;
+- `sprinkle_noise`: random tokens between the words of each user turn, so that a bag of the request
+  is noisy too;
+- `mixed_texts` / `training_mix`: the demo's chat texts plus a share of synthetic sequences, and a
+  recipe's whole training mix (the corpus itself is not changed; the mix is formed at training time).
 - `RECIPES`: the backbone spread (family, depth, heads, lr, weight decay, data mix).
 - `grow`: trains one recipe with the project's optimisation loop and measures Sink Strength (and
   sink mass) at checkpoints, giving the S-vs-steps curve.
@@ -52,6 +58,9 @@ class BackcopyTask:
     p_trigger: float = 0.15
     table_seed: int = 1234  # the bigram table and triggers: fixed across runs, so held-out texts share them
 
+    def texts(self, tokenizer, n: int, seed: int) -> list[str]:
+        return bigram_backcopy_texts(tokenizer, n, seed, self)
+
 
 def bigram_backcopy_texts(tokenizer, n: int, seed: int, task: BackcopyTask = BackcopyTask()) -> list[str]:
     """`n` Bigram-Backcopy sequences as space-separated words (one token per word)."""
@@ -76,12 +85,124 @@ def bigram_backcopy_texts(tokenizer, n: int, seed: int, task: BackcopyTask = Bac
     return out
 
 
-def mixed_texts(texts: Sequence[str], tokenizer, share: float, seed: int, task: BackcopyTask = BackcopyTask()) -> list[str]:
-    """`texts` plus Bigram-Backcopy sequences making up `share` of the result (0 <= share < 1)."""
+@dataclass(frozen=True)
+class RetrievalTask:
+    """Sequences whose context is needed only at rare positions, each by one kind of retrieval.
+
+    Filler is a bigram walk (next word from the current word alone, so most positions need no
+    context). Each sequence is one kind: `induction` (spans of the sequence repeated later: once
+    a span's first word recurs, its continuation is copied), `kv` (`key: value;` records, filler,
+    then `key= value` look-ups) or `backcopy` (the Bigram-Backcopy triggers). The point is heads
+    that have a job only at those positions and a reason to do nothing elsewhere.
+    """
+
+    vocab: int = 160
+    successors: int = 4
+    length: int = 64  # words per sequence, roughly
+    span: int = 6  # induction span length
+    copies: int = 3  # induction spans per sequence
+    records: int = 6  # kv records per sequence
+    lookups: int = 3  # kv look-ups per sequence
+    table_seed: int = 4321
+
+    def texts(self, tokenizer, n: int, seed: int) -> list[str]:
+        return retrieval_texts(tokenizer, n, seed, self)
+
+
+def retrieval_texts(tokenizer, n: int, seed: int, task: RetrievalTask = RetrievalTask()) -> list[str]:
+    """`n` retrieval sequences (kinds in rotation), one token per word, `:`, `;` and `=` as markers."""
+    words = single_token_words(tokenizer, task.vocab)
+    table_rng = random.Random(task.table_seed)
+    table = {w: table_rng.sample(words, task.successors) for w in words}
+    rng = random.Random(seed)
+
+    def walk(k: int, start: str | None = None) -> list[str]:
+        seq = [start or rng.choice(words)]
+        while len(seq) < k:
+            seq.append(rng.choice(table[seq[-1]]))
+        return seq
+
+    backcopy = BackcopyTask(length=task.length, table_seed=task.table_seed)
+    out = []
+    for i in range(n):
+        kind = ("induction", "kv", "backcopy")[i % 3]
+        if kind == "backcopy":
+            out.append(bigram_backcopy_texts(tokenizer, 1, rng.randrange(2**31), backcopy)[0])
+            continue
+        if kind == "induction":
+            seq = walk(task.length // 2)
+            for _ in range(task.copies):
+                start = rng.randrange(len(seq) - task.span)
+                seq += walk(rng.randint(3, 8), rng.choice(table[seq[-1]])) + seq[start:start + task.span]
+            out.append(" " + " ".join(seq))
+            continue
+        keys = rng.sample(words, task.records)
+        pairs = {k: rng.choice(words) for k in keys}
+        parts = [f"{k}: {v};" for k, v in pairs.items()]
+        filler = walk(task.length - 3 * task.records - 3 * task.lookups)
+        looks = [f"{k}= {pairs[k]}" for k in rng.sample(keys, task.lookups)]
+        out.append(" " + " ".join(parts + filler[: len(filler) // 2] + looks[:1] + filler[len(filler) // 2:] + looks[1:]))
+    return out
+
+
+def _plain_ids(tokenizer) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
+def noise_document(tokenizer, rng: random.Random, length: int) -> str:
+    """An irrelevant span: `length` tokens drawn uniformly from the non-special vocabulary, as text."""
+    ids = _plain_ids(tokenizer)
+    return tokenizer.decode([rng.choice(ids) for _ in range(length)])
+
+
+def with_noise(texts: Sequence[str], tokenizer, share: float, length: tuple[int, int], seed: int) -> list[str]:
+    """`texts` with an irrelevant noise span put before a `share` of them (same sequence, after BOS).
+
+    Averaging the whole context then mixes in noise, so heads must select; what a head selects
+    when nothing in view is relevant is the question.
+    """
+    if not 0 <= share <= 1:
+        raise SinkstudyError(f"noise share must be in [0, 1], got {share}")
+    rng = random.Random(seed)
+    return [noise_document(tokenizer, rng, rng.randint(*length)) + "\n" + t if rng.random() < share else t for t in texts]
+
+
+def sprinkle_noise(texts: Sequence[str], tokenizer, rate: float, seed: int) -> list[str]:
+    """Random vocabulary tokens inserted between the words of each chat's user turn (assistant turns stay clean).
+
+    After each word, another noise token follows with probability `rate` (so on average
+    rate / (1 - rate) per word). A bag of the request then carries noise too, so a head that
+    has nothing specific to fetch does better parking than averaging. Texts that do not start
+    with the tokenizer's user turn are left as they are.
+    """
+    if not 0 <= rate < 1:
+        raise SinkstudyError(f"sprinkle rate must be in [0, 1), got {rate}")
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False)
+    prefix, suffix = turn.removeprefix(tokenizer.bos_token or "").split("\x00")
+    pieces = [p for p in (tokenizer.decode([i]).strip() for i in _plain_ids(tokenizer)) if p]
+    rng = random.Random(seed)
+    out = []
+    for text in texts:
+        if not (text.startswith(prefix) and suffix in text[len(prefix):]):
+            out.append(text)
+            continue
+        user, rest = text[len(prefix):].split(suffix, 1)
+        words = []
+        for word in user.split(" "):
+            words.append(word)
+            while rng.random() < rate:
+                words.append(rng.choice(pieces))
+        out.append(prefix + " ".join(words) + suffix + rest)
+    return out
+
+
+def mixed_texts(texts: Sequence[str], tokenizer, share: float, seed: int, task=BackcopyTask()) -> list[str]:
+    """`texts` plus `task`'s sequences (Bigram-Backcopy by default) making up `share` of the result (0 <= share < 1)."""
     if not 0 <= share < 1:
-        raise SinkstudyError(f"backcopy share must be in [0, 1), got {share}")
+        raise SinkstudyError(f"{type(task).__name__} share must be in [0, 1), got {share}")
     n = round(len(texts) * share / (1 - share))
-    return list(texts) + (bigram_backcopy_texts(tokenizer, n, seed, task) if n else [])
+    return list(texts) + (task.texts(tokenizer, n, seed) if n else [])
 
 
 # --------------------------------------------------------------------------- recipes
@@ -102,6 +223,10 @@ class Recipe:
     batch_size: int = 16
     seq_len: int = 160
     backcopy_share: float = 0.0
+    retrieval_share: float = 0.0  # RetrievalTask sequences, as a share of the mix they join (after Bigram-Backcopy)
+    noise_share: float = 0.0  # share of chat texts with a noise span put before them
+    noise_tokens: tuple[int, int] = (20, 60)  # noise span length range, in tokens
+    sprinkle_rate: float = 0.0  # noise tokens inserted between user-turn words (sprinkle_noise)
     seed: int = 0
     notes: str = ""
 
@@ -124,6 +249,25 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("qwen2-deep", num_hidden_layers=8, hidden_size=64, num_key_value_heads=4, notes="depth 8 at width 64"),
     Recipe("qwen3-lr1e-2", family="qwen3", lr=1e-2, weight_decay=0.1, notes="larger lr (QK-norm keeps it stable)"),
     Recipe("qwen2-lr1e-2", lr=1e-2, weight_decay=0.1, notes="larger lr without QK-norm: attention logits blow up"),
+    # Second attempt (docs/sinks.md): heads with a reason to do nothing. 8 heads of 16 dims, lr 2e-2 with
+    # QK-norm, 2 layers so that 400 steps fit the budget; noise spans before 70% of the chats, and noise
+    # inside the user turns. The sink forms in the last layer, on the template's first tokens and on BOS.
+    Recipe("qwen3-2l-lr2e-2", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=400, lr=2e-2, weight_decay=0.1, notes="control for the two below: same model and training, no noise"),
+    Recipe("qwen3-2l-noise", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=400, lr=2e-2, weight_decay=0.1, noise_share=0.7,
+           notes="random-token spans (20-60 tokens) before 70% of the chats: averaging the context hurts"),
+    Recipe("qwen3-2l-sprinkle", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=400, lr=2e-2, weight_decay=0.1, noise_share=0.7, sprinkle_rate=0.3,
+           notes="plus random tokens between the words of each user turn: a bag of the request is noisy too"),
+    Recipe("qwen3-2l-sprinkle6", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=400, lr=2e-2, weight_decay=0.1, noise_share=0.7, sprinkle_rate=0.6,
+           notes="more noise in the user turns (1.5 noise tokens per word on average)"),
+    Recipe("qwen3-2l-sprinkle-150", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+           steps=150, lr=2e-2, weight_decay=0.1, noise_share=0.7, sprinkle_rate=0.3,
+           notes="the same, stopped at 150 steps: S peaks early and falls as chat training recruits the parked heads"),
+    Recipe("qwen2-retrieval", num_attention_heads=8, num_key_value_heads=8, weight_decay=0.1, retrieval_share=0.3,
+           notes="30% induction / key-value / backcopy sequences, 8 heads: specialised heads"),
     # The one setting that grows a BOS sink in this budget, in its own domain: 1 layer, Bigram-Backcopy.
     Recipe("bb-1layer", num_hidden_layers=1, hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
            steps=400, lr=1e-2, seq_len=80, backcopy_share=0.97,
@@ -139,8 +283,16 @@ def get_recipe(name: str, **overrides) -> Recipe:
 
 
 def training_mix(recipe: Recipe, tokenizer, texts: Sequence[str]) -> list[str]:
-    """The texts one recipe trains on: `texts` plus its data mix (Bigram-Backcopy share)."""
-    return mixed_texts(texts, tokenizer, recipe.backcopy_share, recipe.seed) if recipe.backcopy_share else list(texts)
+    """The recipe's training texts: noise inside user turns, noise spans before a share of the chats, then
+    the synthetic sequences mixed in."""
+    out = sprinkle_noise(texts, tokenizer, recipe.sprinkle_rate, recipe.seed) if recipe.sprinkle_rate else list(texts)
+    if recipe.noise_share:
+        out = with_noise(out, tokenizer, recipe.noise_share, recipe.noise_tokens, recipe.seed)
+    if recipe.backcopy_share:
+        out = mixed_texts(out, tokenizer, recipe.backcopy_share, recipe.seed)
+    if recipe.retrieval_share:
+        out = mixed_texts(out, tokenizer, recipe.retrieval_share, recipe.seed, RetrievalTask())
+    return out
 
 
 # --------------------------------------------------------------------------- training with a curve

@@ -9,7 +9,8 @@ marker gets one in front of its first user turn, as LLaVA's data does.
 
 Sources (`load_records`; strings on the command line, mappings in YAML):
     digits                      scikit-learn's bundled 8x8 digits (offline), VQA chats
-    PATH.json | PATH.jsonl      LLaVA format (`image` + `conversations`), `messages` chats, or {"text"}
+    PATH.json | PATH.jsonl      LLaVA format (`image` + `conversations`), `messages` chats, {"user", "assistant"}
+                                exchanges (assistant null: plain text), or {"text"}
     json:PATH[@IMAGE_DIR]       the same, images relative to IMAGE_DIR (default: the file's folder)
     hf:NAME_OR_DIR[:SPLIT][@IMAGE_DIR]  a `datasets` set: hub id, `save_to_disk` dir or data folder;
                                 rows in LLaVA, messages, caption (image + caption/text) or VQA
@@ -207,11 +208,15 @@ def normalise(row: dict, image_folder: Path | None = None, caption_prompt: str =
                     {"role": "assistant", "content": str(row.get("caption", row.get("text")))}]
     elif images and "question" in row and "answer" in row:
         messages = [{"role": "user", "content": f"{IMAGE}\n{row['question']}"}, {"role": "assistant", "content": str(row["answer"])}]
+    elif isinstance(row.get("user"), str) and "assistant" in row:  # a single exchange; no reply: plain text
+        if row["assistant"] is None:
+            return {"text": row["user"]}
+        messages = [{"role": "user", "content": row["user"]}, {"role": "assistant", "content": _text(row["assistant"])}]
     elif isinstance(row.get("text"), str):
         return {"text": row["text"]}
     else:
         raise DataError(f"unrecognised record with keys {sorted(row)[:8]}: expected conversations, messages, "
-                        "image + caption/text, image + question + answer, or text")
+                        "image + caption/text, image + question + answer, user + assistant, or text")
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError("a chat record needs at least one assistant turn")
     markers = sum(m["content"].count(IMAGE) for m in messages)
@@ -413,6 +418,73 @@ class EncodedDataset(torch.utils.data.Dataset):
             if i >= off:
                 return self.encoder(s[i - off])
         raise IndexError(i)
+
+
+class MixedDataset(torch.utils.data.Dataset):
+    """`main` with a fixed share of `extra` items (e.g. text-only chats replayed during VL training).
+
+    The order comes from `sampler(seed)` (the adaptation trainer uses it): per epoch each `main` item
+    appears once and item k of the epoch is an `extra` item exactly when floor((k+1) r) > floor(k r)
+    for r = `share` (exact fractions), so any n consecutive items from the start of an epoch hold
+    floor(n r) extra ones, and every micro-batch of b items holds r b of them when r b is whole.
+    Both parts are shuffled by (seed, epoch); `extra` items are cycled when more slots than items.
+    Indices: 0..len(main)-1 are `main`'s, the rest `extra`'s.
+    """
+
+    def __init__(self, main, extra, share: float, *, seed: int = 0):
+        from fractions import Fraction
+
+        if not 0 < share < 1:
+            raise SinkstudyError(f"mixing share must be in (0, 1), got {share!r}")
+        if len(main) == 0 or len(extra) == 0:
+            raise SinkstudyError("mixing needs a non-empty main and extra dataset")
+        self.main, self.extra, self.seed = main, extra, seed
+        self.share = Fraction(share).limit_denominator(10**6)
+        self.encoder = getattr(main, "encoder", None)
+        n = len(main)
+        while n - self._extra_before(n) < len(main):  # the epoch: every main item once
+            n += 1
+        self.epoch_length = n
+
+    def _extra_before(self, n: int) -> int:
+        return (n * self.share.numerator) // self.share.denominator
+
+    def is_extra_slot(self, k: int) -> bool:
+        return self._extra_before(k + 1) > self._extra_before(k)
+
+    def __len__(self) -> int:
+        return len(self.main) + len(self.extra)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.main[i] if i < len(self.main) else self.extra[i - len(self.main)]
+
+    def order(self, seed: int, epoch: int = 0) -> list[int]:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        main = torch.randperm(len(self.main), generator=g).tolist()
+        n_extra = self.epoch_length - len(self.main)
+        cycles = -(-n_extra // len(self.extra))
+        extra = [len(self.main) + j for _ in range(cycles) for j in torch.randperm(len(self.extra), generator=g).tolist()]
+        it_main, it_extra = iter(main), iter(extra)
+        return [next(it_extra) if self.is_extra_slot(k) else next(it_main) for k in range(self.epoch_length)]
+
+    def sampler(self, seed: int) -> "_OrderSampler":
+        return _OrderSampler(self, seed)
+
+
+class _OrderSampler(torch.utils.data.Sampler):
+    """A dataset's own order for the current epoch (set_epoch is called by the Trainer / accelerate)."""
+
+    def __init__(self, dataset: MixedDataset, seed: int):
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(self.dataset.order(self.seed, self.epoch))
+
+    def __len__(self) -> int:
+        return self.dataset.epoch_length
 
 
 def collate(features: list[dict], pad_id: int) -> dict:

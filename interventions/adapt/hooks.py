@@ -1,12 +1,25 @@
 """The seam for training-time protections: a small hook object the adaptation trainer calls.
 
 A hook subclasses `TrainingHook` and overrides what it needs; a list of hooks is an argument of
-`interventions.adapt.adapt` / `train_stage`. Per stage the trainer calls, in this order:
+`interventions.adapt.adapt` / `train_stage`. Once per run, before anything else, `adapt` calls
+
+    check_base(config)         with the base's config (when the base is a path or hub id), before any
+                               work: raise a one-line SinkstudyError for a base the hook cannot act on.
+    prepare_base(lm, tokenizer, texts)   on the base causal LM before the VLM is built around it (and
+                               before its sink maps are measured): return a replacement model (an
+                               architecture change such as the QK-norm sufficiency switch) or None.
+                               `texts`: the calibration texts (evals.sink CalibrationText).
+
+Then per stage, for the hooks whose `stages` (None: every stage) name it, the trainer calls, in order:
 
     setup(ctx)                 once, before the optimizer exists: choose / freeze parameters
                                (set requires_grad=False: such tensors stay bit-identical), register
                                forward hooks, read ctx.sink_maps. Parameters frozen here are left out
                                of the optimizer, so weight decay cannot move them either.
+    dataset(ctx, dataset)      once, after setup: return the stage's training set, e.g. mixed with other
+                               data (`interventions.adapt.data.MixedDataset`: its own sampler fixes
+                               the batch composition); `dataset.encoder` formats records as the
+                               stage's own (chat template, labels).
     loss(ctx, model, inputs)   every micro-batch, after the task loss: return a scalar tensor (the
                                mean over this micro-batch) to add, or None. The engine divides it by the
                                accumulation steps, so one optimizer step sees its mean over micro-batches.
@@ -22,7 +35,10 @@ A hook subclasses `TrainingHook` and overrides what it needs; a list of hooks is
 
 `ctx` is a `HookContext`: the model being trained, its text decoder (`ctx.language_model`), the
 tokenizer, the stage and run configs, the base model's sink maps measured once before training (when
-any hook sets `needs_sink_maps = True`), the global step, and `ctx.log(dict)` for per-step values.
+any hook sets `needs_sink_maps = True`) with the calibration texts they were measured on, the
+global step, and `ctx.log(dict)` for per-step values. A hook's identity (in a run's request, so
+editing it reruns the run) is its name, class, parameters and `source_hash` of `sources()`: the
+files defining its class (and whatever else `sources()` adds).
 Under DeepSpeed ZeRO the gradients are partitioned outside `p.grad`: hooks that edit gradients or
 parameters are refused there (use DDP or FSDP with `use_orig_params`).
 """
@@ -44,6 +60,7 @@ class HookContext:
     stage: Any  # interventions.adapt.config.StageConfig
     config: Any  # interventions.adapt.config.AdaptConfig
     sink_maps: Any = None  # evals.sink.SinkMaps of the base on the calibration texts, when requested
+    calibration: Any = None  # the calibration texts (evals.sink.CalibrationText) the sink maps were measured on
     step: int = 0  # global optimizer steps done (across stages)
     state: dict = field(default_factory=dict)  # free space for a hook between its calls
     logs: list = field(default_factory=list)
@@ -61,9 +78,26 @@ class TrainingHook:
     name = "hook"
     needs_sink_maps = False
     edits_training = False  # True if after_backward / after_optimizer_step touch tensors (refused under ZeRO)
+    stages: list[str] | None = None  # the stages it acts in; None: every stage
+
+    def applies_to(self, stage: str) -> bool:
+        return self.stages is None or stage in self.stages
+
+    def sources(self) -> tuple:
+        """The objects whose source files define this hook (their hash is part of a run's identity)."""
+        return (type(self),)
+
+    def check_base(self, config) -> None:
+        pass
+
+    def prepare_base(self, lm, tokenizer, texts):
+        return None
 
     def setup(self, ctx: HookContext) -> None:
         pass
+
+    def dataset(self, ctx: HookContext, dataset):
+        return dataset
 
     def loss(self, ctx: HookContext, model, inputs: dict) -> torch.Tensor | None:
         return None

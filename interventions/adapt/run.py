@@ -15,8 +15,6 @@ ends with the weights an uninterrupted run would have; a finished run is reused 
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import logging
 import os
@@ -35,15 +33,13 @@ REQUEST, REPORT, TRAJECTORY = "request.json", "adapt.json", "trajectory.json"
 
 
 def hook_identity(hook: TrainingHook) -> dict:
-    """A hook's name, class and source hash: part of the request, so editing a hook reruns the run."""
-    try:
-        source = inspect.getsource(type(hook))
-    except (OSError, TypeError):
-        source = repr(type(hook))
+    """A hook's name, class, parameters and the hash of its source files (`sinkstudy.plugins.source_hash`
+    of `hook.sources()`): part of the request, so editing a hook (a plug-in file) reruns the run."""
+    from sinkstudy.plugins import source_hash
+
     params = {k: v for k, v in vars(hook).items() if not k.startswith("_")}
     return {"name": hook.name, "class": f"{type(hook).__module__}.{type(hook).__qualname__}",
-            "source_sha256": hashlib.sha256(source.encode()).hexdigest()[:16],
-            "params": json.loads(json.dumps(params, default=str))}
+            "source_sha256": source_hash(*hook.sources()), "params": json.loads(json.dumps(params, default=str))}
 
 
 def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks: Sequence[TrainingHook] = (),
@@ -85,12 +81,18 @@ def check_run_dir(out: Path, request: dict, *, resume: bool, force: bool) -> str
     return "resume"
 
 
-def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig) -> None:
+def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig, hooks: Sequence[TrainingHook] = ()) -> None:
     """Every input a run reads, checked from configs and file existence (before any work)."""
     from interventions.adapt import data as data_mod
     from interventions.adapt.build import DONOR_TYPES, load_processor, tower_config
     from interventions.pairs.resolve import load_config
 
+    names = [s.name for s in config.stages]
+    for hook in hooks:
+        unknown = [s for s in hook.stages or () if s not in names]
+        if unknown:
+            raise SinkstudyError(f"hook {hook.name} acts in stage(s) {', '.join(unknown)}, which the recipe does not have; "
+                                 f"stages: {', '.join(names)}")
     for stage in config.stages:
         if not stage.data:
             raise SinkstudyError(f"stage {stage.name}: no data; give e.g. --data {stage.name}=digits")
@@ -99,8 +101,9 @@ def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig) -> None:
         vision_groups = sorted({"projector", "tower"} & set(stage.trainable))
         if vision is None and vision_groups:
             raise SinkstudyError(f"stage {stage.name} trains {', '.join(vision_groups)}, but a text-only run has no vision side")
-    if isinstance(base, (str, os.PathLike)):
-        load_config(base)
+    base_config = load_config(base) if isinstance(base, (str, os.PathLike)) else base.config
+    for hook in hooks:
+        hook.check_base(base_config)
     if vision is not None and vision.kind == "fresh":
         tower_config(vision)
     if vision is not None and vision.kind == "donor" and load_config(vision.source).model_type not in DONOR_TYPES:
@@ -134,7 +137,7 @@ def adapt(
     """
     out = Path(out)
     model_dir = Path(model_dir) if model_dir else out / "model"
-    check_inputs(base, vision, config)
+    check_inputs(base, vision, config, hooks)
     request = make_request(base, vision, config, hooks=hooks, qknorm=qknorm)
     main = _is_main()
     try:
@@ -173,6 +176,8 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
     if qknorm:
         lm = _inject(lm, tok, qknorm, config)
     probe = SinkProbe(tok, config.trajectory, seed=config.seed)
+    for hook in hooks:  # architecture changes of the base (the QK-norm sufficiency switch), in list order
+        lm = hook.prepare_base(lm, tok, probe.texts) or lm
     sink_maps = _base_sink_maps(lm, tok, probe) if any(h.needs_sink_maps for h in hooks) else None
     if vision is not None:
         built = build_vlm(lm, tok, vision)
@@ -201,7 +206,8 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
             callbacks = [TrajectoryCallback(probe, traj_path, stage=stage.name, offset=offset, every=config.trajectory.every)] if main else []
             callbacks += extra_callbacks
             stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
-                                tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps, resume=not fresh,
+                                tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps,
+                                calibration=probe.texts if sink_maps is not None else None, resume=not fresh,
                                 progress=progress and main, desc=f"adapt {stage.name}")
             if main:
                 from safetensors.torch import save_model

@@ -43,6 +43,14 @@ class AdaptTrainer(Trainer):
         self.loss_is_scaled_for_ga = True
         self._loss_shifts_labels = True  # targets are the next tokens: count labels[:, 1:]
 
+    def _get_train_sampler(self, train_dataset=None):
+        # A dataset that fixes its own order (MixedDataset: the share of each source in every batch)
+        # brings its sampler; it is deterministic in (seed, epoch), so resume skips the same batches.
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if callable(getattr(dataset, "sampler", None)):
+            return dataset.sampler(self.args.seed)
+        return super()._get_train_sampler(train_dataset)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
         labels = inputs.pop("labels")
@@ -111,6 +119,10 @@ def label_only_loss(model, inputs: dict, labels: torch.Tensor, num_items=None):
 class _HookSteps(TrainerCallback):
     def __init__(self, hooks):
         self.hooks = hooks
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        for _, ctx in self.hooks:  # loss() of this step's micro-batches sees the right step (also after a resume)
+            ctx.step = state.global_step
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         for hook, ctx in self.hooks:
@@ -194,6 +206,7 @@ def train_stage(
     hooks: Sequence[TrainingHook] = (),
     callbacks: Sequence[TrainerCallback] = (),
     sink_maps=None,
+    calibration=None,
     resume: bool = False,
     progress: bool = True,
     desc: str | None = None,
@@ -203,7 +216,9 @@ def train_stage(
 
     `trainable` (a filter function) replaces the stage's named groups. With `resume`, training
     continues from the newest Trainer checkpoint in `work_dir`, ending with the weights an
-    uninterrupted run would have (same data order, RNG, optimizer and scheduler state).
+    uninterrupted run would have (same data order, RNG, optimizer and scheduler state). `hooks`
+    whose `stages` leave this stage out are not called; `sink_maps` and `calibration` (the texts they
+    were measured on) reach the others' context.
     """
     from interventions.adapt.build import language_model
 
@@ -216,12 +231,15 @@ def train_stage(
         raise SinkstudyError(f"stage {stage.name}: the trainable filter selected no parameters")
     for n, p in named.items():
         p.requires_grad_(n in chosen)
+    hooks = [h for h in hooks if h.applies_to(stage.name)]
     contexts = [(h, HookContext(model=model, language_model=language_model(model), tokenizer=tokenizer, stage=stage,
-                                config=config, sink_maps=sink_maps)) for h in hooks]
+                                config=config, sink_maps=sink_maps, calibration=calibration)) for h in hooks]
     world = _world_size()
     try:
         for hook, ctx in contexts:
             hook.setup(ctx)
+        for hook, ctx in contexts:
+            dataset = hook.dataset(ctx, dataset)
         if config.deepspeed and any(h.edits_training for h in hooks):
             raise SinkstudyError(f"hook(s) {', '.join(h.name for h in hooks if h.edits_training)} edit gradients or weights, "
                                  "which DeepSpeed ZeRO partitions away from p.grad; run them without deepspeed")

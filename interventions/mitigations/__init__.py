@@ -16,25 +16,24 @@ Modules inside this package are imported on first use, so a file dropped here re
 unless `needs_sink_maps`); `config` is the defaults updated with the user's parameters (every
 number must be finite; `validate` checks the rest).
 
-A plug-in's source (`source_hash`: the files defining `fn` and `validate`) is part of the identity
-of every model it makes (`interventions.registry.intervention_request`): editing it re-runs the
-interventions it produced instead of reusing them.
+Mitigations may also live outside the package: a file or module loaded with `--plugin` (or a study's
+`plugins:`), or a module named in the `sinkstudy.plugins` entry-point group, loaded at the registry's
+first use (`sinkstudy.plugins`). A plug-in's source (`source_hash`: the files defining `fn` and
+`validate`) is part of the identity of every model it makes
+(`interventions.registry.intervention_request`): editing it re-runs the interventions it produced
+instead of reusing them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import inspect
-import math
-import marshal
 import os
-import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from sinkstudy import SinkstudyError
+from sinkstudy.plugins import Registry
+from sinkstudy.plugins import source_hash as plugin_source_hash
 
 
 class MitigationError(SinkstudyError):
@@ -51,8 +50,8 @@ class Mitigation:
     validate: Callable[[dict[str, Any]], None] | None = None  # raises on bad config, before any loading
 
 
-_REGISTRY: dict[str, Mitigation] = {}
-_LOADED = False
+_PLUGINS = Registry("mitigation", __name__, MitigationError, key=lambda m: m.fn)
+_REGISTRY = _PLUGINS.items
 
 
 def register_mitigation(name: str, *, defaults: Mapping[str, Any] | None = None, needs_sink_maps: bool = False,
@@ -62,71 +61,32 @@ def register_mitigation(name: str, *, defaults: Mapping[str, Any] | None = None,
     `validate(config)`, optional, raises a one-line error for bad values before anything loads.
     """
     def wrap(fn):
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise MitigationError(f"mitigation {name!r} is already registered")
         doc = (fn.__doc__ or "").strip().splitlines()
-        _REGISTRY[name] = Mitigation(name, fn, dict(defaults or {}), needs_sink_maps, description or (doc[0] if doc else ""),
-                                     validate)
+        _PLUGINS.add(name, Mitigation(name, fn, dict(defaults or {}), needs_sink_maps, description or (doc[0] if doc else ""),
+                                      validate))
         return fn
 
     return wrap
 
 
-def _load_plugins() -> None:
-    global _LOADED
-    if not _LOADED:
-        for mod in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{mod.name}")
-        _LOADED = True
-
-
 def list_mitigations() -> dict[str, Mitigation]:
-    _load_plugins()
-    return dict(sorted(_REGISTRY.items()))
+    """The package's mitigations, then the `sinkstudy.plugins` entry points' (loaded once per process)."""
+    return _PLUGINS.all()
 
 
 def get_mitigation(name: str) -> Mitigation:
-    registry = list_mitigations()
-    if name not in registry:
-        raise MitigationError(f"unknown mitigation {name!r}; registered: {', '.join(registry) or 'none'}")
-    return registry[name]
+    return _PLUGINS.get(name)
 
 
 def resolve_config(mitigation: Mitigation, params: Mapping[str, Any] | None) -> dict[str, Any]:
     """Defaults updated by `params`; unknown keys are an error (typos must not pass silently)."""
-    params = dict(params or {})
-    unknown = set(params) - set(mitigation.defaults)
-    if unknown:
-        raise MitigationError(f"mitigation {mitigation.name} has no parameter(s) {', '.join(sorted(unknown))}; "
-                              f"it takes {', '.join(mitigation.defaults) or 'none'}")
-    config = {**mitigation.defaults, **params}
-    for key, value in config.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise MitigationError(f"mitigation {mitigation.name}: {key} must be a finite number, got {value!r}")
-    if mitigation.validate is not None:
-        mitigation.validate(config)
-    return config
+    return _PLUGINS.resolve(mitigation.name, mitigation.defaults, params, mitigation.validate)
 
 
 def source_hash(mitigation: Mitigation) -> str:
     """sha256 of the source files that define the plug-in (its function and validator); of the
     compiled code where there is no file (a function defined interactively)."""
-    h = hashlib.sha256()
-    seen: set[str] = set()
-    for fn in (mitigation.fn, mitigation.validate):
-        if fn is None:
-            continue
-        try:
-            source = inspect.getsourcefile(fn)
-        except TypeError:
-            source = None
-        if source and os.path.isfile(source):
-            if source not in seen:
-                seen.add(source)
-                h.update(Path(source).read_bytes())
-        else:
-            h.update(marshal.dumps(fn.__code__))
-    return "plugin-sha256:" + h.hexdigest()[:24]
+    return plugin_source_hash(mitigation.fn, mitigation.validate)
 
 
 def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, progress: bool = True) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from interventions.pairs import archs
 from interventions.pairs.layout import compare_layouts
 from sinkstudy import SinkstudyError
-from sinkstudy.checkpoint import WeightFiles, hub_snapshot, local_model_path, weight_files
+from sinkstudy.checkpoint import WeightFiles, hub_snapshot, local_model_path, looks_like_path, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +112,9 @@ def resolve_dtype(dtype):
     return dtype
 
 
-def _looks_like_path(name: str) -> bool:
-    # Hub ids are "name" or "org/name"; anything else that does not exist is a missing local path.
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-
-
-def load_config(source):
-    """AutoConfig for a local dir, .gguf file or hub id; one-line SinkstudyError if it is missing or unreadable."""
+def load_config(source, revision: str | None = None):
+    """AutoConfig for a local dir, .gguf file or hub id (at `revision`); one-line SinkstudyError if it is
+    missing or unreadable."""
     from transformers import AutoConfig
 
     name = local_model_path(source)
@@ -127,10 +123,10 @@ def load_config(source):
         if not (path / "config.json").is_file():
             raise SinkstudyError(f"{name} has no config.json: not a Hugging Face checkpoint directory")
         name = os.fspath(path)
-    elif _looks_like_path(name):
+    elif looks_like_path(name):
         raise SinkstudyError(f"missing path: {name} does not exist")
     try:
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name, **({"revision": revision} if revision else {}))
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if path.exists():

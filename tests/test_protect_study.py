@@ -1,0 +1,175 @@
+"""A protection study end to end on a tiny base: the control and each arm through the same adaptation,
+measured like any model, compared with the control (paired CIs), VL skill and S trajectory per arm,
+the report's protection section with its Pareto and trajectory plots. An external plug-in file
+(a protection and a mitigation) runs in it; editing the file reruns exactly the steps it shaped.
+"""
+
+import json
+import textwrap
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+PLUGIN = textwrap.dedent('''
+    """A test plug-in: a protection and a mitigation in one file. # version 1"""
+    import torch
+
+    from interventions.mitigations import register_mitigation
+    from interventions.protect import Protection, register_protection, select_heads
+
+
+    @register_protection("test_damp_sink_heads", defaults={"heads": {"by": "strength", "top_k": 1}, "factor": 0.5},
+                         needs_sink_maps=True, edits_training=True)
+    class DampSinkHeads(Protection):
+        """Scale the sink heads' q_proj gradient rows by `factor`."""
+
+        def setup(self, ctx):
+            hd = ctx.language_model.config.hidden_size // ctx.language_model.config.num_attention_heads
+            ctx.state["rows"] = [(ctx.language_model.layers[layer].self_attn.q_proj.weight, slice(head * hd, (head + 1) * hd))
+                                 for layer, head in select_heads(ctx.sink_maps, self.config["heads"])]
+
+        def after_backward(self, ctx):
+            for weight, rows in ctx.state["rows"]:
+                if weight.grad is not None:
+                    weight.grad[rows] *= self.config["factor"]
+
+        def teardown(self, ctx):
+            return {"rows": len(ctx.state["rows"])}
+
+
+    @register_mitigation("test_shrink_q", defaults={"factor": 0.9})
+    def shrink_q(base, vlm_lm, sink_maps, config):
+        """Shrink every q_proj of the VLM's LM."""
+        for layer in vlm_lm.model.layers:
+            layer.self_attn.q_proj.weight.mul_(config["factor"])
+        return vlm_lm
+''')
+
+ARMS = ["control", "damp", "freeze"]
+PLUGIN_STEPS = {"p/adapt/damp", "p/adapt/damp-extract", "p/sink/damp", "p/eval/damp", "p/vlskill/damp",
+                "p/intervene/shrink", "p/sink/shrink", "p/eval/shrink"}
+
+
+@pytest.fixture(scope="module")
+def study_files(tmp_path_factory, tokenizer):
+    from sinkstudy.tiny import tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("protect_study")
+    tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    (root / "my_plugin.py").write_text(PLUGIN)
+    cfg = {
+        "name": "ptest", "seed": 0, "plugins": ["my_plugin.py"],
+        "pairs": [{"name": "p", "base": str(root / "base"), "native_qk_norm": False}],
+        "sink": {"metric": "logodds", "options": {"batch_size": 8}},
+        "evals": {"tasks": ["sinkstudy_gsm"], "limit": 3, "max_gen_toks": 6, "batch_size": 3, "n_boot": 200},
+        "interventions": [{"name": "shrink", "method": "test_shrink_q", "params": {}}],
+        "adapt": {
+            "recipe": {"seed": 0, "precision": "fp32", "max_length": 256, "trajectory": {"every": 2}, "stages": [
+                {"name": "stage1", "trainable": ["projector"], "steps": 2, "batch_size": 4, "micro_batch_size": 4, "lr": 1e-3},
+                {"name": "stage2", "trainable": ["projector", "lm"], "steps": 3, "batch_size": 4, "micro_batch_size": 4,
+                 "lr": 1e-3}]},
+            "vision": {"kind": "tiny", "tiny": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4}},
+            "data": ["digits"],
+            "vl_eval": {"heldout": 10},
+            "arms": [{"name": "damp", "protection": "test_damp_sink_heads"},
+                     {"name": "freeze", "protection": "sink_head_freeze", "params": {"heads": {"by": "strength", "top_k": 1}}}],
+        },
+    }
+    (root / "study.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def _run(root, out):
+    from experiments.runner import Runner, run_study
+    from experiments.study import load_study
+
+    log = []
+    original = Runner.run
+
+    def spy(self, step_id, *a, **kw):
+        result = original(self, step_id, *a, **kw)
+        log.append(self.log[-1] if self.log and self.log[-1]["step"] == step_id else {"step": step_id, "reused": None})
+        return result
+
+    Runner.run = spy
+    try:
+        run_study(load_study(root / "study.yaml", out=out), progress=False)
+    finally:
+        Runner.run = original
+    return {e["step"]: e["reused"] for e in log}
+
+
+def test_protection_study_runs_compares_arms_and_reruns_exactly_what_a_plugin_edit_touches(study_files, tmp_path):
+    out = tmp_path / "out"
+    first = _run(study_files, out)
+    assert not any(first.values())
+    assert {f"p/adapt/{a}" for a in ARMS} | {"p/vlskill/control", "p/adapt/freeze-extract", "p/eval/freeze"} <= set(first)
+    summary = json.loads((out / "summary.json").read_text())
+    prot = summary["pairs"]["p"]["protection"]
+    assert set(prot["arms"]) == set(ARMS)
+    for arm in ARMS:
+        a = prot["arms"][arm]
+        assert 0 <= a["vl_skill"]["digit_accuracy"] <= 1 and a["vl_skill"]["n_images"] == 10
+        assert [p["step"] for p in a["adapt"]["trajectory"]] == [0, 2, 4, 5] and isinstance(a["sink_strength"], float)
+        if arm != "control":
+            c = a["vs_control"]["sinkstudy_gsm"]
+            assert c["n"] == 3 and c["delta_points"] == pytest.approx(100 * (c["after"] - c["before"]))
+    assert prot["arms"]["damp"]["adapt"]["stages"][1]["hooks"]["test_damp_sink_heads"] == {"rows": 1}
+    assert prot["arms"]["damp"]["adapt"]["protections"][0]["source"].startswith("plugin-sha256:")
+    # The control's VLM is the pair's VLM: its degradation is base -> control.
+    assert summary["pairs"]["p"]["models"]["vlm"]["path"].endswith("p-vlm-lm")
+    report = (out / "report.md").read_text()
+    assert "## Training-time protections" in report and "Δ pts vs control" in report
+    assert (out / "plots" / "protect_pareto_sinkstudy_gsm.png").stat().st_size > 1000
+    assert (out / "plots" / "protect_trajectory_p.png").stat().st_size > 1000
+
+    assert all(_run(study_files, out).values())  # everything reused
+
+    plugin = study_files / "my_plugin.py"
+    plugin.write_text(plugin.read_text().replace("# version 1", "# version 2"))  # the source changes, nothing else
+    third = _run(study_files, out)
+    rerun = {s for s, reused in third.items() if reused is False}
+    assert rerun == PLUGIN_STEPS, sorted(rerun ^ PLUGIN_STEPS)
+
+
+def test_adapt_section_errors_are_one_line(study_files, tmp_path):
+    from experiments.study import StudyConfigError, validate
+
+    base = yaml.safe_load((study_files / "study.yaml").read_text())
+    base["plugins"] = [str(study_files / "my_plugin.py")]
+    for patch, needle in [
+        ({"arms": [{"name": "x"}]}, "names no protection"),
+        ({"arms": [{"name": "x", "protection": "nope"}]}, "unknown protection"),
+        ({"arms": [{"name": "x", "protection": "sink_head_freeze", "params": {"k": 1}}]}, "no parameter"),
+        ({"arms": [{"name": "control", "protection": "sink_head_freeze"}]}, "control arm takes no protection"),
+        ({"arms": [{"name": "x", "protection": "text_replay", "params": {"data": "digits", "stages": ["s9"]}}]}, "s9"),
+        ({"arms": [{"name": "x", "protection": "sink_head_freeze", "pairs": ["q"]}]}, "pair names"),
+        ({"vl_eval": {"heldout": 500}}, "held-out digits"),
+        ({"recipe": "missing.yaml"}, "not found"),
+        ({"vision": {"kind": "fresh"}}, "needs a source"),
+        ({"data": {"stage7": ["digits"]}}, "unknown key"),
+    ]:
+        cfg = {**base, "adapt": {**base["adapt"], **patch}}
+        with pytest.raises(StudyConfigError, match=needle) as err:
+            validate(cfg, path=study_files / "study.yaml", out=tmp_path)
+        assert "\n" not in str(err.value)
+    with pytest.raises(StudyConfigError, match="remove vlm"):
+        validate({**base, "pairs": [{**base["pairs"][0], "vlm": "x"}]}, path=study_files / "study.yaml", out=tmp_path)
+    with pytest.raises(StudyConfigError, match="plug-in file not found"):
+        validate({**base, "plugins": ["nope.py"]}, path=study_files / "study.yaml", out=tmp_path)
+
+
+def test_the_plan_lists_the_arms_steps_with_their_dependencies(study_files, tmp_path):
+    from experiments.runner import plan_study
+    from experiments.study import load_study
+
+    steps = {s["id"]: s for s in plan_study(load_study(study_files / "study.yaml", out=tmp_path / "out"))}
+    assert {f"p/adapt/{a}" for a in ARMS} | {"p/adapt/damp-extract", "p/vlskill/freeze", "p/eval/damp"} <= set(steps)
+    assert all(steps[f"p/adapt/{a}"]["level"] == 1 for a in ARMS)
+    assert steps["p/extract"]["after"] == ["p/adapt/control"]  # the control's VLM is the pair's VLM
+    assert steps["p/sink/base"]["after"] == []  # the base is measured without waiting for any adaptation
+    assert steps["p/vlskill/damp"]["after"] == ["p/adapt/damp"] and steps["p/eval/damp"]["after"] == ["p/adapt/damp-extract"]
+    assert not (tmp_path / "out").exists()
