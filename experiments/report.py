@@ -339,6 +339,60 @@ def rho_finding(corr: dict, task: str) -> str:
             "(a stronger sink, less loss). With few pairs one pair moves ρ a lot: read the CI.")
 
 
+def reference_results(study) -> list[dict]:
+    """The finished `build/reference/<name>` steps: real pretrained LLMs' Sink Strength (skipped ones left out)."""
+    refs = []
+    for name in (study.build or {}).get("references", []):
+        f = study.out / "steps" / "build" / "reference" / f"{name}.json"
+        res = read_json(f)["result"] if f.is_file() else None
+        if res and "sink_strength" in res:
+            refs.append(res)
+    return refs
+
+
+def miniature_sink_finding(s_base: list, refs: list[dict]) -> str:
+    """Where the miniatures' S lies, said plainly, beside the real models' S measured the same way."""
+    vals = [x for x in s_base if not _nan(x)]
+    if not vals:
+        return "No base has a defined Sink Strength."
+    lo, hi = min(vals), max(vals)
+    real = "; ".join(f"{r['name']}: S = {r['sink_strength']:+.2f} (mean sink mass {r['mean_mass']:.2f}, {r['layers']} layers)"
+                     for r in refs)
+    if hi > 0:
+        head = f"Base S spans {lo:.2f} to {hi:.2f} (span {hi - lo:.2f}); {sum(x > 0 for x in vals)} of {len(vals)} bases have S > 0."
+    else:
+        head = (f"No miniature base reaches S > 0: base S spans {lo:.2f} to {hi:.2f} (span {hi - lo:.2f}, {len(vals)} backbones). "
+                "No training recipe within the demo's budget grows a sink on the calibration prompts (docs/sinks.md); "
+                "the spread comes from lr, QK-norm and noise knobs and ranks how sharply heads attend to non-BOS keys, "
+                "not how strong a sink is (published S 0.24 to 2.36 for 7-8B bases).")
+    return head + (f" Real-scale reference, same metric and prompts: {real}." if real else "")
+
+
+def agreement_finding(corr: dict | None, s_base: list) -> str:
+    """Whether the miniature agrees with the paper (ρ > 0 in the Δ = after − before convention), and why it might not."""
+    why = ("Why the miniature may differ from the paper: its models are a few hundred thousand parameters pretrained for a few "
+           "hundred steps on generated text, its VL task is 8x8 digits, its stage 2 mixes in text-only chats, and "
+           + ("no base has a sink (S < 0 throughout), so S here measures attention sharpness rather than the sink the paper "
+              "ties to text retention." if s_base and all(not _nan(x) and x < 0 for x in s_base) else
+              "few pairs decide a rank correlation."))
+    if not corr:
+        return "Agreement with the paper cannot be judged: no correlation was computed. " + why
+    signs = []
+    for c in (corr["points"], corr["relative"]):
+        lo, hi = c["spearman_ci"]
+        signs.append("?" if _nan(lo) or _nan(hi) or lo <= 0 <= hi else "+" if lo > 0 else "-")
+    if signs == ["+", "+"]:
+        verdict = "The miniature agrees with the paper: ρ > 0 in both conventions, both CIs above 0."
+    elif "-" in signs:
+        verdict = ("The miniature disagrees with the paper: ρ < 0 with its CI below 0 in "
+                   + " and ".join(k for k, x in zip(("Δ points", "Δ/base"), signs) if x == "-") + ".")
+    elif "+" in signs:
+        verdict = "The miniature partly agrees with the paper: ρ > 0 with a CI above 0 on one convention only."
+    else:
+        verdict = "The miniature neither agrees nor disagrees with the paper: both CIs include 0."
+    return verdict + " " + why
+
+
 def _findings(summary: dict, study) -> list[str]:
     tasks = summary["tasks"]
     head = tasks[0]
@@ -353,7 +407,9 @@ def _findings(summary: dict, study) -> list[str]:
                    f"95% CI {_ci(d['delta_points_ci'], 1) or 'n/a'}, Δ/base {_f(d['delta_relative'])}, n={d['n']})"
                    + ("" if sig else "; the interval includes 0, so this study does not establish a change for this pair") + ".")
     s_base = [e["models"]["base"]["sink_strength"] for e in summary["pairs"].values()]
-    if s_base and all(not _nan(x) and x < 0 for x in s_base):
+    if study.build:
+        out.append(miniature_sink_finding(s_base, reference_results(study)))
+    elif s_base and all(not _nan(x) and x < 0 for x in s_base):
         out.append(f"Every base has S < 0 ({', '.join(_f(x, 2) for x in s_base)}): its heads put well under half their attention on "
                    "their argmax key, i.e. these models have not formed the strong attention sink the paper measures "
                    "(published S 0.24 to 2.36 for 7-8B bases).")
@@ -369,6 +425,8 @@ def _findings(summary: dict, study) -> list[str]:
         out.append(rho_finding(corr, head))
     elif summary.get("correlation_note"):
         out.append(summary["correlation_note"] + ".")
+    if study.build:
+        out.append(agreement_finding(corr, s_base))
     native = [e["degradation"][head]["delta_relative"] for e in summary["pairs"].values() if e.get("native_qk_norm")]
     plain = [e["degradation"][head]["delta_relative"] for e in summary["pairs"].values() if e.get("native_qk_norm") is False]
     if native and plain and not any(_nan(x) for x in native + plain):
@@ -387,13 +445,15 @@ def _findings(summary: dict, study) -> list[str]:
             if not _nan(r["recovery"]) and not _nan(lo) and lo > 0:
                 recovered.append(f"{p}/{name} ({r['recovery']:.2f}, CI {_ci(r['ci'], 2)})")
     if study.build:
-        acc = {b["name"]: read_json(study.out / "steps" / "build" / "vl" / f"{b['name']}.json")["result"]["heldout"]["digit_accuracy"]
+        acc = {b["name"]: read_json(study.out / "steps" / "build" / "vl" / f"{b['name']}.json")["result"]["heldout"]
                for b in study.build["backbones"]}
-        best = max(acc.values())
-        out.append("VL side: held-out digit accuracy " + ", ".join(f"{k} {v:.2f}" for k, v in acc.items()) + " (chance 0.10); "
-                   + ("the tiny VLMs read digits only slightly better than chance: their LM was fine-tuned on image chats "
-                      "(the text-side effect studied here) without becoming a capable VLM." if best < 0.3 else
-                      "the VLMs learned to read digits."))
+        worst = min(a["digit_accuracy"] for a in acc.values())
+        n = next(iter(acc.values()))["n_images"]
+        out.append(f"VL side: held-out digit accuracy ({n} images, chance 0.10) "
+                   + ", ".join(f"{k} {a['digit_accuracy']:.2f}" for k, a in acc.items()) + "; "
+                   + ("every VLM learned to read digits." if worst >= 0.3 else
+                      "some VLMs read digits at most slightly better than chance: their LM was fine-tuned on image chats "
+                      "(the text-side effect studied here) without becoming a capable VLM."))
     if not any(_lost(e["degradation"][head]) for e in summary["pairs"].values()):
         out.append(f"No pair lost {head} beyond noise, so recovery is not measurable here; the 'Δ pts vs base' column still shows "
                    "what each intervention costs or gains against the base.")
@@ -501,7 +561,7 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
             b.append(("img", rec, f"recovery per intervention on {t}, with 95% CIs"))
 
     if study.build:
-        b += _build_blocks(study)
+        b += _build_blocks(study, out)
     b += [("h", 2, "Caveats"), ("ul", [
         "lm-eval's strict graders are kept as they are: GSM8K-CoT strict-match 'The answer is (\\-?[0-9\\.\\,]+).' has an "
         "unescaped final '.', IFEval strict fails a one-line preamble that loose accepts (docs/evals.md).",
@@ -517,25 +577,75 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
     return b
 
 
-def _build_blocks(study) -> list[tuple]:
+def _knobs(bb: dict) -> str:
+    """What a trained backbone's recipe sets beyond its shape: lr, weight decay, data mix."""
+    if bb.get("kind") == "pretrained":
+        return f"pretrained: {bb['pretrained']}"
+    mix = [f"{k.replace('_share', '').replace('_rate', '')} {bb[k]:g}"
+           for k in ("backcopy_share", "retrieval_share", "noise_share", "sprinkle_rate") if bb.get(k)]
+    return f"lr {bb['lr']:g}, wd {bb['weight_decay']:g}" + (f", {', '.join(mix)}" if mix else "")
+
+
+def plot_pretrain_curves(curves: dict[str, list[dict]], out: Path) -> str | None:
+    """S against pretraining steps, one line per backbone."""
+    curves = {k: v for k, v in curves.items() if len(v) > 1}
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, pts in curves.items():
+        ax.plot([p["step"] for p in pts], [p["S"] for p in pts], marker="o", ms=3, label=name)
+    ax.axhline(0, color="grey", lw=0.7, ls="--")
+    ax.set_xlabel("pretraining step")
+    ax.set_ylabel("Sink Strength S (calibration prompts)")
+    ax.legend(fontsize=7)
+    return _save(fig, plt, out, "pretrain_sink_curves.png")
+
+
+def _build_blocks(study, out: Path) -> list[tuple]:
     steps = study.out / "steps" / "build"
-    rows = []
+    rows, curves = [], {}
     for bb in study.build["backbones"]:
         pre = read_json(steps / "pretrain" / f"{bb['name']}.json")["result"]
         vl = read_json(steps / "vl" / f"{bb['name']}.json")["result"]
-        rows.append([bb["name"], bb["family"], f"{bb['num_hidden_layers']}x{bb['hidden_size']}", pre["params"], pre["steps"], pre["tokens"],
-                     _f(pre["final_loss"]), _f(vl["stages"]["stage1"]["final_loss"]), _f(vl["stages"]["stage2"]["final_loss"]),
-                     _f(vl["heldout"]["digit_accuracy"]), _f(vl["heldout"]["answer_ppl"], 2)])
+        curve = pre.get("sink_curve") or []
+        curves[bb["name"]] = curve
+        shape = (f"{bb['num_hidden_layers']}x{bb['hidden_size']}, {bb['num_attention_heads']} heads"
+                 if bb.get("kind") != "pretrained" else "")
+        rows.append([bb["name"], bb.get("family", bb.get("pretrained")), "native" if bb["native_qk_norm"] else "none", shape,
+                     _knobs(bb), pre.get("params"), pre.get("steps", "-"),
+                     " → ".join(_f(curve[i]["S"], 2) for i in (0, -1)) if len(curve) > 1 else "-",
+                     _f(pre.get("final_loss")), _f(vl["stages"]["stage1"]["final_loss"]), _f(vl["stages"]["stage2"]["final_loss"]),
+                     sum(vl.get("n_text_chats", {}).values()), _f(vl["heldout"]["digit_accuracy"]), _f(vl["heldout"]["answer_ppl"], 2)])
     corpus = read_json(steps / "corpus.json")["result"]
-    return [("h", 2, "How the miniature pairs were built"),
-            ("p", f"Corpus: {corpus['train_records']} procedurally generated records ({corpus['kinds']['chat']} chats with strict-format "
-                  f"instructions, arithmetic and plain requests; {corpus['kinds']['plain']} plain stories); held-out evals: "
-                  f"{corpus['heldout_ifeval']} IFEval-schema prompts and {corpus['heldout_gsm']} GSM-schema problems on entities the "
-                  "corpus never shows. Tokenizer: byte-level BPE trained on the corpus. VL adaptation: LLaVA "
-                  "(LlavaForConditionalGeneration, tiny CLIP tower frozen at random init) on scikit-learn's 8x8 digits, "
-                  "stage 1 projector, stage 2 projector+LM, loss on answers only."),
-            ("table", ["backbone", "family", "layers x d", "params", "pretrain steps", "tokens", "pretrain loss", "VL stage-1 loss",
-                       "VL stage-2 loss", "held-out digit acc.", "answer ppl"], rows)]
+    vl_cfg = study.build["vl"]
+    b = [("h", 2, "How the miniature pairs were built"),
+         ("p", f"Corpus: {corpus['train_records']} procedurally generated records ({corpus['kinds']['chat']} chats with strict-format "
+               f"instructions, arithmetic and plain requests; {corpus['kinds']['plain']} plain stories); held-out evals: "
+               f"{corpus['heldout_ifeval']} IFEval-schema prompts and {corpus['heldout_gsm']} GSM-schema problems on entities the "
+               "corpus never shows. Tokenizer: byte-level BPE trained on the corpus. Every backbone is a config entry (a "
+               "sinkgrow recipe: family, shape, steps, lr, weight decay, data mix; docs/sinks.md) pretrained from scratch on that "
+               "corpus through the engine's text path. VL adaptation through the engine: LLaVA "
+               "(LlavaForConditionalGeneration, tiny CLIP tower frozen at random init) on scikit-learn's 8x8 digits, "
+               f"stage 1 projector ({vl_cfg['stage1']['steps']} steps), stage 2 projector+LM ({vl_cfg['stage2']['steps']} steps, "
+               f"{vl_cfg['stage2'].get('text_share', 0):.0%} of its examples text-only chats from the pretraining corpus, as "
+               "LLaVA-665K mixes ShareGPT text into its stage 2), loss on answers only. Held-out digit accuracy: the most "
+               f"likely of the ten answers 'It is a d.' on {vl_cfg['heldout_images']} unseen images (chance 0.10)."),
+         ("table", ["backbone", "family", "QK-norm", "shape", "knobs", "params", "pretrain steps", "S step 0 → end", "pretrain loss",
+                    "VL stage-1 loss", "VL stage-2 loss", "text chats in VL", "held-out digit acc.", "answer ppl"], rows)]
+    plot = plot_pretrain_curves(curves, out)
+    if plot:
+        b.append(("img", plot, "Sink Strength of each backbone against pretraining steps"))
+    refs = reference_results(study)
+    if refs:
+        b += [("h", 2, "Real-scale reference"),
+              ("table", ["model", "source", "QK-norm", "layers", "S", "mean sink mass"],
+               [[r["name"], r["source"], "native" if r["native_qk_norm"] else "none", r["layers"], _f(r["sink_strength"]),
+                 _f(r["mean_mass"])] for r in refs]),
+              ("p", "The same Sink Strength (metric, prompts, layers) as the miniatures' S, on a real pretrained LLM: what a "
+                    "formed attention sink reads as on this scale. A reference, not a pair (it is not adapted in `make demo`; "
+                    "`make demo-real` adapts it).")]
+    return b
 
 
 def write_report(study, summary: dict) -> Path:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 from experiments.schema import StudyConfigError, deep_merge
@@ -259,7 +258,7 @@ def run_build(runner, build: dict) -> dict[str, str]:
         if b["kind"] == "pretrained":
             from experiments.demo.real import identity
 
-            runner.run(f"build/pretrain/{b['name']}", {"backbone": identity(b["pretrained"])},
+            runner.run(f"build/pretrain/{b['name']}", {"backbone": identity(b["pretrained"]), "code": _code("experiments/demo/real.py")},
                        lambda b=b, base=base: link_pretrained(b["pretrained"], base), outputs=base)
         else:
             spec = {"backbone": b, "curve_every": build["pretrain"]["curve_every"], "code": train_code}
@@ -336,29 +335,21 @@ def pretrain_step(data: Path, models: Path, backbone: dict, out: Path, curve_eve
 
 
 def link_pretrained(name: str, out: Path) -> dict:
-    """A pretrained backbone: `out` becomes a link to its converted checkpoint in the user's cache."""
+    """A pretrained backbone: `out` holds its converted checkpoint (weights linked from the user's cache)
+    with a chat template (`experiments.demo.real.chat_checkpoint`)."""
     from experiments.demo import real
     from sinkstudy.provenance import model_fingerprint
 
-    target = real.checkpoint(name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.link-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    os.symlink(target, tmp)
-    if out.is_dir() and not out.is_symlink():
-        from sinkstudy.io import remove_tree
-
-        remove_tree(out, within=out.parent)
-    os.replace(tmp, out)
-    return {"pretrained": name, "source": real.source(name), "checkpoint": str(target), "path": str(out),
+    real.chat_checkpoint(name, out)
+    return {"pretrained": name, "source": real.source(name), "checkpoint": str(real.checkpoint(name)), "path": str(out),
             "params": _count_params(out), "fingerprint": model_fingerprint(out)}
 
 
 def _count_params(path: Path) -> int:
-    from sinkstudy.checkpoint import read_header, weight_files
+    from sinkstudy.checkpoint import weight_files
 
     files = weight_files(path)
-    return sum(math.prod(t.shape) for f in files.files for t in read_header(f).values()) if files else 0
+    return sum(math.prod(t.shape) for t in files.tensors.values()) if files else 0
 
 
 def reference_step(name: str, sink: dict, progress: bool) -> dict:

