@@ -54,12 +54,12 @@ def execute_plan(study, *, jobs: int, force: bool = False, progress: bool = True
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    from experiments.runner import StepClock, plan_study
+    from experiments.runner import StepClock, plan_study, step_priors
 
     steps = plan_study(study)
     order = [s["id"] for s in steps]
     waiting = {s["id"]: set(s["after"]) for s in steps}
-    clock = StepClock(order, jobs=jobs, out=study.out) if progress else None
+    clock = StepClock(order, jobs=jobs, priors=step_priors(study)) if progress else None
     log_dir = Path(study.out) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log: list[dict] = []

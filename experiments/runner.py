@@ -310,7 +310,7 @@ def run_study(study, *, force: bool = False, progress: bool = True) -> dict:
     _check_backend(study)
     t0 = time.perf_counter()
     with output_lock(study.out):  # a second run into the same directory fails at once
-        clock = StepClock([s["id"] for s in plan_study(study)], out=study.out) if progress else None
+        clock = StepClock([s["id"] for s in plan_study(study)], priors=step_priors(study)) if progress else None
         res = collect_study(study, force=force, progress=progress, clock=clock)
     return {**res, "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -338,14 +338,17 @@ class StepClock:
     """Progress of a run, one line per finished step: `[done/total] elapsed, ~left | step time`.
 
     The time left is an estimate: each unfinished step is expected to take the mean of the steps of
-    its stage (pretrain, vl, eval, ...) that ran in this run, or, for a stage none has run in yet, the
-    mean over stages seen so far; divided by the number of parallel jobs. Reused steps count as done."""
+    its stage (pretrain, vl, eval, ...) that ran in this run; for a stage none has run in yet, its
+    `priors` entry (typical seconds per step) scaled by how this run's measured steps compare with
+    their priors, or without one the mean over stages seen so far; all divided by the number of
+    parallel jobs. Reused steps count as done."""
 
-    def __init__(self, step_ids: Sequence[str], *, jobs: int = 1, out: Path | None = None, stream=None):
+    def __init__(self, step_ids: Sequence[str], *, jobs: int = 1, priors: dict[str, float] | None = None, stream=None):
         import sys
 
         self.left_ids = dict.fromkeys(step_ids)
         self.total, self.done, self.jobs = len(self.left_ids), 0, max(1, jobs)
+        self.priors = dict(priors or {})
         self.by_stage: dict[str, list[float]] = {}
         self.stream = stream or sys.stdout
         self.t0 = time.perf_counter()
@@ -360,7 +363,15 @@ class StepClock:
         if not means:
             return None
         fallback = sum(means.values()) / len(means)
-        return sum(means.get(self.stage(i), fallback) for i in self.left_ids) / self.jobs
+        known = [(sum(v), self.priors[k] * len(v)) for k, v in self.by_stage.items() if self.priors.get(k)]
+        speed = sum(m for m, _ in known) / sum(p for _, p in known) if known else 1.0
+
+        def expected(stage: str) -> float:
+            if stage in means:
+                return means[stage]
+            return self.priors[stage] * speed if stage in self.priors else fallback
+
+        return sum(expected(self.stage(i)) for i in self.left_ids) / self.jobs
 
     def tick(self, step_id: str, seconds: float, reused: bool) -> str:
         self.left_ids.pop(step_id, None)
@@ -373,6 +384,15 @@ class StepClock:
                 + ("reused" if reused else f"{seconds:.1f}s"))
         print(line, file=self.stream, flush=True)
         return line
+
+
+def step_priors(study) -> dict[str, float]:
+    """Typical seconds per step of each stage for the progress estimate (the demo's build knows its own)."""
+    if study.build is None:
+        return {}
+    from experiments.demo.build import STAGE_SECONDS
+
+    return STAGE_SECONDS
 
 
 def _clock(seconds: float) -> str:

