@@ -355,21 +355,27 @@ class StepClock:
 
     @staticmethod
     def stage(step_id: str) -> str:
+        """The step's stage; intervention steps per intervention (a merge takes a second, a VL re-training a minute)."""
         parts = step_id.split("/")
+        if len(parts) > 2 and parts[1] == "intervene":
+            return "/".join(parts[1:3])
         return parts[1] if len(parts) > 1 else parts[0]
+
+    def prior(self, stage: str) -> float | None:
+        return self.priors.get(stage) or self.priors.get(stage.split("/")[0])
 
     def estimate_left(self) -> float | None:
         means = {k: sum(v) / len(v) for k, v in self.by_stage.items()}
         if not means:
             return None
         fallback = sum(means.values()) / len(means)
-        known = [(sum(v), self.priors[k] * len(v)) for k, v in self.by_stage.items() if self.priors.get(k)]
+        known = [(sum(v), self.prior(k) * len(v)) for k, v in self.by_stage.items() if self.prior(k)]
         speed = sum(m for m, _ in known) / sum(p for _, p in known) if known else 1.0
 
         def expected(stage: str) -> float:
             if stage in means:
                 return means[stage]
-            return self.priors[stage] * speed if stage in self.priors else fallback
+            return self.prior(stage) * speed if self.prior(stage) else fallback
 
         return sum(expected(self.stage(i)) for i in self.left_ids) / self.jobs
 

@@ -153,6 +153,35 @@ def test_step_clock_prints_elapsed_and_an_estimate_from_the_stage_means():
                       stream=io.StringIO())
     clock.tick("build/pretrain/a", 100.0, reused=False)  # twice as slow as typical
     assert clock.estimate_left() == pytest.approx(2 * (30.0 + 4.0))
+    # Interventions are timed per intervention (a merge vs a VL re-training), with the stage's prior as fallback.
+    clock = StepClock(["a/intervene/ties", "a/intervene/qknorm-vl"], priors={"intervene": 1.0, "intervene/qknorm-vl": 30.0},
+                      stream=io.StringIO())
+    assert clock.stage("a/intervene/qknorm-vl") == "intervene/qknorm-vl" and clock.stage("a/eval/base") == "eval"
+    clock.tick("a/intervene/ties", 1.0, reused=False)
+    assert clock.estimate_left() == pytest.approx(30.0)
+
+
+def test_round_trip_tolerance_scales_with_logit_size(tokenizer):
+    """The engine's logits round trip (the seam demo-real needed): fp32-size differences pass at any logit
+    scale, a real difference fails."""
+    import copy
+
+    import torch
+
+    from interventions.adapt.build import check_round_trip
+    from sinkstudy import SinkstudyError
+    from sinkstudy.tiny import tiny_causal_lm
+
+    base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).eval()
+    with torch.no_grad():
+        base.lm_head.weight.mul_(1e4)  # logits in the thousands
+        other = copy.deepcopy(base)
+        other.lm_head.weight.mul_(1 + 1e-7)  # fp32-rounding-size relative change: above 1e-5 absolute
+    assert check_round_trip(other, base, tokenizer) > 1e-5  # would have failed an absolute 1e-5
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1 + 1e-3)
+    with pytest.raises(SinkstudyError, match="round trip failed"):
+        check_round_trip(other, base, tokenizer)
 
 
 @pytest.mark.real

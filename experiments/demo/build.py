@@ -64,7 +64,7 @@ QUICK_BACKBONES = 3
 # 2026-12-03, `make demo`): the progress line's estimate of the time left before a stage has run a step
 # in this run (experiments.runner.StepClock scales them by how fast this run's finished steps went).
 STAGE_SECONDS = {"corpus": 0.1, "tokenizer": 1.5, "reference": 15.0, "pretrain": 55.0, "vl": 32.0, "extract": 0.3,
-                 "sink": 0.3, "eval": 4.0, "intervene": 6.0}
+                 "sink": 0.3, "eval": 4.0, "intervene": 0.5, "intervene/qknorm": 8.0, "intervene/qknorm-vl": 35.0}
 QUICK_BACKBONE = {"hidden_size": 64, "num_hidden_layers": 2, "steps": 30, "batch_size": 8, "seq_len": 128}
 QUICK_QKNORM_STEPS = 10
 
