@@ -10,6 +10,12 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         || { echo "installing .whl/ into $GPU_SITE failed (rebuild it with scripts/gpu_wheels.sh)" >&2; exit 2; }
     export PYTHONPATH="$PWD:$GPU_SITE${PYTHONPATH:+:$PYTHONPATH}"
     PYTHON=${PYTHON:-python3}
+    # The machine's own packages were trusted unread (gpu_wheels.sh prints what each must satisfy):
+    # name every requirement of a carried wheel they miss, so a later import error has its cause above it.
+    carried=$(for w in .whl/*.whl; do w=${w##*/}; echo "${w%%-*}"; done | tr 'A-Z_.' 'a-z--' | sort -u)
+    { python3 -m pip check 2>/dev/null || true; } | while read -r dist rest; do  # (sourced under set -e -o pipefail)
+        if grep -qx "$(echo "$dist" | tr 'A-Z_.' 'a-z--')" <<< "$carried"; then echo "gpu_site: $dist $rest" >&2; fi
+    done
 else
     GPU_WHEELS=0
 fi

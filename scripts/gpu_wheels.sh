@@ -156,7 +156,9 @@ for name, item in sorted(resolved.items()):
     if NEVER.match(name):
         kept.append(f"{name} (the machine's {there or 'own'})")
     elif name in DEVICE_PACKAGES and (there is None or Version(there) in needs.get(name, SpecifierSet())):
-        kept.append(f"{name} (the machine's {there or 'own'})")
+        # a version not read there is trusted: say what it must satisfy, for when an import fails there
+        unchecked = f"; must be {needs[name]}" if there is None and str(needs.get(name, "")) else ""
+        kept.append(f"{name} (the machine's {there or 'own'}{unchecked})")
     elif name in DEVICE_PACKAGES:
         carry.append((name, version, f"the machine has {there}, needs {needs[name]}"))
     else:

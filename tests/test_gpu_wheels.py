@@ -12,14 +12,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _wheel(dest: Path, name: str = "gpu_site_probe", version: str = "1.0") -> Path:
+def _wheel(dest: Path, name: str = "gpu_site_probe", version: str = "1.0", requires: str = "") -> Path:
     """A minimal pure-Python wheel holding module `name` (VALUE = 42)."""
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / f"{name}-{version}-py3-none-any.whl"
     info = f"{name}-{version}.dist-info"
+    needs = f"Requires-Dist: {requires}\n" if requires else ""
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(f"{name}.py", "VALUE = 42\n")
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{needs}")
         z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(f"{info}/RECORD", "")
     return path
@@ -57,6 +58,19 @@ def test_wheels_are_installed_without_an_index_and_put_on_the_path(tmp_path):
     assert flags == f"1|python3|{root}:{tmp_path / 'site'}"
     assert probe == "42"  # importable by the machine's python3 through the PYTHONPATH gpu_site.sh exports
     assert (tmp_path / "site" / "gpu_site_probe.py").is_file()
+
+
+def test_a_requirement_the_machine_misses_is_named(tmp_path):
+    """A carried wheel's requirement that the machine's packages do not meet is named before any
+    check runs (gpu_wheels.sh trusts versions it could not read there)."""
+    root, env = _checkout(tmp_path, wheels=True)
+    _wheel(root / ".whl", "gpu_site_needy", requires="no-such-dist-xyz>=1")
+    # as the scripts source it: under set -euo pipefail, where pip check's exit status 1 must not stop them
+    r = subprocess.run(["bash", "-c", "set -euo pipefail; source scripts/gpu_site.sh; echo sourced"], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["sourced"], r.stderr
+    named = [line for line in r.stderr.splitlines() if line.startswith("gpu_site: ")]
+    assert named == ["gpu_site: gpu-site-needy 1.0 requires no-such-dist-xyz, which is not installed."], r.stderr
 
 
 def test_without_wheels_nothing_changes(tmp_path):
