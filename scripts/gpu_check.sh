@@ -27,9 +27,9 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_site.sh
 SMOKE=${GPU_CHECK_SMOKE:-0}
 OUT=${1:-runs/gpu_check}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: "$PWD/$OUT" below must not nest /tmp/... in the checkout
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-export SINKSTUDY_CACHE="$PWD/$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export SINKSTUDY_CACHE="$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 ROWS="$OUT/rows.tsv"
 printf 'check\tstatus\tfigures\tseconds\n' > "$ROWS"
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$ROWS"; }
