@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from experiments import argtypes
 
-DEFAULT_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"  # evals.lmeval.DEFAULT_TASKS, kept here so --help stays light
+# The shipped offline task sets (evals.tasks.SHIPPED_TASKS, kept here so --help stays light): a run with no
+# --tasks never needs the hub. The paper's hub tasks are opt-in.
+DEFAULT_TASKS = "sinkstudy_ifeval,sinkstudy_gsm"
+PAPER_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="strict-grader evals of a model through lm-eval (cached per task)",
-                              description="Evaluate MODEL (local path or hub id) on lm-eval tasks. Offline, use the "
-                              "shipped task sets sinkstudy_ifeval,sinkstudy_gsm or --data TASK=FILE.")
+                              description="Evaluate MODEL (local path or hub id) on lm-eval tasks: by default the shipped "
+                              f"offline task sets {DEFAULT_TASKS}; lm-eval's own tasks (e.g. the paper's {PAPER_TASKS}) "
+                              "need the hub, or --data TASK=FILE.")
     p.add_argument("model", help="checkpoint path or hub id")
-    p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS})")
+    p.add_argument("--tasks", default=DEFAULT_TASKS,
+                   help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS}, offline; hub tasks are opt-in)")
     add_eval_args(p)
     p.add_argument("--tokenizer", default=None, help="tokenizer path/id when it is not beside the model")
     p.add_argument("--out", default=None, help="write the run (results.json + samples/) here")
@@ -74,6 +79,25 @@ def eval_kwargs(args) -> dict:
             "backend_args": parse_kwargs(args.backend_args, "--backend-args"), **protocol_kwargs(args)}
 
 
+def check_hub_tasks(tasks, data_files=None) -> None:
+    """Tasks whose data comes from the hub (lm-eval's own, without a local --data file) fail at once,
+    in one line, when the hub is unreachable (`sinkstudy.hub`), not after the libraries' retries.
+    Unknown names are refused first, as such."""
+    from evals.lmeval import check_task_names
+    from evals.tasks import SHIPPED_TASKS, parse_data_files
+    from sinkstudy import SinkstudyError
+    from sinkstudy.hub import hub_unreachable
+
+    local = parse_data_files(data_files)
+    remote = [t for t in check_task_names(tasks) if t not in SHIPPED_TASKS and t not in local]
+    if remote:
+        reason = hub_unreachable()
+        if reason:
+            raise SinkstudyError(f"task(s) {', '.join(remote)} load their data from the Hugging Face hub, which is unreachable "
+                                 f"({reason}); use the offline tasks {', '.join(SHIPPED_TASKS)} (the default) "
+                                 "or give a local file with --data TASK=FILE")
+
+
 def add_protocol_args(p) -> None:
     """The eval-protocol flags every evaluating command shares (`evals.protocol` says where each goes);
     each command has its own --batch-size (type `argtypes.batch_size`)."""
@@ -104,10 +128,12 @@ def _eval(args) -> int:
     from evals.lmeval import run_eval
     from experiments.loaders import load_model
 
+    kwargs = eval_kwargs(args)
+    check_hub_tasks(args.tasks, kwargs["data_files"])
     run = run_eval(
         args.model, args.tokenizer, tasks=args.tasks, out_dir=args.out, force=args.force, cache_dir=args.cache_dir,
         use_cache=not args.no_cache, device=args.device, dtype=args.dtype, seed=args.seed, loader=load_model,
-        **eval_kwargs(args),
+        **kwargs,
     )
     if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
         return 0

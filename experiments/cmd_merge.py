@@ -74,6 +74,9 @@ def eval_args(p) -> None:
     add_protocol_args(p)
     p.add_argument("--n-boot", type=argtypes.n_boot, default=2000, help="bootstrap replicates for recovery CIs (>= 1)")
     p.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="dtype the measured models are loaded in (default float32)")
+    p.add_argument("--device", default=None, help="device the measured models run on (default cpu), e.g. cuda")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -132,7 +135,7 @@ class Measure:
         a = self.args
         return {"tokenizer": tokenizer_fingerprint(self.tokenizer), "tasks": self.tasks, "limit": a.limit,
                 "batch_size": a.batch_size, "max_gen_toks": a.max_gen_toks, "protocol": self.protocol, "n_boot": a.n_boot,
-                "seed": a.seed,
+                "seed": a.seed, "dtype": a.dtype, "device": _device_type(a.device),
                 "captions": digest(self.captions) if self.captions else None,
                 "code": [sink_code_version(), eval_code_version(), code_version(__file__)]}
 
@@ -140,7 +143,7 @@ class Measure:
         from sinkstudy.provenance import model_fingerprint
 
         ident = self.identity
-        return digest({"model": model_fingerprint(path), **{k: ident[k] for k in ("tokenizer", "captions", "code")}})
+        return digest({"model": model_fingerprint(path), **{k: ident[k] for k in ("tokenizer", "captions", "code", "dtype", "device")}})
 
     def measure(self, path, out: Path | None) -> dict[str, Any]:
         """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out` by key."""
@@ -158,7 +161,7 @@ class Measure:
         # force: the eval dir is a keyed measurement, replaced when the key changes (lm-eval results are cached by key)
         run = run_eval(path, self.tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
                        max_gen_toks=self.args.max_gen_toks or None, out_dir=out / "eval" if out else None, force=True,
-                       seed=self.args.seed, loader=load_model, **self.protocol)
+                       seed=self.args.seed, device=self.args.device, dtype=self.args.dtype, loader=load_model, **self.protocol)
         return {**sink, "run": run}
 
     def _sink(self, path) -> dict[str, Any]:
@@ -167,7 +170,7 @@ class Measure:
         from evals.sink import sink_strength
         from interventions.pairs import load_causal_lm
 
-        model, _ = load_causal_lm(path, dtype=torch.float32)
+        model, _ = load_causal_lm(path, dtype=getattr(torch, self.args.dtype), device=self.args.device or "cpu")
         s = sink_strength(model, self.tokenizer, progress=False)
         nll = caption_nll(model, self.tokenizer, self.captions) if self.captions else None
         return {"sink_strength": s.value, "sink_metric": s.metric, "caption_nll": nll, "captions": self.args.captions}
@@ -211,6 +214,11 @@ def reusable_json(path: Path | None, key: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("key") == key else None
 
 
+def _device_type(device: str | None) -> str:
+    """What of a device changes numbers: its type (cuda:0 and cuda:1 give the same results)."""
+    return str(device or "cpu").split(":")[0]
+
+
 def _finite(x):
     import math
 
@@ -239,7 +247,7 @@ def caption_nll(model, tokenizer, captions: list[str]) -> float:
     total, count = 0.0, 0
     with torch.no_grad():
         for text in captions:
-            ids = tokenizer(text, return_tensors="pt").input_ids
+            ids = tokenizer(text, return_tensors="pt").input_ids.to(model.device)
             if ids.shape[1] < 2:
                 continue
             loss = model(input_ids=ids, labels=ids).loss
@@ -288,12 +296,11 @@ def _measure_and_write(out: Path, args) -> dict[str, Any]:
 
 def check_measure_args(args) -> None:
     """The measurement's inputs (protocol flags, task names, captions file), checked before any intervention runs."""
-    from evals.lmeval import check_task_names
-    from experiments.cmd_eval import protocol_kwargs
+    from experiments.cmd_eval import check_hub_tasks, protocol_kwargs
 
     protocol_kwargs(args)
     if getattr(args, "eval", True):
-        check_task_names(args.tasks)
+        check_hub_tasks(args.tasks)  # unknown names first, then hub tasks with the hub unreachable
         if args.captions:
             _read_captions(args.captions)
 

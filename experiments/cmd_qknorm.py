@@ -74,9 +74,11 @@ def _validate(args) -> None:
 
     if args.train_steps < 0:
         raise SinkstudyError(f"--train-steps must be >= 0, got {args.train_steps}")
-    from experiments.cmd_eval import eval_kwargs
+    from experiments.cmd_eval import check_hub_tasks, eval_kwargs
 
-    eval_kwargs(args)  # bad eval flags fail before any training
+    kwargs = eval_kwargs(args)  # bad eval flags fail before any training
+    if not args.no_eval:
+        check_hub_tasks(args.tasks, kwargs["data_files"])
     if args.backend == "vllm" and not args.adapt:
         raise SinkstudyError("--backend vllm evaluates checkpoints on disk: only the --adapt arms are; drop it here")
     if not 0.0 <= args.alpha <= 1.0:

@@ -25,6 +25,7 @@ def register(subparsers) -> None:
 
     add_plugin_option(p)
     _common(p)
+    _eval_overrides(p)
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
@@ -35,9 +36,9 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (models, tasks, merges, disk, GPU memory) offline")
-    p.add_argument("--limit", type=float, default=None, help="evaluate only N prompts per task (allows a run without CUDA)")
     p.add_argument("--config", default=str(PAPER_CONFIG), help="study YAML (default: %(default)s)")
     _common(p)
+    _eval_overrides(p, limit_help="evaluate only N prompts per task (allows a run without CUDA)")
     p.set_defaults(func=cmd_paper)
 
 
@@ -45,6 +46,30 @@ def _common(p, default_out: str | None = None) -> None:
     p.add_argument("--out", default=default_out, help=f"output dir (default: {default_out or 'the config’s `out`'})")
     p.add_argument("--force", action="store_true", help="re-run every step instead of reusing finished ones")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _eval_overrides(p, limit_help: str = "evaluate only N prompts per task (a fraction < 1: that share)") -> None:
+    """The config's eval and model settings, overridden from the command line (`make ... LIMIT= TASKS= DEVICE= DTYPE=`)."""
+    from experiments.argtypes import limit
+
+    g = p.add_argument_group("overrides of the config's evals and model settings")
+    g.add_argument("--limit", type=limit, default=None, help=limit_help)
+    g.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks instead of the config's evals.tasks")
+    g.add_argument("--device", default=None, help="device the models run on instead of the config's model.device, e.g. cuda")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="instead of the config's model.dtype")
+
+
+def _overrides(args) -> dict | None:
+    """The config overrides of `_eval_overrides`' flags (None: none given)."""
+    evals = {k: v for k, v in (("limit", args.limit), ("tasks", args.tasks)) if v is not None}
+    model = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    return {k: v for k, v in (("evals", evals), ("model", model)) if v} or None
+
+
+def _check_hub(study) -> None:
+    from experiments.cmd_eval import check_hub_tasks
+
+    check_hub_tasks(study.evals["tasks"], study.evals.get("data_files"))
 
 
 def _run(study, args) -> int:
@@ -66,13 +91,16 @@ def cmd_run(args) -> int:
     from experiments.study import load_study
 
     load_plugin_options(args)  # before the config: its interventions and arms may name a plug-in's
-    study = load_study(args.config, out=args.out)
+    study = load_study(args.config, out=args.out, overrides=_overrides(args))
     command = ("sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
-               + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin))
+               + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin)
+               + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
+                         if (v := getattr(args, k)) is not None))
     if args.plan:
         steps = plan_study(study, command)
         print(json.dumps(steps, indent=1) if args.plan == "json" else format_steps(steps, study, command))
         return 0
+    _check_hub(study)
     if args.step:
         done = run_step(study, args.step, force=args.force, progress=not args.quiet, command=command)
         print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
@@ -100,10 +128,10 @@ def cmd_paper(args) -> int:
     from experiments.paper import check_can_run, format_plan, plan
     from experiments.study import load_study
 
-    overrides = {"evals": {"limit": args.limit}} if args.limit is not None else None
-    study = load_study(args.config, out=args.out, overrides=overrides)
+    study = load_study(args.config, out=args.out, overrides=_overrides(args))
     if args.dry_run:
         print(format_plan(plan(study)))
         return 0
     check_can_run(study, args.limit)
+    _check_hub(study)
     return _run(study, args)
