@@ -51,6 +51,9 @@ PROTECT_CONFIG ?= experiments/configs/protect.yaml
 PROTECTION = $(if $(filter head_restore,$(NAME)),sink_head_qk_projection,$(NAME))
 PARAMS ?=
 PLUGIN ?=
+# make merge-sweep: another sweep file (default experiments/configs/merge_sweep.yaml, 9 points), at most N points.
+SWEEP ?=
+MAX_POINTS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install test demo bench bench-extract bench-adapt real-model sink eval compare pair-extract pair-diff qknorm \
@@ -139,8 +142,9 @@ merge-ties: $(STAMP) ## TIES merge of BASE and VLM's LM via mergekit, then sink 
 merge-dare: $(STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-merge-sweep: $(STAMP) ## weight/density grid from CONFIG's merge sweep, with recovery CIs and Pareto plot
-	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+merge-sweep: $(STAMP) ## 9-point merge grid (SWEEP=experiments/configs/merge_sweep_full.yaml: 63; MAX_POINTS=N: an even spread) + recovery CIs, Pareto
+	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(SWEEP),--config $(SWEEP)) $(if $(MAX_POINTS),--max-points $(MAX_POINTS)) \
+		$(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 mitigate: $(STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
 	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)

@@ -107,6 +107,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 class Measure:
     """Sink Strength + strict evals of checkpoints against the base and the VLM LM (measured once).
 
+    The references are measured on first use of `ref` (a sweep plans before it measures).
     All models are evaluated with the base's tokenizer (the extracted LM shares its vocabulary),
     so prompts are identical and results pair on doc_id. A measurement stored in a directory
     (`sink.json`, `eval/`) is reused only when its key matches: the measured model's fingerprint,
@@ -122,8 +123,13 @@ class Measure:
         self.tasks = [t for t in args.tasks.split(",") if t]
         self.captions = _read_captions(args.captions) if args.captions else None
         self.tokenizer = load_tokenizer(self.base)
-        self.ref = {name: self.measure(path, ref_dir / name if ref_dir else None)
-                    for name, path in (("base", base), ("vlm", vlm_lm))}
+        self.ref_dir = ref_dir
+
+    @functools.cached_property
+    def ref(self) -> dict[str, dict[str, Any]]:
+        """The base's and the VLM LM's measurements, made (or reused from `ref_dir`) on first use."""
+        return {name: self.measure(path, self.ref_dir / name if self.ref_dir else None)
+                for name, path in (("base", self.base), ("vlm", self.vlm_lm))}
 
     @functools.cached_property
     def identity(self) -> dict[str, Any]:
