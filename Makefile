@@ -78,8 +78,8 @@ test: $(STAMP) ## run the whole test suite (tiny models, offline)
 demo: $(STAMP) ## run the embedded miniature study end to end; report in runs/demo/report.md
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --out $(RUN) $(ARGS)
 
-bench: $(STAMP) ## fast sink pass vs eager output_attentions: time and peak memory ratios
-	$(PY) -m evals.sink.bench $(ARGS)
+bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
+	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
 
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
 	$(PY) -m interventions.pairs.bench $(ARGS)
