@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from experiments import argtypes
+from experiments.summary import Summary, cmd
 
 # The shipped offline task sets (evals.tasks.SHIPPED_TASKS, kept here so --help stays light): a run with no
 # --tasks never needs the hub. The paper's hub tasks are opt-in.
@@ -124,7 +127,7 @@ def protocol_kwargs(args) -> dict:
             "confirm_run_unsafe_code": args.confirm_run_unsafe_code}
 
 
-def _eval(args) -> int:
+def _eval(args) -> Summary | int:
     from evals.lmeval import run_eval
     from experiments.loaders import load_model
 
@@ -140,10 +143,28 @@ def _eval(args) -> int:
     print(run.summary())
     if args.out:
         print(f"eval run written to {args.out}")
-    return 0
+    keep = args.out or f"runs/eval/{Path(str(args.model).rstrip('/')).name or 'model'}"
+    return Summary("eval", f"{args.model}: {headline(run)}" + (f" (first {args.limit} prompts per task)" if args.limit else ""),
+                   outputs=[args.out] if args.out else [],
+                   next=([] if args.out else [cmd("sinkstudy", "eval", args.model, "--tasks", args.tasks, "--out", keep)])
+                   + [cmd("sinkstudy", "compare", "OTHER_RUN", keep)])
 
 
-def _compare(args) -> int:
+def headline(run) -> str:
+    """Each requested task's headline score (the paper's metric where the task has one), in one line."""
+    from evals.lmeval import HEADLINE_METRICS
+
+    parts = []
+    for task in run.tasks:
+        metrics = run.metrics(task) if task in run.scores else []
+        if metrics:
+            metric = HEADLINE_METRICS[task] if HEADLINE_METRICS.get(task) in metrics else metrics[0]
+            value = run.scores[task][metric]
+            parts.append(f"{task} {metric.split(',')[0]} {value:.4f}" if isinstance(value, float) else f"{task} {metric} {value}")
+    return "; ".join(parts) or "no scores"
+
+
+def _compare(args) -> Summary | int:
     from evals.lmeval import EvalRun
     from evals.stats import compare_runs, format_table
     from sinkstudy.io import write_json_atomic
@@ -174,7 +195,13 @@ def _compare(args) -> int:
                                       "published": published,
                                       "provenance": provenance(model_fingerprints={args.run_a: a.fingerprint, args.run_b: b.fingerprint},
                                                                seeds={"bootstrap": args.seed})})
-    return 0
+    first = comps[0] if comps else None
+    result = (f"{first.task} {str(first.metric).split(',')[0]}: Δ = B − A = {first.delta_points:+.1f} points "
+              f"[{first.delta_points_ci[0]:+.1f}, {first.delta_points_ci[1]:+.1f}], n = {first.n}"
+              + (f" (+ {len(comps) - 1} more rows above)" if len(comps) > 1 else "") if first else "nothing to compare")
+    return Summary("compare", result, outputs=[args.json] if args.json else [],
+                   next=[] if args.published else [cmd("sinkstudy", "compare", args.run_a, args.run_b, "--published", "--sink-json",
+                                                       "BASE_SINK_JSON")])
 
 
 PUBLISHED_METRIC = "prompt_level_strict_acc,none"  # the paper's headline: IFEval prompt-level strict

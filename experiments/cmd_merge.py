@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import argtypes
+from experiments.summary import Summary, cmd, existing
 
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 # CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
@@ -330,7 +331,7 @@ def default_out(base: str, vlm: str, name: str, kind: str = "interventions") -> 
     return Path("runs") / kind / pair / slugify(name)
 
 
-def run_merge(args) -> int:
+def run_merge(args) -> Summary | int:
     from interventions.registry import apply_intervention, execution_options, validate_intervention
     from sinkstudy.io import output_lock
 
@@ -354,12 +355,11 @@ def run_merge(args) -> int:
         out = apply_intervention(args.method, args.base, args.vlm, params, out, seed=args.seed, force=args.force,
                                  mergekit_options=options)
         print(f"wrote {out}")
-        if args.eval:
-            _measure_and_write(out, args)
-    return 0
+        measured = _measure_and_write(out, args) if args.eval else None
+    return _summary("merge", f"{args.method} merge ({', '.join(f'{k} {v}' for k, v in sorted(params.items()))})", out, measured, args)
 
 
-def run_mitigate(args) -> int:
+def run_mitigate(args) -> Summary | int:
     from interventions.registry import apply_intervention, list_interventions, validate_intervention
     from sinkstudy import SinkstudyError
     from sinkstudy.io import output_lock
@@ -383,6 +383,21 @@ def run_mitigate(args) -> int:
     with output_lock(out):
         out = apply_intervention(args.name, args.base, args.vlm, params, out, seed=args.seed, force=args.force)
         print(f"wrote {out}")
-        if args.eval:
-            _measure_and_write(out, args)
-    return 0
+        measured = _measure_and_write(out, args) if args.eval else None
+    return _summary("mitigate", f"mitigation {args.name}", out, measured, args)
+
+
+def _summary(command: str, what: str, out: Path, measured: dict[str, Any] | None, args):
+    """The closing summary of merge / mitigate: Sink Strength and each task's recovery with its CI."""
+    if measured is None:
+        result = f"{what}: written, not measured (--no-eval)"
+    else:
+        s = measured["sink_strength"]
+        recs = [f"{task} recovery {fmt_or_na(t['recovery'])} [{fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])}]"
+                for task, t in measured["tasks"].items()]
+        result = (f"{what}: Sink Strength {s['value']:.3f} (base {s['base']:.3f}, VLM LM {s['vlm']:.3f}); " + "; ".join(recs)
+                  + " (recovery = (merged − VLM) / (base − VLM): 0 none, 1 back to base)")
+    nxt = [cmd("sinkstudy", "eval", out)] if measured is None else []
+    nxt.append(cmd("sinkstudy", "merge-sweep", "--base", args.base, "--vlm", args.vlm) if command == "merge"
+               else cmd("sinkstudy", "mitigate", "--list"))
+    return Summary(command, result, outputs=existing(out, out / "measure.json"), next=nxt)

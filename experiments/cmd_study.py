@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from experiments.summary import Summary, cmd, existing
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
 PAPER_CONFIG = CONFIG_DIR / "paper_six_pairs.yaml"
@@ -79,10 +81,14 @@ def _run(study, args) -> int:
     stages = ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items() if v)
     print(f"sinkstudy: {study.name}: report {res['report']} (+ {Path(res['html']).name}); {res['steps']} steps, "
           f"{res['reused']} reused, {res['seconds']:.0f}s" + (f" [{stages}]" if stages else ""))
-    return 0
+    nxt = {"demo": [cmd("sinkstudy", "run", CONFIG_DIR / "real_pairs_template.yaml", "--plan"), cmd("sinkstudy", "paper", "--dry-run")],
+           "paper": [cmd("sinkstudy", "paper-table")]}.get(args.command, [cmd("sinkstudy", "run", args.config, "--plan")])
+    return Summary(args.command, f"study {study.name}: {res['steps']} steps ({res['reused']} reused)"
+                   + (f", time by stage: {stages}" if stages else "") + f"; read {Path(res['report']).name} first",
+                   outputs=existing(res["report"], res["html"], study.out), next=nxt)
 
 
-def cmd_run(args) -> int:
+def cmd_run(args) -> Summary | int:
     import json
     import shlex
 
@@ -105,11 +111,12 @@ def cmd_run(args) -> int:
         done = run_step(study, args.step, force=args.force, progress=not args.quiet, command=command)
         print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
                                                                    else f"done in {done['seconds']:.0f}s"))
-        return 0
+        return Summary("run --step", f"study {study.name}: step {done['step']} " + ("reused" if done["reused"] else "done"),
+                       outputs=[study.out], next=[f"{command} --plan   (the steps left), then {command}   (summary and report)"])
     return _run(study, args)
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args) -> Summary | int:
     import os
 
     import yaml
@@ -124,7 +131,7 @@ def cmd_demo(args) -> int:
     return _run(load_study(args.config, out=args.out, overrides=overrides), args)
 
 
-def cmd_paper(args) -> int:
+def cmd_paper(args) -> Summary | int:
     from experiments.paper import check_can_run, format_plan, plan
     from experiments.study import load_study
 

@@ -20,6 +20,7 @@ from experiments.cmd_merge import (
     reusable_json,
     weight_distance,
 )
+from experiments.summary import Summary, cmd, existing, format_duration
 
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent / "configs" / "merge_sweep.yaml"
 
@@ -105,8 +106,6 @@ def spread(points: list, n: int | None) -> list:
 
 def format_plan(points: list[dict[str, Any]], total: int, reused: set[str], seconds_per_point: float | None) -> str:
     """What the sweep will do, before it does it: the points, which are reused, the estimated time."""
-    from experiments.summary import format_duration
-
     todo = [pt for pt in points if pt["name"] not in reused]
     head = f"merge sweep plan: {len(points)} point(s)" + (f" of {total}, evenly spread over the grid" if len(points) < total else "")
     lines = [f"{head}: {len(todo)} to run, {len(points) - len(todo)} reused"]
@@ -153,14 +152,14 @@ def _check_sweep_pair(out: Path, pair: dict[str, str], force: bool) -> None:
         raise SinkstudyError(f"{out} holds a sweep of another (base, VLM) pair; choose another --out or pass --force to redo it")
 
 
-def run_sweep(args) -> int:
+def run_sweep(args) -> Summary | int:
     """Plan (printed first), then each point: intervene (reused when finished), measure (reused when
     its key matches), summarise."""
+    import math
     import time
 
     from tqdm.auto import tqdm
 
-    from experiments.summary import format_duration
     from interventions.merge import MERGEKIT_METHODS, check_mergekit_options, local_checkpoint, resolve_lm
     from interventions.registry import apply_intervention, intervention_request, takes_root
     from sinkstudy.io import output_lock, remove_tree, write_json_atomic, write_text_atomic
@@ -224,7 +223,18 @@ def run_sweep(args) -> int:
         plot_pareto(rows, out / "pareto.png")
     print(format_sweep(rows))
     print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'pareto.png'}")
-    return 0
+    finite = [r for r in rows if math.isfinite(text_recovery(r))]
+    best = max(finite, key=text_recovery) if finite else None
+    result = (f"{len(rows)} point(s), {sum(1 for pt in points if pt['name'] in finished)} reused; Pareto front "
+              f"(recovery vs distance to VLM LM): {', '.join(pareto_front(rows)) or 'empty'}"
+              + (f"; best mean text recovery {best['name']} {text_recovery(best):.2f}" if best else ""))
+    full = DEFAULT_SWEEP_CONFIG.parent / "merge_sweep_full.yaml"
+    nxt = ([cmd("sinkstudy", "merge-sweep", "--base", args.base, "--vlm", args.vlm, "--config", full, "--max-points", 2 * len(points))]
+           if Path(args.config).resolve() == DEFAULT_SWEEP_CONFIG.resolve() else [])
+    return Summary("merge-sweep", result, outputs=existing(out / "summary.md", out / "summary.json", out / "pareto.png"),
+                   next=nxt + [cmd("sinkstudy", "merge", "--method", best["method"], "--base", args.base, "--vlm", args.vlm,
+                                   *(x for k, v in best["params"].items() if k in ("weight", "density") for x in (f"--{k}", v)))]
+                   if best else nxt)
 
 
 def text_recovery(row: dict[str, Any]) -> float:

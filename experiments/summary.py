@@ -44,3 +44,10 @@ class Summary:
 def existing(*paths) -> list[Path]:
     """The paths that exist: a summary names only outputs that were really written."""
     return [Path(p) for p in paths if p is not None and Path(p).exists()]
+
+
+def cmd(*parts) -> str:
+    """A shell line from its words (paths quoted where needed), for `Summary.next`."""
+    import shlex
+
+    return shlex.join(str(p) for p in parts if p is not None)
