@@ -30,9 +30,10 @@ EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(i
 FORCE_FLAG = $(if $(filter 1,$(FORCE)),--force)
 # --out: OUT, else the target's own default ($(call OUT_FLAG,DEFAULT); none: the command's default).
 OUT_FLAG = $(if $(or $(OUT),$(1)),--out $(or $(OUT),$(1)))
-# MODEL's default is the demo's base: without it (and without MODEL=) say what to pass, in one line.
-NEED_MODEL = $(if $(and $(filter file,$(origin MODEL)),$(if $(wildcard $(MODEL)),,missing)),\
-	$(error make $@: no MODEL= given and no demo model at $(MODEL): pass MODEL=<hub id or path> or run make demo first))
+# MODEL's default is the demo's base: when that is missing, say what to pass, in one line.
+DEMO_MODEL = $(RUN)/models/qwen2-base
+NEED_MODEL = $(if $(and $(filter $(DEMO_MODEL),$(MODEL)),$(if $(wildcard $(MODEL)),,missing)),\
+	$(error make $@: no demo model at $(MODEL): pass MODEL=<hub id or path> or run make demo first))
 INIT ?= scale-preserving
 TRAIN_STEPS ?= 0
 ARGS ?=

@@ -103,6 +103,8 @@ def test_eval_without_tasks_is_offline_and_without_a_model_says_what_to_pass(val
         res = _make(target, f"RUN={tmp_path / 'none'}")
         assert res.returncode == 2 and res.stdout == ""
         assert res.stderr.count("\n") == 1 and "pass MODEL=" in res.stderr and "make demo" in res.stderr
+        named = _make("-n", target, f"RUN={tmp_path / 'none'}", "BASE=org/base-llm")  # MODEL defaults to BASE: no refusal
+        assert named.returncode == 0 and f"sinkstudy {target} org/base-llm" in named.stdout
 
 
 def test_hub_tasks_fail_in_one_line_before_any_work_when_the_hub_is_unreachable(tmp_path, monkeypatch, capsys):
