@@ -120,6 +120,15 @@ def test_hub_tasks_fail_in_one_line_before_any_work_when_the_hub_is_unreachable(
     assert not out.exists()
     assert main(["merge", "--method", "linear", "--base", "b", "--vlm", "v", "--tasks", "gsm8k_cot", "--out", str(out)]) == 2
     assert "gsm8k_cot load their data from the Hugging Face hub" in capsys.readouterr().err
+    # A hub task given a local data file needs no hub; an unknown name is refused as such, not as a hub task.
+    from experiments.cmd_eval import check_hub_tasks
+    from sinkstudy import SinkstudyError
+
+    local = tmp_path / "ifeval.jsonl"
+    local.write_text("{}\n")
+    check_hub_tasks("sinkstudy_gsm,ifeval", {"ifeval": str(local)})
+    with pytest.raises(SinkstudyError, match="unknown task 'ifevall'"):
+        check_hub_tasks("ifevall")
 
 
 def test_the_hub_probe_reads_the_offline_variables_and_a_real_connection(monkeypatch):
