@@ -160,7 +160,8 @@ def headline(run) -> str:
         if metrics:
             metric = HEADLINE_METRICS[task] if HEADLINE_METRICS.get(task) in metrics else metrics[0]
             value = run.scores[task][metric]
-            parts.append(f"{task} {metric.split(',')[0]} {value:.4f}" if isinstance(value, float) else f"{task} {metric} {value}")
+            name = metric.removesuffix(",none")
+            parts.append(f"{task} {name} {value:.4f}" if isinstance(value, float) else f"{task} {name} {value}")
     return "; ".join(parts) or "no scores"
 
 
@@ -196,7 +197,7 @@ def _compare(args) -> Summary | int:
                                       "provenance": provenance(model_fingerprints={args.run_a: a.fingerprint, args.run_b: b.fingerprint},
                                                                seeds={"bootstrap": args.seed})})
     first = comps[0] if comps else None
-    result = (f"{first.task} {str(first.metric).split(',')[0]}: Δ = B − A = {first.delta_points:+.1f} points "
+    result = (f"{first.task} {str(first.metric).removesuffix(',none')}: Δ = B − A = {first.delta_points:+.1f} points "
               f"[{first.delta_points_ci[0]:+.1f}, {first.delta_points_ci[1]:+.1f}], n = {first.n}"
               + (f" (+ {len(comps) - 1} more rows above)" if len(comps) > 1 else "") if first else "nothing to compare")
     return Summary("compare", result, outputs=[args.json] if args.json else [],
