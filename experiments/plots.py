@@ -20,7 +20,8 @@ from evals.sink.plot import pyplot, save_png_svg
 RECOVERY_AXIS = (-1.5, 2.5)
 
 
-def _nan(x) -> bool:
+def missing(x) -> bool:
+    """None or NaN: a value the summary could not define (e.g. Δ/base over a zero base score)."""
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
@@ -29,17 +30,17 @@ def _save(fig, out: Path, name: str, **facts) -> dict[str, Any]:
     return {"path": os.path.relpath(png, out), "svg": os.path.relpath(svg, out), **facts}
 
 
-def _lost(d: dict) -> bool:
+def significant_loss(d: dict) -> bool:
     """The base -> VLM Δ's CI lies below 0 (a loss): there is something to recover."""
     hi = d["delta_points_ci"][1] if d.get("delta_points_ci") else None
-    return not _nan(hi) and hi < 0
+    return not missing(hi) and hi < 0
 
 
 def _rho_text(c: dict | None, what: str, n_pairs: int) -> str:
     if not c:
         return f"ρ(S, {what}): needs ≥ 3 pairs with defined values (n = {n_pairs})"
     lo, hi = c["spearman_ci"]
-    ci = "" if _nan(lo) or _nan(hi) else f" [{lo:+.2f}, {hi:+.2f}]"
+    ci = "" if missing(lo) or missing(hi) else f" [{lo:+.2f}, {hi:+.2f}]"
     return f"Spearman ρ(S, {what}) = {c['spearman']:+.2f}{ci}, n = {c['n']}"
 
 
@@ -93,11 +94,11 @@ def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
             s = entry["models"]["base"]["sink_strength"]
             d = entry["degradation"][task]
             y = d[key]
-            if _nan(s) or _nan(y):
+            if missing(s) or missing(y):
                 continue
-            points.append({"pair": p, "s": s, "y": y, "relative_defined": not _nan(d["delta_relative"])})
+            points.append({"pair": p, "s": s, "y": y, "relative_defined": not missing(d["delta_relative"])})
             lo, hi = d[key + "_ci"]
-            err = None if _nan(lo) or _nan(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+            err = None if missing(lo) or missing(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
             ax.errorbar([s], [y], yerr=err, fmt="o", capsize=3, color="tab:red" if entry.get("native_qk_norm") else "tab:blue")
             ax.annotate(p, (s, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
         if not points:  # e.g. Δ / base where every base scores 0
@@ -120,7 +121,7 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     hollow grey where the pair's own loss is within noise (a ratio of noise)."""
     rows = []
     for p, entry in summary["pairs"].items():
-        lost = _lost(entry["degradation"][task])
+        lost = significant_loss(entry["degradation"][task])
         for name, per_task in entry["interventions"].items():
             r = per_task[task]["recovery"]
             lo, hi = r["ci"] if r.get("ci") else (None, None)
@@ -132,10 +133,10 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     lo_ax, hi_ax = RECOVERY_AXIS
     for y, r in enumerate(rows):
         colour = "tab:green" if r["lost"] else "grey"
-        if _nan(r["value"]):  # base and VLM scored the same: recovery is undefined
+        if missing(r["value"]):  # base and VLM scored the same: recovery is undefined
             ax.text(0.5, y, "undefined (base = VLM LM)", ha="center", va="center", fontsize=7, color="grey")
             continue
-        if not _nan(r["lo"]) and not _nan(r["hi"]):
+        if not missing(r["lo"]) and not missing(r["hi"]):
             a, b = max(r["lo"], lo_ax), min(r["hi"], hi_ax)
             ax.plot([a, b], [y, y], color=colour, lw=1.6)
             for end, clipped, marker in ((a, r["lo"] < lo_ax, "<"), (b, r["hi"] > hi_ax, ">")):
@@ -170,7 +171,7 @@ def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None
             model = entry["models"][a["label"]]
             score = (model["scores"].get(task) or {}).get(summary["headline"].get(task) or "")
             skill = (a.get("vl_skill") or {}).get("digit_accuracy")
-            if _nan(score) or _nan(skill):
+            if missing(score) or missing(skill):
                 continue
             points.append({"pair": p, "arm": arm, "skill": skill, "score_points": 100 * score})
             ax.scatter([skill], [100 * score], color=colour, s=40, zorder=3, edgecolors="black" if arm == "control" else colour,

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from evals.sink.maps import SinkMaps
@@ -26,7 +28,7 @@ def head_values(maps: SinkMaps, metric: str = "mass") -> tuple[torch.Tensor, str
     """(L, H) values a map of `metric` shows, and their label. Log-odds maps need per-query log-odds
     (absent when omitted from a large JSON): then the mass map is shown and the label says so."""
     if metric == LOGODDS and maps.logodds is not None:
-        return torch.nanmedian(maps.logodds.double(), dim=-1).values, "median log-odds on the head's argmax key"
+        return torch.from_numpy(_nanmedian(maps.logodds.double().numpy(), axis=-1)), "median log-odds on the head's argmax key"
     label = f"sink mass (attention on position {maps.settings.get('sink_position', 0)})"
     return maps.mass.double(), label + (" (no per-query log-odds stored)" if metric == LOGODDS else "")
 
@@ -34,8 +36,15 @@ def head_values(maps: SinkMaps, metric: str = "mass") -> tuple[torch.Tensor, str
 def layer_profile(maps: SinkMaps, metric: str = "mass") -> list[float]:
     """One value per layer: the median log-odds over heads and queries (logodds), else the mean mass over heads."""
     if metric == LOGODDS and maps.logodds is not None:
-        return [float(torch.nanmedian(maps.logodds[i].double().flatten())) for i in range(maps.num_layers)]
+        return [float(_nanmedian(maps.logodds[i].double().numpy(), axis=None)) for i in range(maps.num_layers)]
     return [float(v) for v in maps.mass.double().mean(-1)]
+
+
+def _nanmedian(x: np.ndarray, axis):
+    """numpy's nanmedian (the midpoint of the middle pair, as S takes it); NaN without a warning where all are NaN."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(x, axis=axis)
 
 
 def _finite(values: list[torch.Tensor]) -> torch.Tensor:
