@@ -393,9 +393,10 @@ def _verdict_sink(summary: dict) -> list[str]:
         answer = {1: "yes, in the paper's direction", -1: "no: the opposite of the paper's direction",
                   0: "not established"}[_side(pts["spearman_ci"])]
         out.append(f"Does S track degradation on {t}? {answer}: Spearman ρ(S, Δ points) = {_rho(pts)} ({_ci_words(pts['spearman_ci'])}), "
-                   f"ρ(S, Δ/base) = {_rho(rel)} ({_ci_words(rel['spearman_ci'])}), over {corr['n']} pairs "
-                   f"({corr['confidence']:.0%} CIs resampling pairs). {PAPER_DIRECTION}: the paper reports "
-                   f"ρ = {rep['spearman_points']:+.3f} on points and {rep['spearman_relative']:+.3f} on Δ/base (IFEval, six 7-8B pairs).")
+                   f"ρ(S, Δ/base) = {_rho(rel)} ({_ci_words(rel['spearman_ci'])}); {corr['n']} pairs, {corr['confidence']:.0%} CIs "
+                   f"resampling pairs; Δ = VLM LM − base in points (negative = capability lost). The paper, same convention: "
+                   f"ρ = {rep['spearman_points']:+.3f} on points and {rep['spearman_relative']:+.3f} on Δ/base over six 7-8B pairs "
+                   "(ρ > 0: a stronger sink, less loss).")
     return out
 
 

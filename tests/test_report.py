@@ -158,8 +158,8 @@ def test_the_report_opens_with_one_verdict_line_per_question(report):
     sink = verdicts[0]
     assert f"ρ(S, Δ points) = {pts['spearman']:+.3f} [{pts['spearman_ci'][0]:+.3f}, {pts['spearman_ci'][1]:+.3f}]" in sink
     assert f"ρ(S, Δ/base) = {rel['spearman']:+.3f} [{rel['spearman_ci'][0]:+.3f}, {rel['spearman_ci'][1]:+.3f}]" in sink
-    assert "Δ = VLM LM − base in points (negative = capability lost)" in sink and "the paper's direction is ρ > 0" in sink
-    assert "+0.971 on points and +0.794 on Δ/base" in sink
+    assert "Δ = VLM LM − base in points (negative = capability lost)" in sink and "(ρ > 0: a stronger sink, less loss)" in sink
+    assert "The paper, same convention: ρ = +0.971 on points and +0.794 on Δ/base" in sink
     # QK-norm: against the control (Δ = qknorm-vl − VLM LM, CI above 0 here: it regained lost − 2 prompts) and the native pair.
     c = summary["pairs"]["p2"]["interventions"]["qknorm-vl"]["sinkstudy_ifeval"]["vs_vlm"]
     q = verdicts[4]
