@@ -1,9 +1,11 @@
 """report.md + report.html + plots from a study's summary.json.
 
-The document is built once as a list of blocks (heading, paragraph, bullet list, table, image)
-and rendered twice, to Markdown and to self-contained HTML (images as files beside it). The
-findings section states what the numbers show, including when they do not show the paper's
-effects; nothing in it is written by hand. Convention throughout: Δ = after − before in points
+The document is built once as a list of blocks (heading, paragraph, bullet list, table, image,
+links, example) and rendered twice, to Markdown and to self-contained HTML (images as files
+beside it). It opens with one verdict line per study question the summary holds (number, CI,
+convention), then the paper's figures beside ours, then the details; parts without data are left
+out. Every sentence states what the numbers show, including when they do not show the paper's
+effects; nothing in it is written by hand. Figures: `experiments.plots`. Convention throughout: Δ = after − before in points
 (score × 100; base -> VLM LM: negative = capability lost), relative = Δ / before; the paper's
 direction in it is ρ(S, Δ) > 0 (experiments/data/published_choi2026.yaml).
 """
@@ -47,15 +49,6 @@ def _with_ci(x, ci, digits: int = 3) -> str:
 
 def _short(metric: str | None) -> str:
     return (metric or "").replace(",none", "").replace("exact_match,", "em/")
-
-
-def _cell(text: str) -> str:
-    """Model text inside a table cell: one line, escapes visible."""
-    return repr(text)[1:-1]
-
-
-def _pass(v) -> str:
-    return "pass" if v else "fail"
 
 
 # --------------------------------------------------------------------------- blocks -> md / html

@@ -172,6 +172,9 @@ def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *,
         else "mean sink mass over heads"
     if ylabel.startswith("median"):
         ax.axhline(0, color="grey", lw=0.7)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
