@@ -426,7 +426,7 @@ def _verdict_merges(summary: dict) -> list[str]:
 
     m = load_published().merges
     paper = f" The paper: none of its {len(m['tried'])} merges recovered IFEval." if m else ""
-    out = []
+    out, unmeasurable = [], []
     for name, per_pair in _by_kind(summary, "merge").items():
         parts, above = [], 0
         for p, per_task in per_pair.items():
@@ -437,11 +437,15 @@ def _verdict_merges(summary: dict) -> list[str]:
                 above += _side(r["ci"]) > 0
                 parts.append(f"{p} {t} {_with_ci(r['recovery'], r['ci'], 2)}")
         if not parts:
-            out.append(f"Does {name} recover? not measurable: no pair lost capability beyond noise on any task.{paper}")
+            unmeasurable.append(name)
             continue
         answer = "yes" if above == len(parts) else f"on {above} of {len(parts)}" if above else "no"
         out.append(f"Does {name} recover? {answer}: share of the loss recovered (0 = VLM LM, 1 = base; CI above 0 = recovered "
                    f"some): " + "; ".join(parts) + "." + paper)
+    if unmeasurable:
+        pairs = ", ".join(summary["pairs"])
+        out.append(f"Does {' / '.join(unmeasurable)} recover? not measurable: no pair ({pairs}) lost capability beyond noise on any task "
+                   f"(a share of a loss within noise is a ratio of noise).{paper}")
     return out
 
 
@@ -516,11 +520,14 @@ def paper_vs_ours(summary: dict) -> list[tuple]:
         published = e.get("published") or {}
         if published.get("ifeval_delta") is not None:
             d = e["degradation"][t]
-            rows.append([f"Δ points, {p}", f"{published['ifeval_delta']:+.1f}", _pts_ci(d), _agreement(d["delta_points_ci"], published["ifeval_delta"])])
+            if not _nan(d["delta_points"]):
+                rows.append([f"Δ points, {p}", f"{published['ifeval_delta']:+.1f}", _pts_ci(d), _agreement(d["delta_points_ci"], published["ifeval_delta"])])
     q = pub.qknorm_injection
     for name, per_pair in _by_kind(summary, "qknorm+vl").items():
         for p, per_task in per_pair.items():
             vb = per_task[t]["vs_base"]
+            if not q or _nan(vb["delta_relative"]):  # Δ/base of a base that scores 0: nothing to set beside the paper's
+                continue
             paper = (q["ifeval_after"] - q["ifeval_base"]) / q["ifeval_base"]
             rows.append([f"injected QK-norm + VL training, Δ/base, {p}", f"{paper:+.3f} ({q['base']})", _rel_ci(vb),
                          _agreement(vb["delta_relative_ci"], paper)])
@@ -579,7 +586,13 @@ def _example(pair: str, task: str, x: dict) -> dict:
     else:
         expected = "what the task's grader accepts"
     return {"title": f"{pair}, {task} doc {x['doc_id']}", "prompt": chat_text(x["prompt"]), "expected": expected,
-            "outputs": [("base", x["base"], _verdict_of(x["base_pass"], base_g)), ("VLM LM", x["vlm"], _verdict_of(x["vlm_pass"], vlm_g))]}
+            "outputs": [("base", _visible(x["base"]), _verdict_of(x["base_pass"], base_g)),
+                        ("VLM LM", _visible(x["vlm"]), _verdict_of(x["vlm_pass"], vlm_g))]}
+
+
+def _visible(output: str) -> str:
+    """A model's output as text; one that is only whitespace is said so (a blank box reads as a rendering fault)."""
+    return output if output.strip() else f"(no visible text: {len(output)} whitespace character(s), {output!r})"
 
 
 def example_blocks(summary: dict) -> list[tuple]:

@@ -262,7 +262,8 @@ def test_sink_maps_colour_ranges_follow_the_values_and_the_metric(maps_dir, tmp_
     bound = float(torch.cat([lo_a.flatten(), lo_b.flatten()]).abs().max())
     assert left["vmin"] == right["vmin"] == pytest.approx(-bound) and left["vmax"] == right["vmax"] == pytest.approx(bound)
     assert left["cmap"] == "RdBu_r" and shift["vmax"] == pytest.approx(float((lo_b - lo_a).abs().max())) == -shift["vmin"]
-    assert f"±{bound:.2f}" in facts["note"]
+    values = torch.cat([lo_a.flatten(), lo_b.flatten()])
+    assert f"±{bound:.2f}" in facts["note"] and f"values {float(values.min()):.2f} to {float(values.max()):.2f}" in facts["note"]
     assert (tmp_path / "lo.png").stat().st_size > 1000 and (tmp_path / "lo.svg").is_file()
 
     mass = plot_sink_shift(a, b, tmp_path / "mass.png", metric="mass")

@@ -22,6 +22,7 @@ import torch
 from evals.sink.maps import SinkMaps
 
 LOGODDS = "logodds"
+ANNOTATE_CELLS = 64  # maps with at most this many (layer, head) cells carry their values as text
 
 
 def head_values(maps: SinkMaps, metric: str = "mass") -> tuple[torch.Tensor, str]:
@@ -102,9 +103,20 @@ def _heatmaps(panels: list[dict[str, Any]], title: str, note: str):
         ax.set_ylabel("head")
         ax.set_title(p["label"], fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        if p["data"].numel() <= ANNOTATE_CELLS:  # a miniature's few heads: the values themselves, as well as colours
+            for (layer, head), v in np.ndenumerate(p["data"].numpy()):
+                ax.text(layer, head, "" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=6, color=_ink(v, p))
     fig.suptitle(title, fontsize=10)
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgrey")
     return fig
+
+
+def _ink(v: float, panel: dict[str, Any]) -> str:
+    """Black or white text, whichever reads on the cell's colour (its position in the colour range)."""
+    lo, hi = panel["vmin"], panel["vmax"]
+    t = 0.5 if hi <= lo or math.isnan(v) else (v - lo) / (hi - lo)
+    dark = (t < 0.3 or t > 0.7) if panel["cmap"] in ("RdBu_r", "PuOr_r") else t < 0.6  # viridis is dark at its low end
+    return "white" if dark else "black"
 
 
 def _name(maps: SinkMaps, fallback: str) -> str:
@@ -115,9 +127,11 @@ def _panel(data: torch.Tensor, label: str, cmap: str, rng: tuple[float, float]) 
     return {"data": data, "label": label, "cmap": cmap, "vmin": rng[0], "vmax": rng[1]}
 
 
-def _range_note(kind: str, rng: tuple[float, float], shift: tuple[float, float] | None = None) -> str:
+def _range_note(kind: str, rng: tuple[float, float], values: list[torch.Tensor], shift: tuple[float, float] | None = None) -> str:
     if kind == LOGODDS:
-        note = f"log-odds colour range ±{rng[1]:.2f} (symmetric about 0, from the data; > 0: most attention on one key)"
+        flat = _finite(values)
+        data = f"; values {float(flat.min()):.2f} to {float(flat.max()):.2f}" if flat.numel() else ""
+        note = f"log-odds colour range ±{rng[1]:.2f} (symmetric about 0, from the data; > 0: most attention on one key{data})"
     else:
         note = f"mass colour range {rng[0]:.3f} to {rng[1]:.3f} of 0..1 (the data's own range)"
     return note + (f"; shift colour range ±{shift[1]:.3f} (from the data)" if shift else "")
@@ -137,7 +151,7 @@ def plot_sink_map(maps: SinkMaps, path: str | os.PathLike, *, metric: str = "mas
     kind = LOGODDS if label.startswith("median log-odds") else "mass"
     rng = colour_range([values], diverging=kind == LOGODDS)
     panels = [_panel(values, label, "RdBu_r" if kind == LOGODDS else "viridis", rng)]
-    note = _range_note(kind, rng)
+    note = _range_note(kind, rng, [values])
     fig = _heatmaps(panels, title or f"{_name(maps, 'model')}: {maps.settings['calibration']}", note)
     return _facts(panels, save_png_svg(fig, path), note)
 
@@ -154,7 +168,7 @@ def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike,
     cmap = "RdBu_r" if kind == LOGODDS else "viridis"
     panels = [_panel(a, f"{name_a}: {label}", cmap, rng), _panel(b, name_b, cmap, rng),
               _panel(b - a, f"{name_b} − {name_a}", "PuOr_r", shift)]
-    note = _range_note(kind, rng, shift)
+    note = _range_note(kind, rng, [a, b], shift)
     fig = _heatmaps(panels, title or "sink shift", note)
     return _facts(panels, save_png_svg(fig, path), note)
 
@@ -170,7 +184,8 @@ def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *,
         ax.plot(range(len(ys)), ys, marker="o", ms=4 if bold else 2.5, lw=2.0 if bold else 0.9, alpha=1.0 if bold else 0.75, label=name)
     ylabel = "median log-odds on the argmax key" if metric == LOGODDS and all(m.logodds is not None for m in series.values()) \
         else "mean sink mass over heads"
-    if ylabel.startswith("median"):
+    values = [y for ys in lines.values() for y in ys if not math.isnan(y)]
+    if ylabel.startswith("median") and values and min(values) <= 0 <= max(values):  # only where it does not squash the lines
         ax.axhline(0, color="grey", lw=0.7)
     from matplotlib.ticker import MaxNLocator
 
