@@ -130,7 +130,9 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.32 * len(rows) + 1.4)))
-    lo_ax, hi_ax = RECOVERY_AXIS
+    # The axis spans the data (0 and 1 always shown), never beyond RECOVERY_AXIS.
+    ends = [x for r in rows for x in (r["value"], r["lo"], r["hi"]) if not missing(x)]
+    lo_ax, hi_ax = max(RECOVERY_AXIS[0], min([0.0, *ends])), min(RECOVERY_AXIS[1], max([1.0, *ends]))
     for y, r in enumerate(rows):
         colour = "tab:green" if r["lost"] else "grey"
         if missing(r["value"]):  # base and VLM scored the same: recovery is undefined
@@ -146,14 +148,15 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
         ax.plot([x], [y], "o", ms=6, color=colour, markerfacecolor=colour if r["lost"] else "white")
     ax.axvline(0, color="black", lw=0.8)
     ax.axvline(1, color="black", lw=0.8, ls="--")
-    ax.set_xlim(lo_ax - 0.1, hi_ax + 0.1)
+    pad = 0.05 * (hi_ax - lo_ax)
+    ax.set_xlim(lo_ax - pad, hi_ax + pad)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r["label"] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(f"share of the {task} loss recovered, 95% CI (0 = VLM LM, 1 = base)")
-    ax.set_title("green: the pair lost capability (Δ CI < 0); hollow grey: no significant loss, a ratio of noise; "
-                 "arrows: CI beyond the axis", fontsize=7)
-    return _save(fig, out, f"recovery_{task}.png", rows=rows, axis=RECOVERY_AXIS)
+    ax.set_title("green: the pair lost capability (Δ CI < 0); hollow grey: no significant loss (a ratio of noise);\n"
+                 f"arrows: CI beyond the axis ({RECOVERY_AXIS[0]:g} to {RECOVERY_AXIS[1]:g} at most)", fontsize=7)
+    return _save(fig, out, f"recovery_{task}.png", rows=rows, axis=(lo_ax, hi_ax))
 
 
 # --------------------------------------------------------------------------- adaptation arms

@@ -323,6 +323,8 @@ def test_recovery_is_a_dot_and_ci_per_pair_and_intervention(report):
     assert (rows["p2 / linear"]["value"], rows["p2 / linear"]["lo"], rows["p2 / linear"]["hi"]) == (r["recovery"], *r["ci"])
     assert rows["p2 / linear"]["lost"] and rows["p2 / linear"]["value"] == pytest.approx(0.5)  # regained 10 of 20
     assert rows["p2 / replay"]["value"] == pytest.approx(1.0) and rows["p2 / head_restore"]["value"] == pytest.approx(0.0)
+    # The axis spans the data and 0..1: here every CI lies within 0..1.
+    assert fig["axis"] == (pytest.approx(min(0.0, *(r["lo"] for r in rows.values()))), pytest.approx(max(1.0, *(r["hi"] for r in rows.values()))))
     empty = {**report.summary, "pairs": {p: {**e, "interventions": {}} for p, e in report.summary["pairs"].items()}}
     assert plots.recovery(empty, "sinkstudy_ifeval", report.out) is None
 
