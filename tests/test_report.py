@@ -277,6 +277,10 @@ def test_sink_maps_colour_ranges_follow_the_values_and_the_metric(maps_dir, tmp_
     both = torch.cat([a.mass.flatten(), b.mass.flatten()])
     assert halved["panels"][0]["vmin"] == pytest.approx(float(both.min()))
     assert halved["panels"][2]["vmax"] == pytest.approx(float((b.mass - a.mass).abs().max()))
+    # Maps stored without per-query log-odds (a large model's JSON): both panels fall back to mass, and say so.
+    b.logodds = None
+    fallback = plot_sink_shift(a, b, tmp_path / "fallback.png", metric="logodds")
+    assert fallback["panels"][0]["cmap"] == "viridis" and fallback["panels"][0]["vmin"] == pytest.approx(float(both.min()))
 
 
 def test_report_sink_maps_and_profiles_use_the_study_metric(report, maps_dir):

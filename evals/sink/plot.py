@@ -25,13 +25,15 @@ LOGODDS = "logodds"
 ANNOTATE_CELLS = 64  # maps with at most this many (layer, head) cells carry their values as text
 
 
-def head_values(maps: SinkMaps, metric: str = "mass") -> tuple[torch.Tensor, str]:
-    """(L, H) values a map of `metric` shows, and their label. Log-odds maps need per-query log-odds
-    (absent when omitted from a large JSON): then the mass map is shown and the label says so."""
+def head_values(maps: SinkMaps, metric: str = "mass") -> tuple[torch.Tensor, str, str]:
+    """(L, H) values a map of `metric` shows, their label and their kind (LOGODDS or "mass"). Log-odds
+    maps need per-query log-odds (absent when omitted from a large JSON): then the mass map is shown
+    and the label says so."""
     if metric == LOGODDS and maps.logodds is not None:
-        return torch.from_numpy(_nanmedian(maps.logodds.double().numpy(), axis=-1)), "median log-odds on the head's argmax key"
+        return (torch.from_numpy(_nanmedian(maps.logodds.double().numpy(), axis=-1)), "median log-odds on the head's argmax key",
+                LOGODDS)
     label = f"sink mass (attention on position {maps.settings.get('sink_position', 0)})"
-    return maps.mass.double(), label + (" (no per-query log-odds stored)" if metric == LOGODDS else "")
+    return maps.mass.double(), label + (" (no per-query log-odds stored)" if metric == LOGODDS else ""), "mass"
 
 
 def layer_profile(maps: SinkMaps, metric: str = "mass") -> list[float]:
@@ -147,8 +149,7 @@ def _facts(panels: list[dict[str, Any]], paths: list[Path], note: str) -> dict[s
 
 def plot_sink_map(maps: SinkMaps, path: str | os.PathLike, *, metric: str = "mass", title: str | None = None) -> dict[str, Any]:
     """Heat-map of one model's per-(layer, head) sink statistic for `metric`; returns what it drew."""
-    values, label = head_values(maps, metric)
-    kind = LOGODDS if label.startswith("median log-odds") else "mass"
+    values, label, kind = head_values(maps, metric)
     rng = colour_range([values], diverging=kind == LOGODDS)
     panels = [_panel(values, label, "RdBu_r" if kind == LOGODDS else "viridis", rng)]
     note = _range_note(kind, rng, [values])
@@ -160,8 +161,9 @@ def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike,
                     title: str | None = None, names: tuple[str, str] | None = None) -> dict[str, Any]:
     """Three panels on shared scales: A's map, B's map (one colour range for both) and B − A
     (diverging, symmetric range from the data); returns what it drew."""
-    (a, label), (b, _) = head_values(maps_a, metric), head_values(maps_b, metric)
-    kind = LOGODDS if label.startswith("median log-odds") else "mass"
+    (a, label, kind), (b, _, kind_b) = head_values(maps_a, metric), head_values(maps_b, metric)
+    if kind_b != kind:  # one of the two stored no per-query log-odds: compare like with like
+        (a, label, kind), (b, _, _) = head_values(maps_a, "mass"), head_values(maps_b, "mass")
     rng = colour_range([a, b], diverging=kind == LOGODDS)
     shift = colour_range([b - a], diverging=True)
     name_a, name_b = names or (_name(maps_a, "A"), _name(maps_b, "B"))
@@ -178,16 +180,18 @@ def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *,
     """One line per model: the per-layer sink statistic (`layer_profile`); `emphasise` names drawn bold."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    lines = {name: layer_profile(maps, metric) for name, maps in series.items()}
+    from matplotlib.ticker import MaxNLocator
+
+    # One statistic for every line: mass where any model's maps stored no per-query log-odds.
+    logodds = metric == LOGODDS and all(m.logodds is not None for m in series.values())
+    lines = {name: layer_profile(maps, LOGODDS if logodds else "mass") for name, maps in series.items()}
     for name, ys in lines.items():
         bold = name in emphasise
         ax.plot(range(len(ys)), ys, marker="o", ms=4 if bold else 2.5, lw=2.0 if bold else 0.9, alpha=1.0 if bold else 0.75, label=name)
-    ylabel = "median log-odds on the argmax key" if metric == LOGODDS and all(m.logodds is not None for m in series.values()) \
-        else "mean sink mass over heads"
+    ylabel = "median log-odds on the argmax key" if logodds else "mean sink mass over heads"
     values = [y for ys in lines.values() for y in ys if not math.isnan(y)]
-    if ylabel.startswith("median") and values and min(values) <= 0 <= max(values):  # only where it does not squash the lines
+    if logodds and values and min(values) <= 0 <= max(values):  # only where it does not squash the lines
         ax.axhline(0, color="grey", lw=0.7)
-    from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer")
