@@ -281,6 +281,7 @@ def test_sink_maps_colour_ranges_follow_the_values_and_the_metric(maps_dir, tmp_
     b.logodds = None
     fallback = plot_sink_shift(a, b, tmp_path / "fallback.png", metric="logodds")
     assert fallback["panels"][0]["cmap"] == "viridis" and fallback["panels"][0]["vmin"] == pytest.approx(float(both.min()))
+    assert fallback["panels"][0]["label"].endswith("(no per-query log-odds stored)")
 
 
 def test_report_sink_maps_and_profiles_use_the_study_metric(report, maps_dir):

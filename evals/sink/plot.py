@@ -164,6 +164,7 @@ def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike,
     (a, label, kind), (b, _, kind_b) = head_values(maps_a, metric), head_values(maps_b, metric)
     if kind_b != kind:  # one of the two stored no per-query log-odds: compare like with like
         (a, label, kind), (b, _, _) = head_values(maps_a, "mass"), head_values(maps_b, "mass")
+        label += " (no per-query log-odds stored)"
     rng = colour_range([a, b], diverging=kind == LOGODDS)
     shift = colour_range([b - a], diverging=True)
     name_a, name_b = names or (_name(maps_a, "A"), _name(maps_b, "B"))
