@@ -132,7 +132,7 @@ def _recorded_seconds(out: Path) -> float | None:
             seconds = read_json(path).get("seconds")
         except (SinkstudyError, AttributeError):
             continue
-        if isinstance(seconds, (int, float)) and seconds > 0:
+        if isinstance(seconds, (int, float)) and seconds >= 0:
             times.append(float(seconds))
     return statistics.mean(times) if times else None
 
@@ -209,7 +209,7 @@ def run_sweep(args) -> Summary | int:
                 row = {"name": pt["name"], "method": pt["method"], "params": {k: str(v) if k == "root" else v for k, v in params.items()},
                        **measure.summary(measure.measure(model_dir, pdir)),
                        "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key,
-                       "seconds": round(time.perf_counter() - started, 3)}
+                       "seconds": time.perf_counter() - started}  # unrounded: a fast point still has a time
                 write_json_atomic(pdir / "measure.json", row)
                 if not sweep.get("keep_models", True):
                     remove_tree(model_dir, within=out)  # results stay in measure.json; 7B checkpoints do not fit by dozens
