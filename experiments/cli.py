@@ -1,7 +1,9 @@
 """The `sinkstudy` command line.
 
 Each command module exposes `register(subparsers)`, which adds its sub-commands with
-`set_defaults(func=...)`; `func(args)` returns an exit code. Command modules keep their
+`set_defaults(func=...)`; `func(args)` returns an exit code, or an `experiments.summary.Summary`
+that `main` prints last with the command's wall time (where the outputs are, the one-line result,
+how long it took, what to run next) before exiting with its code. Command modules keep their
 top-level imports light (torch and friends are imported inside `func`) so `--help` is instant.
 Bad input (a SinkstudyError, an argparse error, a full disk) is one line on stderr and exit 2.
 """
@@ -12,7 +14,9 @@ import argparse
 import importlib
 import logging
 import sys
+import time
 
+from experiments.summary import Summary
 from sinkstudy import SinkstudyError, __version__
 from sinkstudy.io import disk_full
 
@@ -48,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -55,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        result = args.func(args)
+        if isinstance(result, Summary):
+            print(result.format(time.perf_counter() - started), flush=True)
+            return result.exit_code
+        return int(result or 0)
     except SinkstudyError as exc:
         return _fail(str(exc))
     except UnicodeDecodeError as exc:  # a reader that does not name its file (sinkstudy.io.read_text does)

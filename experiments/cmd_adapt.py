@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 
+from experiments.summary import Summary, cmd
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
@@ -139,7 +141,7 @@ def print_protections() -> None:
         print(f"  {'':<26} settings: " + ", ".join(f"{k}={v!r}" for k, v in spec.defaults.items()))
 
 
-def main(args) -> int:
+def main(args) -> Summary | int:
     from experiments.argtypes import load_plugin_options
 
     load_plugin_options(args)
@@ -166,7 +168,15 @@ def main(args) -> int:
             for name, summary in (stage.get("hooks") or {}).items():
                 print(f"{stage['stage']} {name}: {json.dumps(summary, default=str)}")
         print(f"wrote {args.out} (model: {report['model']})")
-    return 0
+    if not report:
+        return 0  # a data-parallel worker: rank 0 reports
+    from interventions.adapt.run import run_summary
+
+    s = run_summary(report)
+    steps = ", ".join(f"{r['stage']} {r['steps']} steps (loss {_f(r['final_loss'])})" for r in s["stages"])
+    sink = (f"; Sink Strength of the LM {_f(s['sink_strength'][0])} -> {_f(s['sink_strength'][1])}" if s["sink_strength"] else "")
+    return Summary("adapt", f"{args.base} adapted: {steps}{sink}", outputs=[args.out, report["model"]],
+                   next=[cmd("sinkstudy", "eval", report["model"]), cmd("sinkstudy", "sink", report["model"])])
 
 
 def format_summary(report: dict) -> str:

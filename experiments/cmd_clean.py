@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.summary import Summary
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("clean", help="remove stale temporaries (.NAME.tmp-*) and lock files of dead runs "
@@ -12,7 +14,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_clean)
 
 
-def run_clean(args) -> int:
+def run_clean(args) -> Summary | int:
     from sinkstudy import SinkstudyError
     from sinkstudy.io import cache_root, remove_stale_temps
 
@@ -24,4 +26,6 @@ def run_clean(args) -> int:
     for p in removed:
         print(f"removed {p}")
     print(f"sinkstudy clean: {len(removed)} stale item(s) removed under {', '.join(map(str, dirs)) or 'nothing'}")
-    return 0
+    return Summary("clean", f"{len(removed)} stale temporary or lock file(s) of dead runs removed under "
+                   f"{', '.join(map(str, dirs)) or 'nothing (no runs/ and no cache)'}", outputs=[],
+                   next=["rerun the command that was killed: its finished steps are reused"] if removed else [])

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-from experiments import argtypes
+from pathlib import Path
 
-DEFAULT_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"  # evals.lmeval.DEFAULT_TASKS, kept here so --help stays light
+from experiments import argtypes
+from experiments.summary import Summary, cmd
+
+# The shipped offline task sets (evals.tasks.SHIPPED_TASKS, kept here so --help stays light): a run with no
+# --tasks never needs the hub. The paper's hub tasks are opt-in.
+DEFAULT_TASKS = "sinkstudy_ifeval,sinkstudy_gsm"
+PAPER_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="strict-grader evals of a model through lm-eval (cached per task)",
-                              description="Evaluate MODEL (local path or hub id) on lm-eval tasks. Offline, use the "
-                              "shipped task sets sinkstudy_ifeval,sinkstudy_gsm or --data TASK=FILE.")
+                              description="Evaluate MODEL (local path or hub id) on lm-eval tasks: by default the shipped "
+                              f"offline task sets {DEFAULT_TASKS}; lm-eval's own tasks (e.g. the paper's {PAPER_TASKS}) "
+                              "need the hub, or --data TASK=FILE.")
     p.add_argument("model", help="checkpoint path or hub id")
-    p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS})")
+    p.add_argument("--tasks", default=DEFAULT_TASKS,
+                   help=f"comma-separated lm-eval task names (default {DEFAULT_TASKS}, offline; hub tasks are opt-in)")
     add_eval_args(p)
     p.add_argument("--tokenizer", default=None, help="tokenizer path/id when it is not beside the model")
     p.add_argument("--out", default=None, help="write the run (results.json + samples/) here")
@@ -74,6 +82,25 @@ def eval_kwargs(args) -> dict:
             "backend_args": parse_kwargs(args.backend_args, "--backend-args"), **protocol_kwargs(args)}
 
 
+def check_hub_tasks(tasks, data_files=None) -> None:
+    """Tasks whose data comes from the hub (lm-eval's own, without a local --data file) fail at once,
+    in one line, when the hub is unreachable (`sinkstudy.hub`), not after the libraries' retries.
+    Unknown names are refused first, as such."""
+    from evals.lmeval import check_task_names
+    from evals.tasks import SHIPPED_TASKS, parse_data_files
+    from sinkstudy import SinkstudyError
+    from sinkstudy.hub import hub_unreachable
+
+    local = parse_data_files(data_files)
+    remote = [t for t in check_task_names(tasks) if t not in SHIPPED_TASKS and t not in local]
+    if remote:
+        reason = hub_unreachable()
+        if reason:
+            raise SinkstudyError(f"task(s) {', '.join(remote)} load their data from the Hugging Face hub, which is unreachable "
+                                 f"({reason}); use the offline tasks {', '.join(SHIPPED_TASKS)} (the default) "
+                                 "or give a local file with --data TASK=FILE")
+
+
 def add_protocol_args(p) -> None:
     """The eval-protocol flags every evaluating command shares (`evals.protocol` says where each goes);
     each command has its own --batch-size (type `argtypes.batch_size`)."""
@@ -100,24 +127,45 @@ def protocol_kwargs(args) -> dict:
             "confirm_run_unsafe_code": args.confirm_run_unsafe_code}
 
 
-def _eval(args) -> int:
+def _eval(args) -> Summary | int:
     from evals.lmeval import run_eval
     from experiments.loaders import load_model
 
+    kwargs = eval_kwargs(args)
+    check_hub_tasks(args.tasks, kwargs["data_files"])
     run = run_eval(
         args.model, args.tokenizer, tasks=args.tasks, out_dir=args.out, force=args.force, cache_dir=args.cache_dir,
         use_cache=not args.no_cache, device=args.device, dtype=args.dtype, seed=args.seed, loader=load_model,
-        **eval_kwargs(args),
+        **kwargs,
     )
     if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
         return 0
     print(run.summary())
     if args.out:
         print(f"eval run written to {args.out}")
-    return 0
+    keep = args.out or f"runs/eval/{Path(str(args.model).rstrip('/')).name or 'model'}"
+    return Summary("eval", f"{args.model}: {headline(run)}" + (f" (first {args.limit} prompts per task)" if args.limit else ""),
+                   outputs=[args.out] if args.out else [],
+                   next=([] if args.out else [cmd("sinkstudy", "eval", args.model, "--tasks", args.tasks, "--out", keep)])
+                   + [cmd("sinkstudy", "compare", "OTHER_RUN", keep)])
 
 
-def _compare(args) -> int:
+def headline(run) -> str:
+    """Each requested task's headline score (the paper's metric where the task has one), in one line."""
+    from evals.lmeval import HEADLINE_METRICS
+
+    parts = []
+    for task in run.tasks:
+        metrics = run.metrics(task) if task in run.scores else []
+        if metrics:
+            metric = HEADLINE_METRICS[task] if HEADLINE_METRICS.get(task) in metrics else metrics[0]
+            value = run.scores[task][metric]
+            name = metric.removesuffix(",none")
+            parts.append(f"{task} {name} {value:.4f}" if isinstance(value, float) else f"{task} {name} {value}")
+    return "; ".join(parts) or "no scores"
+
+
+def _compare(args) -> Summary | int:
     from evals.lmeval import EvalRun
     from evals.stats import compare_runs, format_table
     from sinkstudy.io import write_json_atomic
@@ -148,7 +196,13 @@ def _compare(args) -> int:
                                       "published": published,
                                       "provenance": provenance(model_fingerprints={args.run_a: a.fingerprint, args.run_b: b.fingerprint},
                                                                seeds={"bootstrap": args.seed})})
-    return 0
+    first = comps[0] if comps else None
+    result = (f"{first.task} {str(first.metric).removesuffix(',none')}: Δ = B − A = {first.delta_points:+.1f} points "
+              f"[{first.delta_points_ci[0]:+.1f}, {first.delta_points_ci[1]:+.1f}], n = {first.n}"
+              + (f" (+ {len(comps) - 1} more rows above)" if len(comps) > 1 else "") if first else "nothing to compare")
+    return Summary("compare", result, outputs=[args.json] if args.json else [],
+                   next=[] if args.published else [cmd("sinkstudy", "compare", args.run_a, args.run_b, "--published", "--sink-json",
+                                                       "BASE_SINK_JSON")])
 
 
 PUBLISHED_METRIC = "prompt_level_strict_acc,none"  # the paper's headline: IFEval prompt-level strict

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import argtypes
+from experiments.summary import Summary, cmd, existing
 
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 # CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
@@ -74,6 +75,9 @@ def eval_args(p) -> None:
     add_protocol_args(p)
     p.add_argument("--n-boot", type=argtypes.n_boot, default=2000, help="bootstrap replicates for recovery CIs (>= 1)")
     p.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="dtype the measured models are loaded in (default float32)")
+    p.add_argument("--device", default=None, help="device the measured models run on (default cpu), e.g. cuda")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -104,6 +108,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 class Measure:
     """Sink Strength + strict evals of checkpoints against the base and the VLM LM (measured once).
 
+    The references are measured on first use of `ref` (a sweep plans before it measures).
     All models are evaluated with the base's tokenizer (the extracted LM shares its vocabulary),
     so prompts are identical and results pair on doc_id. A measurement stored in a directory
     (`sink.json`, `eval/`) is reused only when its key matches: the measured model's fingerprint,
@@ -119,8 +124,13 @@ class Measure:
         self.tasks = [t for t in args.tasks.split(",") if t]
         self.captions = _read_captions(args.captions) if args.captions else None
         self.tokenizer = load_tokenizer(self.base)
-        self.ref = {name: self.measure(path, ref_dir / name if ref_dir else None)
-                    for name, path in (("base", base), ("vlm", vlm_lm))}
+        self.ref_dir = ref_dir
+
+    @functools.cached_property
+    def ref(self) -> dict[str, dict[str, Any]]:
+        """The base's and the VLM LM's measurements, made (or reused from `ref_dir`) on first use."""
+        return {name: self.measure(path, self.ref_dir / name if self.ref_dir else None)
+                for name, path in (("base", self.base), ("vlm", self.vlm_lm))}
 
     @functools.cached_property
     def identity(self) -> dict[str, Any]:
@@ -132,7 +142,7 @@ class Measure:
         a = self.args
         return {"tokenizer": tokenizer_fingerprint(self.tokenizer), "tasks": self.tasks, "limit": a.limit,
                 "batch_size": a.batch_size, "max_gen_toks": a.max_gen_toks, "protocol": self.protocol, "n_boot": a.n_boot,
-                "seed": a.seed,
+                "seed": a.seed, "dtype": a.dtype, "device": _device_type(a.device),
                 "captions": digest(self.captions) if self.captions else None,
                 "code": [sink_code_version(), eval_code_version(), code_version(__file__)]}
 
@@ -140,7 +150,7 @@ class Measure:
         from sinkstudy.provenance import model_fingerprint
 
         ident = self.identity
-        return digest({"model": model_fingerprint(path), **{k: ident[k] for k in ("tokenizer", "captions", "code")}})
+        return digest({"model": model_fingerprint(path), **{k: ident[k] for k in ("tokenizer", "captions", "code", "dtype", "device")}})
 
     def measure(self, path, out: Path | None) -> dict[str, Any]:
         """Sink Strength (+ caption NLL) and the eval run of one checkpoint; reused from `out` by key."""
@@ -158,7 +168,7 @@ class Measure:
         # force: the eval dir is a keyed measurement, replaced when the key changes (lm-eval results are cached by key)
         run = run_eval(path, self.tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
                        max_gen_toks=self.args.max_gen_toks or None, out_dir=out / "eval" if out else None, force=True,
-                       seed=self.args.seed, loader=load_model, **self.protocol)
+                       seed=self.args.seed, device=self.args.device, dtype=self.args.dtype, loader=load_model, **self.protocol)
         return {**sink, "run": run}
 
     def _sink(self, path) -> dict[str, Any]:
@@ -167,7 +177,7 @@ class Measure:
         from evals.sink import sink_strength
         from interventions.pairs import load_causal_lm
 
-        model, _ = load_causal_lm(path, dtype=torch.float32)
+        model, _ = load_causal_lm(path, dtype=getattr(torch, self.args.dtype), device=self.args.device or "cpu")
         s = sink_strength(model, self.tokenizer, progress=False)
         nll = caption_nll(model, self.tokenizer, self.captions) if self.captions else None
         return {"sink_strength": s.value, "sink_metric": s.metric, "caption_nll": nll, "captions": self.args.captions}
@@ -211,6 +221,11 @@ def reusable_json(path: Path | None, key: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("key") == key else None
 
 
+def _device_type(device: str | None) -> str:
+    """What of a device changes numbers: its type (cuda:0 and cuda:1 give the same results)."""
+    return str(device or "cpu").split(":")[0]
+
+
 def _finite(x):
     import math
 
@@ -239,7 +254,7 @@ def caption_nll(model, tokenizer, captions: list[str]) -> float:
     total, count = 0.0, 0
     with torch.no_grad():
         for text in captions:
-            ids = tokenizer(text, return_tensors="pt").input_ids
+            ids = tokenizer(text, return_tensors="pt").input_ids.to(model.device)
             if ids.shape[1] < 2:
                 continue
             loss = model(input_ids=ids, labels=ids).loss
@@ -288,12 +303,11 @@ def _measure_and_write(out: Path, args) -> dict[str, Any]:
 
 def check_measure_args(args) -> None:
     """The measurement's inputs (protocol flags, task names, captions file), checked before any intervention runs."""
-    from evals.lmeval import check_task_names
-    from experiments.cmd_eval import protocol_kwargs
+    from experiments.cmd_eval import check_hub_tasks, protocol_kwargs
 
     protocol_kwargs(args)
     if getattr(args, "eval", True):
-        check_task_names(args.tasks)
+        check_hub_tasks(args.tasks)  # unknown names first, then hub tasks with the hub unreachable
         if args.captions:
             _read_captions(args.captions)
 
@@ -317,7 +331,7 @@ def default_out(base: str, vlm: str, name: str, kind: str = "interventions") -> 
     return Path("runs") / kind / pair / slugify(name)
 
 
-def run_merge(args) -> int:
+def run_merge(args) -> Summary | int:
     from interventions.registry import apply_intervention, execution_options, validate_intervention
     from sinkstudy.io import output_lock
 
@@ -341,12 +355,11 @@ def run_merge(args) -> int:
         out = apply_intervention(args.method, args.base, args.vlm, params, out, seed=args.seed, force=args.force,
                                  mergekit_options=options)
         print(f"wrote {out}")
-        if args.eval:
-            _measure_and_write(out, args)
-    return 0
+        measured = _measure_and_write(out, args) if args.eval else None
+    return _summary("merge", f"{args.method} merge ({', '.join(f'{k} {v}' for k, v in sorted(params.items()))})", out, measured, args)
 
 
-def run_mitigate(args) -> int:
+def run_mitigate(args) -> Summary | int:
     from interventions.registry import apply_intervention, list_interventions, validate_intervention
     from sinkstudy import SinkstudyError
     from sinkstudy.io import output_lock
@@ -370,6 +383,21 @@ def run_mitigate(args) -> int:
     with output_lock(out):
         out = apply_intervention(args.name, args.base, args.vlm, params, out, seed=args.seed, force=args.force)
         print(f"wrote {out}")
-        if args.eval:
-            _measure_and_write(out, args)
-    return 0
+        measured = _measure_and_write(out, args) if args.eval else None
+    return _summary("mitigate", f"mitigation {args.name}", out, measured, args)
+
+
+def _summary(command: str, what: str, out: Path, measured: dict[str, Any] | None, args):
+    """The closing summary of merge / mitigate: Sink Strength and each task's recovery with its CI."""
+    if measured is None:
+        result = f"{what}: written, not measured (--no-eval)"
+    else:
+        s = measured["sink_strength"]
+        recs = [f"{task} recovery {fmt_or_na(t['recovery'])} [{fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])}]"
+                for task, t in measured["tasks"].items()]
+        result = (f"{what}: Sink Strength {s['value']:.3f} (base {s['base']:.3f}, VLM LM {s['vlm']:.3f}); " + "; ".join(recs)
+                  + " (recovery = (merged − VLM) / (base − VLM): 0 none, 1 back to base)")
+    nxt = [cmd("sinkstudy", "eval", out)] if measured is None else []
+    nxt.append(cmd("sinkstudy", "merge-sweep", "--base", args.base, "--vlm", args.vlm) if command == "merge"
+               else cmd("sinkstudy", "mitigate", "--list"))
+    return Summary(command, result, outputs=existing(out, out / "measure.json"), next=nxt)

@@ -6,6 +6,7 @@ model in memory), `diff` reads one tensor of each model at a time.
 
 from __future__ import annotations
 
+from experiments.summary import Summary, cmd
 
 def register(subparsers) -> None:
     pair = subparsers.add_parser("pair", help="extract a VLM's language model / diff it against its base LLM")
@@ -55,7 +56,7 @@ def _provenance_extra(args, report) -> dict:
     }
 
 
-def run_extract(args) -> int:
+def run_extract(args) -> Summary | int:
     from interventions.pairs import plan_extraction, resolve, write_language_model
     from interventions.pairs.resolve import resolve_dtype
     from sinkstudy.checkpoint import try_load_tokenizer
@@ -71,10 +72,13 @@ def run_extract(args) -> int:
                                dtype=args.dtype, force=args.force, max_shard_bytes=args.max_shard_size,
                                extra=_provenance_extra(args, plan.report), progress=True)
     print(f"wrote {out}")
-    return 0
+    return Summary("pair extract", f"{plan.report.source_arch} -> {plan.report.target_class}: the language model of {args.vlm} "
+                   f"in {args.base}'s architecture", outputs=[out],
+                   next=[cmd("sinkstudy", "pair", "diff", "--base", args.base, "--vlm", args.vlm),
+                         cmd("sinkstudy", "sink", out), cmd("sinkstudy", "eval", out)])
 
 
-def run_diff(args) -> int:
+def run_diff(args) -> Summary | int:
     from interventions.pairs import diff_summary, format_diff_table, plan_extraction, resolve, tensors_of, weight_diff
     from interventions.pairs.resolve import resolve_dtype
     from sinkstudy.io import check_output_dir, write_json_atomic
@@ -96,4 +100,11 @@ def run_diff(args) -> int:
             "provenance": provenance(**_provenance_extra(args, plan.report)),
         })
         print(f"wrote {args.json}")
-    return 0
+    changed = [r for r in diff_summary(rows) if r["rel_change"] is not None]
+    top = max(changed, key=lambda r: r["rel_change"], default=None)
+    where = f"layer {top['layer']}" if top and top["layer"] is not None else "the tensors outside the layers"
+    result = (f"largest relative change {top['rel_change']:.4g} in {top['group']} of {where}" if top
+              else "no tensor to compare") + f" ({len(rows)} tensors)"
+    return Summary("pair diff", result, outputs=[args.json] if args.json else [],
+                   next=[cmd("sinkstudy", "pair", "extract", "--base", args.base, "--vlm", args.vlm, "--out", f"{args.vlm.rstrip('/')}-lm")]
+                   + ([] if args.json else [cmd("sinkstudy", "pair", "diff", "--base", args.base, "--vlm", args.vlm, "--json", "diff.json")]))

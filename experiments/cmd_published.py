@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from experiments.summary import Summary, cmd
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("paper-table", help="the paper's published six pairs and panel: rho, leave-one-out error, McNemar",
@@ -17,7 +19,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_paper_table)
 
 
-def run_paper_table(args) -> int:
+def run_paper_table(args) -> Summary | int:
     from experiments.published import PUBLISHED, format_paper_table, load_published, paper_table
     from sinkstudy import SinkstudyError
     from sinkstudy.io import write_json_atomic
@@ -31,4 +33,10 @@ def run_paper_table(args) -> int:
     if args.json:
         write_json_atomic(args.json, {**result, "provenance": provenance(seeds={"bootstrap": args.seed},
                                                                          settings={"tables": str(args.tables or PUBLISHED)})})
-    return 0
+    c = result["correlation"]
+    rho = "; ".join(f"Spearman ρ(S, Δ {what}) = {c[key]['spearman']:+.2f} [{c[key]['spearman_ci'][0]:+.2f}, {c[key]['spearman_ci'][1]:+.2f}]"
+                    for key, what in (("points", "points"), ("relative", "/ base")))
+    return Summary("paper-table", f"the paper's six pairs recomputed: {rho} ({100 * args.confidence:g}% CI over pairs)",
+                   outputs=[args.json] if args.json else [],
+                   next=[cmd("sinkstudy", "compare", "BASE_EVAL", "VLM_EVAL", "--published", "--sink-json", "BASE_SINK_JSON"),
+                         cmd("sinkstudy", "paper", "--dry-run")])

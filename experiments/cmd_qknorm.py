@@ -13,6 +13,8 @@ side by side with paired CIs against the original base and against the control a
 
 from __future__ import annotations
 
+from experiments.summary import Summary, cmd, existing
+
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 DEMO_TRAIN_RECORDS = 2000
 # Copies of interventions.qknorm's tuples (a test keeps them equal): importing it pulls in torch.
@@ -74,9 +76,11 @@ def _validate(args) -> None:
 
     if args.train_steps < 0:
         raise SinkstudyError(f"--train-steps must be >= 0, got {args.train_steps}")
-    from experiments.cmd_eval import eval_kwargs
+    from experiments.cmd_eval import check_hub_tasks, eval_kwargs
 
-    eval_kwargs(args)  # bad eval flags fail before any training
+    kwargs = eval_kwargs(args)  # bad eval flags fail before any training
+    if not args.no_eval:
+        check_hub_tasks(args.tasks, kwargs["data_files"])
     if args.backend == "vllm" and not args.adapt:
         raise SinkstudyError("--backend vllm evaluates checkpoints on disk: only the --adapt arms are; drop it here")
     if not 0.0 <= args.alpha <= 1.0:
@@ -98,7 +102,7 @@ def _validate(args) -> None:
         check_output_dir(args.out, args.force)
 
 
-def main(args) -> int:
+def main(args) -> Summary | int:
     args.out = args.out or default_out(args)
     _validate(args)
     if args.adapt:
@@ -110,7 +114,31 @@ def main(args) -> int:
         report = run_qknorm(args)
         print(format_table(report))
     print(f"wrote {args.out}")
-    return 0
+    return _summary(args, report)
+
+
+def _summary(args, report: dict):
+    """One line: Sink Strength and the first task's Δ (per arm with --adapt), with the paper's convention."""
+    from pathlib import Path
+
+    out = Path(args.out)
+    if args.adapt:
+        task = report["tasks"][0] if report["tasks"] else None
+        deltas = [f"{name} {_f(row['tasks'][task]['vs_own_base']['delta'])}" for name, row in report["arms"].items()] if task else []
+        result = (f"{task}: Δ = arm − its own base, points: {', '.join(deltas)}" if deltas else f"{len(report['arms'])} arm(s) adapted")
+        return Summary("qknorm", result, outputs=existing(out / "report.md", out / "report.json", out),
+                       next=[cmd("sinkstudy", "run", "experiments/configs/protect.yaml")])
+    init, after = report["at_init"], report["after_training"]
+    result = (f"Sink Strength {_f(init['sink_strength_original'])} original -> {_f(init['sink_strength_injected'])} {report['arm']}"
+              + (f" -> {_f(after['sink_strength_injected'])} trained" if after else ""))
+    paired = (report["evals"] or {}).get("paired") or []
+    if paired:
+        c = paired[0]
+        result += (f"; {c['task']} Δ = {report['arm']} − original = {c['delta_points']:+.1f} points "
+                   f"[{c['delta_points_ci'][0]:+.1f}, {c['delta_points_ci'][1]:+.1f}]")
+    return Summary("qknorm", result, outputs=existing(out / "report.txt", out / "model", out / "evals"),
+                   next=[cmd("sinkstudy", "qknorm", args.base, "--adapt", "experiments/configs/adapt/demo_digits.yaml",
+                             "--init", args.init), cmd("sinkstudy", "sink", out / "model")])
 
 
 def _texts(arg, default_set: str) -> list[str]:

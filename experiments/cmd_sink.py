@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from experiments.summary import Summary, cmd, existing
+
 RESULT_JSON = "sink.json"
 MAP_PNG = "sink_map.png"
 
@@ -33,7 +35,7 @@ def default_out(model: str, metric: str) -> Path:
     return Path("runs") / "sink" / f"{name}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', metric)}"
 
 
-def run_sink(args) -> int:
+def run_sink(args) -> Summary | int:
     from evals.sink import DEFAULT_METRIC, get_metric
     from evals.sink.calibration import resolve_texts
     from sinkstudy import SinkstudyError
@@ -78,7 +80,7 @@ def _check_architecture(model: str) -> None:
     check_supported_config(config)
 
 
-def _measure_and_write(args, spec, params, model, tokenizer, out: Path) -> int:
+def _measure_and_write(args, spec, params, model, tokenizer, out: Path) -> Summary | int:
     from evals.sink import plot_sink_map, sink_strength
     from sinkstudy.io import atomic_output_dir, write_json_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
@@ -107,4 +109,9 @@ def _measure_and_write(args, spec, params, model, tokenizer, out: Path) -> int:
         if result.noise_maps is not None:
             plot_sink_map(result.noise_maps, tmp / "sink_map_noise.png", title=f"{Path(args.model).name}: random embeddings")
     print(f"wrote {out / RESULT_JSON} and {out / MAP_PNG}")
-    return 0
+    return Summary("sink", f"Sink Strength [{result.metric}] of {args.model} = {result.value:.4f} "
+                   f"({len(maps.text_ids)} texts from {maps.settings['calibration']})",
+                   outputs=existing(out / RESULT_JSON, out / MAP_PNG, out / "sink_map_noise.png"),
+                   next=[cmd("sinkstudy", "eval", args.model)]
+                   + ([cmd("sinkstudy", "compare", "BASE_EVAL", "VLM_EVAL", "--published", "--sink-json", out / RESULT_JSON)]
+                      if result.metric == "logodds" else []))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from experiments.summary import Summary, cmd, existing
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
 DEMO_REAL_CONFIG = CONFIG_DIR / "demo_real.yaml"
@@ -26,6 +28,7 @@ def register(subparsers) -> None:
 
     add_plugin_option(p)
     _common(p)
+    _eval_overrides(p)
     p.add_argument("--jobs", type=_positive, default=1, metavar="N",
                    help="run independent steps on N local worker processes (default: %(default)s)")
     p.set_defaults(func=cmd_run)
@@ -38,14 +41,14 @@ def register(subparsers) -> None:
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)
     _common(p, default_out=None)
     p.add_argument("--jobs", type=_positive, default=None, metavar="N",
-                   help="worker processes, one torch thread each (default: one per core, at most 4)")
+                   help="worker processes, one torch thread each (default: one per core, at most 4; 1 with --real)")
     p.set_defaults(func=cmd_demo)
 
     p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (models, tasks, merges, disk, GPU memory) offline")
-    p.add_argument("--limit", type=float, default=None, help="evaluate only N prompts per task (allows a run without CUDA)")
     p.add_argument("--config", default=str(PAPER_CONFIG), help="study YAML (default: %(default)s)")
     _common(p)
+    _eval_overrides(p, limit_help="evaluate only N prompts per task (allows a run without CUDA)")
     p.set_defaults(func=cmd_paper)
 
 
@@ -61,6 +64,30 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _eval_overrides(p, limit_help: str = "evaluate only N prompts per task (a fraction < 1: that share)") -> None:
+    """The config's eval and model settings, overridden from the command line (`make ... LIMIT= TASKS= DEVICE= DTYPE=`)."""
+    from experiments.argtypes import limit
+
+    g = p.add_argument_group("overrides of the config's evals and model settings")
+    g.add_argument("--limit", type=limit, default=None, help=limit_help)
+    g.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks instead of the config's evals.tasks")
+    g.add_argument("--device", default=None, help="device the models run on instead of the config's model.device, e.g. cuda")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="instead of the config's model.dtype")
+
+
+def _overrides(args) -> dict | None:
+    """The config overrides of `_eval_overrides`' flags (None: none given)."""
+    evals = {k: v for k, v in (("limit", args.limit), ("tasks", args.tasks)) if v is not None}
+    model = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    return {k: v for k, v in (("evals", evals), ("model", model)) if v} or None
+
+
+def _check_hub(study) -> None:
+    from experiments.cmd_eval import check_hub_tasks
+
+    check_hub_tasks(study.evals["tasks"], study.evals.get("data_files"))
+
+
 def _run(study, args, jobs: int = 1) -> int:
     from experiments.jobs import run_study_parallel
     from experiments.runner import run_study
@@ -72,10 +99,14 @@ def _run(study, args, jobs: int = 1) -> int:
     stages = ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items() if v)
     print(f"sinkstudy: {study.name}: report {res['report']} (+ {Path(res['html']).name}); {res['steps']} steps, "
           f"{res['reused']} reused, {res['seconds']:.0f}s" + (f" [{stages}]" if stages else ""))
-    return 0
+    nxt = {"demo": [cmd("sinkstudy", "run", CONFIG_DIR / "real_pairs_template.yaml", "--plan"), cmd("sinkstudy", "paper", "--dry-run")],
+           "paper": [cmd("sinkstudy", "paper-table")]}.get(args.command, [cmd("sinkstudy", "run", args.config, "--plan")])
+    return Summary(args.command, f"study {study.name}: {res['steps']} steps ({res['reused']} reused)"
+                   + (f", time by stage: {stages}" if stages else "") + f"; read {Path(res['report']).name} first",
+                   outputs=existing(res["report"], res["html"], study.out), next=nxt)
 
 
-def cmd_run(args) -> int:
+def cmd_run(args) -> Summary | int:
     import json
     import shlex
 
@@ -84,22 +115,26 @@ def cmd_run(args) -> int:
     from experiments.study import load_study
 
     load_plugin_options(args)  # before the config: its interventions and arms may name a plug-in's
-    study = load_study(args.config, out=args.out)
+    study = load_study(args.config, out=args.out, overrides=_overrides(args))
     command = ("sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
-               + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin))
+               + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin)
+               + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
+                         if (v := getattr(args, k)) is not None))
     if args.plan:
         steps = plan_study(study, command)
         print(json.dumps(steps, indent=1) if args.plan == "json" else format_steps(steps, study, command))
         return 0
+    _check_hub(study)
     if args.step:
         done = run_step(study, args.step, force=args.force, progress=not args.quiet, command=command)
         print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
                                                                    else f"done in {done['seconds']:.0f}s"))
-        return 0
+        return Summary("run --step", f"study {study.name}: step {done['step']} " + ("reused" if done["reused"] else "done"),
+                       outputs=[study.out], next=[f"{command} --plan   (the steps left), then {command}   (summary and report)"])
     return _run(study, args, jobs=args.jobs)
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args) -> Summary | int:
     import os
 
     import torch
@@ -121,14 +156,14 @@ def cmd_demo(args) -> int:
     return _run(study, args, jobs=jobs)
 
 
-def cmd_paper(args) -> int:
+def cmd_paper(args) -> Summary | int:
     from experiments.paper import check_can_run, format_plan, plan
     from experiments.study import load_study
 
-    overrides = {"evals": {"limit": args.limit}} if args.limit is not None else None
-    study = load_study(args.config, out=args.out, overrides=overrides)
+    study = load_study(args.config, out=args.out, overrides=_overrides(args))
     if args.dry_run:
         print(format_plan(plan(study)))
         return 0
     check_can_run(study, args.limit)
+    _check_hub(study)
     return _run(study, args)

@@ -20,15 +20,20 @@ from experiments.cmd_merge import (
     reusable_json,
     weight_distance,
 )
+from experiments.summary import Summary, cmd, existing, format_duration
 
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent / "configs" / "merge_sweep.yaml"
 
 
 def register(subparsers) -> None:
-    s = subparsers.add_parser("merge-sweep", help="run and measure a grid of merges; recovery CIs and a Pareto plot")
+    s = subparsers.add_parser("merge-sweep", help="run and measure a grid of merges; recovery CIs and a Pareto plot",
+                              description="Run and measure a grid of merges (default: a 9-point grid; "
+                              "merge_sweep_full.yaml beside it has 63). The plan (points, what is reused, the "
+                              "estimated time) is printed before any work.")
     pair_args(s)
     s.add_argument("--config", default=str(DEFAULT_SWEEP_CONFIG), help="sweep YAML (default: experiments/configs/merge_sweep.yaml)")
-    s.add_argument("--max-points", type=argtypes.positive_int, help="run only the first N grid points")
+    s.add_argument("--max-points", type=argtypes.positive_int,
+                   help="run N points evenly spread over the grid (first and last included; deterministic)")
     mergekit_args(s)
     eval_args(s)
     s.add_argument("--force", action="store_true", help="redo finished points")
@@ -88,6 +93,50 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     return {**{k: v for k, v in cfg.items() if k not in ("grid", "points")}, "points": points}
 
 
+def spread(points: list, n: int | None) -> list:
+    """`n` of `points` evenly spread over their order (first and last included); all when n is None
+    or covers them. Deterministic: the same grid and n always give the same points."""
+    if n is None or n >= len(points):
+        return list(points)
+    if n == 1:
+        return [points[(len(points) - 1) // 2]]
+    step = (len(points) - 1) / (n - 1)  # >= 1: the picked indices are distinct and increasing
+    return [points[int(i * step + 0.5)] for i in range(n)]
+
+
+def format_plan(points: list[dict[str, Any]], total: int, reused: set[str], seconds_per_point: float | None) -> str:
+    """What the sweep will do, before it does it: the points, which are reused, the estimated time."""
+    todo = [pt for pt in points if pt["name"] not in reused]
+    head = f"merge sweep plan: {len(points)} point(s)" + (f" of {total}, evenly spread over the grid" if len(points) < total else "")
+    lines = [f"{head}: {len(todo)} to run, {len(points) - len(todo)} reused"]
+    lines += [f"  {'reused' if pt['name'] in reused else 'run':<7}{pt['name']}" for pt in points]
+    if not todo:
+        lines.append("estimated time: seconds (every point is reused)")
+    elif seconds_per_point is None:
+        lines.append("estimated time: printed once the base and VLM LM references are measured (a point ≈ one merge + one such measurement)")
+    else:
+        lines.append(f"estimated time: {len(todo)} × ~{format_duration(seconds_per_point)} ≈ {format_duration(len(todo) * seconds_per_point)}")
+    return "\n".join(lines)
+
+
+def _recorded_seconds(out: Path) -> float | None:
+    """Mean time of a point measured before in this sweep directory (its measure.json's `seconds`)."""
+    import statistics
+
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_json
+
+    times = []
+    for path in sorted(out.glob("points/*/measure.json")):
+        try:
+            seconds = read_json(path).get("seconds")
+        except (SinkstudyError, AttributeError):
+            continue
+        if isinstance(seconds, (int, float)) and seconds >= 0:
+            times.append(float(seconds))
+    return statistics.mean(times) if times else None
+
+
 def point_params(pt: dict[str, Any], root=None) -> dict[str, Any]:
     return {k: v for k, v in pt.items() if k not in ("name", "method")} | ({"root": root} if root is not None else {})
 
@@ -103,8 +152,12 @@ def _check_sweep_pair(out: Path, pair: dict[str, str], force: bool) -> None:
         raise SinkstudyError(f"{out} holds a sweep of another (base, VLM) pair; choose another --out or pass --force to redo it")
 
 
-def run_sweep(args) -> int:
-    """Each point: intervene (reused when finished), measure (reused when its key matches), summarise."""
+def run_sweep(args) -> Summary | int:
+    """Plan (printed first), then each point: intervene (reused when finished), measure (reused when
+    its key matches), summarise."""
+    import math
+    import time
+
     from tqdm.auto import tqdm
 
     from interventions.merge import MERGEKIT_METHODS, check_mergekit_options, local_checkpoint, resolve_lm
@@ -113,7 +166,7 @@ def run_sweep(args) -> int:
     from sinkstudy.provenance import model_fingerprint, provenance
 
     sweep = load_sweep(args.config)  # every point valid before any work
-    points = sweep["points"][: args.max_points] if args.max_points else sweep["points"]
+    points = spread(sweep["points"], args.max_points)
     options = check_mergekit_options(mergekit_options(args))  # used by the mergekit points; the others run as they do
     check_measure_args(args)
     out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.config).stem, "merge-sweep")
@@ -126,19 +179,37 @@ def run_sweep(args) -> int:
         _check_sweep_pair(out, pair, args.force)
         write_json_atomic(out / "pair.json", {"models": pair, "base": str(args.base), "vlm": str(args.vlm)})
         measure = Measure(base, vlm_lm, args, out / "reference")
+        keys, finished = {}, {}
+        for pt in points:
+            params = point_params(pt, root if takes_root(pt["method"]) else None)
+            keys[pt["name"]] = digest({"request": intervention_request(pt["method"], base, vlm_lm, params, seed),
+                                       "measure": measure.identity, "references": pair})
+            row = None if args.force else reusable_json(out / "points" / pt["name"] / "measure.json", keys[pt["name"]])
+            if row is not None:
+                finished[pt["name"]] = row
+        recorded = _recorded_seconds(out)
+        print(format_plan(points, len(sweep["points"]), set(finished), recorded), flush=True)
+        todo = len(points) - len(finished)
+        start = time.perf_counter()
+        measure.ref  # the base and VLM LM references, measured (or reused) once
+        ref_seconds = time.perf_counter() - start
+        if todo and recorded is None and ref_seconds >= 1:
+            print(f"references measured in {format_duration(ref_seconds)}: estimated time {todo} × "
+                  f"~{format_duration(ref_seconds / 2)} ≈ {format_duration(todo * ref_seconds / 2)} (merges not included)", flush=True)
         rows = []
         for pt in tqdm(points, desc="merge sweep"):
             pdir = out / "points" / pt["name"]
             params = point_params(pt, root if takes_root(pt["method"]) else None)
-            key = digest({"request": intervention_request(pt["method"], base, vlm_lm, params, seed), "measure": measure.identity,
-                           "references": pair})
-            row = None if args.force else reusable_json(pdir / "measure.json", key)
+            key = keys[pt["name"]]
+            row = finished.get(pt["name"])
             if row is None:
+                started = time.perf_counter()
                 model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model", seed=seed, force=args.force,
                                                progress=False, mergekit_options=options if pt["method"] in MERGEKIT_METHODS else None)
                 row = {"name": pt["name"], "method": pt["method"], "params": {k: str(v) if k == "root" else v for k, v in params.items()},
                        **measure.summary(measure.measure(model_dir, pdir)),
-                       "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key}
+                       "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key,
+                       "seconds": time.perf_counter() - started}  # unrounded: a fast point still has a time
                 write_json_atomic(pdir / "measure.json", row)
                 if not sweep.get("keep_models", True):
                     remove_tree(model_dir, within=out)  # results stay in measure.json; 7B checkpoints do not fit by dozens
@@ -152,7 +223,18 @@ def run_sweep(args) -> int:
         plot_pareto(rows, out / "pareto.png")
     print(format_sweep(rows))
     print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'pareto.png'}")
-    return 0
+    finite = [r for r in rows if math.isfinite(text_recovery(r))]
+    best = max(finite, key=text_recovery) if finite else None
+    result = (f"{len(rows)} point(s), {sum(1 for pt in points if pt['name'] in finished)} reused; Pareto front "
+              f"(recovery vs distance to VLM LM): {', '.join(pareto_front(rows)) or 'empty'}"
+              + (f"; best mean text recovery {best['name']} {text_recovery(best):.2f}" if best else ""))
+    full = DEFAULT_SWEEP_CONFIG.parent / "merge_sweep_full.yaml"
+    nxt = ([cmd("sinkstudy", "merge-sweep", "--base", args.base, "--vlm", args.vlm, "--config", full, "--max-points", 2 * len(points))]
+           if Path(args.config).resolve() == DEFAULT_SWEEP_CONFIG.resolve() else [])
+    return Summary("merge-sweep", result, outputs=existing(out / "summary.md", out / "summary.json", out / "pareto.png"),
+                   next=nxt + [cmd("sinkstudy", "merge", "--method", best["method"], "--base", args.base, "--vlm", args.vlm,
+                                   *(x for k, v in best["params"].items() if k in ("weight", "density") for x in (f"--{k}", v)))]
+                   if best else nxt)
 
 
 def text_recovery(row: dict[str, Any]) -> float:

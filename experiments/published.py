@@ -64,6 +64,8 @@ class PublishedTables:
     reported: dict[str, float]
     six: tuple[PublishedPair, ...]
     panel_extra: tuple[PublishedPair, ...] = field(default=())
+    qknorm_injection: dict[str, Any] = field(default_factory=dict)  # base, ifeval_base, ifeval_after (points)
+    merges: dict[str, Any] = field(default_factory=dict)  # tried, recovered_ifeval
 
     @property
     def panel(self) -> tuple[PublishedPair, ...]:
@@ -81,7 +83,8 @@ def load_published(path: str | Path = PUBLISHED) -> PublishedTables:
         reported = {k: float(v) for k, v in raw["reported"].items()}
         six = tuple(_pair(r, f"{path.name}: six_pairs[{i}]") for i, r in enumerate(raw["six_pairs"]))
         extra = tuple(_pair(r, f"{path.name}: panel_extra[{i}]") for i, r in enumerate(raw.get("panel_extra") or []))
-        tables = PublishedTables(str(raw["source"]), str(raw["metric"]), n, reported, six, extra)
+        tables = PublishedTables(str(raw["source"]), str(raw["metric"]), n, reported, six, extra,
+                                 dict(raw.get("qknorm_injection") or {}), dict(raw.get("merges") or {}))
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise SinkstudyError(f"cannot read the published tables {path}: {type(exc).__name__}: {exc}") from None
     if set(reported) != _REPORTED_KEYS:

@@ -1,9 +1,11 @@
 """report.md + report.html + plots from a study's summary.json.
 
-The document is built once as a list of blocks (heading, paragraph, bullet list, table, image)
-and rendered twice, to Markdown and to self-contained HTML (images as files beside it). The
-findings section states what the numbers show, including when they do not show the paper's
-effects; nothing in it is written by hand. Convention throughout: Δ = after − before in points
+The document is built once as a list of blocks (heading, paragraph, bullet list, table, image,
+links, example) and rendered twice, to Markdown and to self-contained HTML (images as files
+beside it). It opens with one verdict line per study question the summary holds (number, CI,
+convention), then the paper's figures beside ours, then the details; parts without data are left
+out. Every sentence states what the numbers show, including when they do not show the paper's
+effects; nothing in it is written by hand. Figures: `experiments.plots`. Convention throughout: Δ = after − before in points
 (score × 100; base -> VLM LM: negative = capability lost), relative = Δ / before; the paper's
 direction in it is ρ(S, Δ) > 0 (experiments/data/published_choi2026.yaml).
 """
@@ -11,21 +13,18 @@ direction in it is ρ(S, Δ) > 0 (experiments/data/published_choi2026.yaml).
 from __future__ import annotations
 
 import html
-import math
-import os
+import re
 from pathlib import Path
 
-from sinkstudy.io import read_json, save_figure_atomic, write_text_atomic
+from experiments import plots
+from experiments.plots import missing as _nan, significant_loss as _lost
+from sinkstudy.io import read_json, write_text_atomic
 
 CONVENTION = ("Δ = after − before in points (score × 100; base → VLM LM: negative = capability lost); "
               "Δ/before = Δ / the before score (relative)")
 
 
 # --------------------------------------------------------------------------- formatting
-
-def _nan(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
 
 def _f(x, digits: int = 3) -> str:
     if _nan(x):
@@ -37,12 +36,6 @@ def _ci(ci, digits: int = 3) -> str:
     if not ci or any(_nan(v) for v in ci):
         return ""
     return f"[{(ci[0] or 0.0):.{digits}f}, {(ci[1] or 0.0):.{digits}f}]"
-
-
-def _lost(d: dict) -> bool:
-    """The base -> VLM Δ's CI lies below 0 (a loss): there is something to recover."""
-    hi = d["delta_points_ci"][1] if d.get("delta_points_ci") else None
-    return not _nan(hi) and hi < 0
 
 
 def _pts(score) -> str:
@@ -58,16 +51,27 @@ def _short(metric: str | None) -> str:
     return (metric or "").replace(",none", "").replace("exact_match,", "em/")
 
 
-def _cell(text: str) -> str:
-    """Model text inside a table cell: one line, escapes visible."""
-    return repr(text)[1:-1]
-
-
-def _pass(v) -> str:
-    return "pass" if v else "fail"
-
-
 # --------------------------------------------------------------------------- blocks -> md / html
+# Blocks: ("h", level, text), ("p", text), ("ul", [text]), ("table", header, rows), ("code", text),
+# ("img", {"path", "svg", ...}, caption), ("links", [(text, href)]), ("example", {...} from `_example`).
+
+def _fence(text: str) -> str:
+    return "```text\n" + text.replace("```", "ʼʼʼ") + "\n```"
+
+
+def _example_md(x: dict) -> str:
+    return "\n\n".join([f"**{x['title']}**", "Prompt (the user's message, chat markup removed):", _fence(x["prompt"]),
+                        f"Expected: {x['expected']}"]
+                       + [f"{who}: **{verdict}**\n\n{_fence(text)}" for who, text, verdict in x["outputs"]])
+
+
+def _example_html(x: dict) -> str:
+    e = html.escape
+    outputs = "".join(f"<dt>{e(who)}: <b>{e(verdict)}</b></dt><dd><pre class='text'>{e(text)}</pre></dd>"
+                      for who, text, verdict in x["outputs"])
+    return (f"<div class='example'><h4>{e(x['title'])}</h4><dl><dt>Prompt (the user's message, chat markup removed)</dt>"
+            f"<dd><pre class='text'>{e(x['prompt'])}</pre></dd><dt>Expected</dt><dd>{e(x['expected'])}</dd>{outputs}</dl></div>")
+
 
 def render_md(blocks: list[tuple]) -> str:
     out = []
@@ -84,10 +88,23 @@ def render_md(blocks: list[tuple]) -> str:
             out.append("\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                                  + ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]))
         elif kind == "img":
-            out.append(f"![{b[2]}]({b[1]})")
+            out.append(f"![{b[2]}]({b[1]['path']})\n\n*{b[2]}* ([PNG]({b[1]['path']}), [SVG]({b[1]['svg']}))")
+        elif kind == "links":
+            out.append("\n".join(f"- [{text}]({href})" for text, href in b[1]))
+        elif kind == "example":
+            out.append(_example_md(b[1]))
         elif kind == "code":
             out.append("```\n" + b[1] + "\n```")
     return "\n\n".join(out) + "\n"
+
+
+STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
+         ".table{overflow-x:auto;max-width:100%;margin:1em 0}"  # wide tables scroll inside their box, not the page
+         "table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right;"
+         "vertical-align:top}th{background:#eee}td:first-child,th:first-child{text-align:left}"
+         "img{max-width:100%}figure{margin:1.5em 0}figcaption{font-size:.9em;color:#444}"
+         "pre{background:#f5f5f5;padding:1em;overflow:auto}pre.text{white-space:pre-wrap;word-break:break-word;padding:.5em;margin:.2em 0}"
+         ".example{border:1px solid #ddd;padding:.5em 1em;margin:1em 0}dd{margin-left:1em}")
 
 
 def render_html(blocks: list[tuple], title: str) -> str:
@@ -104,155 +121,22 @@ def render_html(blocks: list[tuple], title: str) -> str:
         elif kind == "table":
             head = "".join(f"<th>{e(h)}</th>" for h in b[1])
             rows = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            body.append(f"<div class='table'><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
         elif kind == "img":
-            body.append(f'<figure><img src="{e(b[1])}" alt="{e(b[2])}"><figcaption>{e(b[2])}</figcaption></figure>')
+            f = b[1]
+            body.append(f'<figure><a href="{e(f["path"])}"><img src="{e(f["path"])}" alt="{e(b[2])}"></a>'
+                        f'<figcaption>{e(b[2])} (<a href="{e(f["path"])}">PNG</a>, <a href="{e(f["svg"])}">SVG</a>)</figcaption></figure>')
+        elif kind == "links":
+            body.append("<ul>" + "".join(f'<li><a href="{e(href)}">{e(text)}</a></li>' for text, href in b[1]) + "</ul>")
+        elif kind == "example":
+            body.append(_example_html(b[1]))
         elif kind == "code":
             body.append(f"<pre>{e(b[1])}</pre>")
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
-             "table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}"
-             "th{background:#eee}td:first-child,th:first-child{text-align:left}img{max-width:100%}pre{background:#f5f5f5;padding:1em;overflow:auto}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{style}</style></head>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{STYLE}</style></head>"
             f"<body>{''.join(body)}</body></html>\n")
 
 
-# --------------------------------------------------------------------------- plots
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_sink_maps(summary: dict, out: Path) -> dict[str, str]:
-    """One base-vs-VLM sink-mass figure per pair (evals.sink.plot_sink_shift)."""
-    from evals.sink import SinkMaps, plot_sink_shift
-
-    paths = {}
-    for p, entry in summary["pairs"].items():
-        m = entry["models"]
-        f = out / "plots" / f"sink_{p}.png"
-        plot_sink_shift(SinkMaps.from_json(m["base"]["sink_maps"]), SinkMaps.from_json(m["vlm"]["sink_maps"]), f,
-                        title=f"{p}: sink mass, base vs VLM LM")
-        paths[p] = f
-    return {p: os.path.relpath(f, out) for p, f in paths.items()}
-
-
-def plot_scatter(summary: dict, task: str, out: Path) -> str:
-    """S of the base against Δ points and against Δ / before (two panels), with the pairs' CIs."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 4))
-    for ax, key, label in ((axes[0], "delta_points", f"Δ = VLM LM − base on {task} (points)"),
-                           (axes[1], "delta_relative", f"Δ / base on {task}")):
-        shown = 0
-        for p, entry in summary["pairs"].items():
-            s = entry["models"]["base"]["sink_strength"]
-            d = entry["degradation"][task]
-            y = d[key]
-            if _nan(s) or _nan(y):
-                continue
-            shown += 1
-            lo, hi = d[key + "_ci"]
-            err = None if _nan(lo) or _nan(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
-            ax.errorbar([s], [y], yerr=err, fmt="o", capsize=3, color="tab:red" if entry.get("native_qk_norm") else "tab:blue")
-            ax.annotate(p, (s, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-        if not shown:  # e.g. Δ / base where every base scores 0
-            ax.text(0.5, 0.5, "undefined for every pair", ha="center", va="center", transform=ax.transAxes, color="grey")
-        ax.axhline(0, color="grey", lw=0.7)
-        ax.set_xlabel("Sink Strength S of the base")
-        ax.set_ylabel(label)
-    fig.suptitle("Sink Strength vs change (negative = loss; red: native QK-norm; the paper: rho > 0 in both)", fontsize=9)
-    return _save(fig, plt, out, f"scatter_{task}.png")
-
-
-def _save(fig, plt, out: Path, name: str) -> str:
-    """Write the figure under OUT/plots atomically; return its path relative to the report."""
-    fig.tight_layout()
-    f = out / "plots" / name
-    try:
-        save_figure_atomic(fig, f, dpi=120)
-    finally:
-        plt.close(fig)
-    return os.path.relpath(f, out)
-
-
-def plot_recovery(summary: dict, task: str, out: Path) -> str | None:
-    plt = _plt()
-    bars = []
-    for p, entry in summary["pairs"].items():
-        for name, per_task in entry["interventions"].items():
-            r = per_task[task]["recovery"]
-            bars.append((f"{p}\n{name}", r["recovery"], r["ci"], _lost(entry["degradation"][task])))
-    if not bars:
-        return None
-    fig, ax = plt.subplots(figsize=(max(5, 0.55 * len(bars) + 1.5), 4))
-    xs = range(len(bars))
-    vals = [0.0 if _nan(b[1]) else b[1] for b in bars]
-    lows = [v if _nan(b[2][0]) else b[2][0] for v, b in zip(vals, bars)]
-    highs = [v if _nan(b[2][1]) else b[2][1] for v, b in zip(vals, bars)]
-    errs = [[max(0.0, v - lo) for v, lo in zip(vals, lows)], [max(0.0, hi - v) for v, hi in zip(vals, highs)]]
-    # Where the pair's own Δ is within noise, recovery is a ratio of noise: grey it out.
-    colours = ["tab:green" if b[3] else "lightgrey" for b in bars]
-    ax.bar(xs, vals, yerr=errs, capsize=2, color=colours)
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(color="tab:green", label="pair lost capability (Δ CI < 0)"),
-                       Patch(color="lightgrey", label="no significant loss: ratio of noise")], fontsize=7, loc="best")
-    for x, b in zip(xs, bars):
-        if _nan(b[1]):  # base and VLM scored the same: recovery is undefined
-            ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, color="grey")
-    ax.axhline(0, color="black", lw=0.7)
-    ax.axhline(1, color="grey", lw=0.7, ls="--")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([b[0] for b in bars], fontsize=6, rotation=60, ha="right")
-    ax.set_ylabel(f"recovery on {task}\n(0 = VLM LM, 1 = base)")
-    return _save(fig, plt, out, f"recovery_{task}.png")
-
-
-def plot_protect_pareto(summary: dict, task: str, out: Path) -> str | None:
-    """Text retention vs VL skill per adaptation arm: the score on `task` (points) against held-out
-    digit accuracy, one colour per pair, the control ringed; up-right is better on both."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    shown = 0
-    for i, (p, entry) in enumerate(summary["pairs"].items()):
-        arms = (entry.get("protection") or {}).get("arms") or {}
-        colour = f"C{i % 10}"
-        for arm, a in arms.items():
-            model = entry["models"][a["label"]]
-            score = (model["scores"].get(task) or {}).get(summary["headline"].get(task) or "")
-            skill = (a.get("vl_skill") or {}).get("digit_accuracy")
-            if _nan(score) or _nan(skill):
-                continue
-            shown += 1
-            ax.scatter([skill], [100 * score], color=colour, s=40, zorder=3, edgecolors="black" if arm == "control" else colour,
-                       linewidths=1.5 if arm == "control" else 0.5, label=p if arm == "control" else None)
-            ax.annotate(arm, (skill, 100 * score), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    if not shown:
-        plt.close(fig)
-        return None
-    ax.set_xlabel("VL skill: held-out digit accuracy")
-    ax.set_ylabel(f"{task} score after adaptation (points)")
-    ax.legend(fontsize=7, title="pair (ringed: control)", title_fontsize=7)
-    ax.set_title("Text retention vs VL skill per arm (up-right is better)", fontsize=9)
-    return _save(fig, plt, out, f"protect_pareto_{task}.png")
-
-
-def plot_protect_trajectory(summary: dict, pair: str, out: Path) -> str | None:
-    """Sink Strength during adaptation, one line per arm (interventions.adapt.trajectory's plot)."""
-    from interventions.adapt.trajectory import plot_trajectories
-
-    arms = (summary["pairs"][pair].get("protection") or {}).get("arms") or {}
-    lines = {arm: a["adapt"]["trajectory"] for arm, a in arms.items() if (a.get("adapt") or {}).get("trajectory")}
-    if not lines:
-        return None
-    f = out / "plots" / f"protect_trajectory_{pair}.png"
-    plot_trajectories(lines, f, title=f"{pair}: Sink Strength of the LM during adaptation, per arm")
-    return os.path.relpath(f, out)
-
+# --------------------------------------------------------------------------- adaptation arms
 
 def _protection_note(where: str, name: str, stage: str, rep) -> str | None:
     """One line on what a protection chose (first sink layer, heads, the removed QK-norm), from its report."""
@@ -306,13 +190,13 @@ def protection_blocks(summary: dict, out: Path) -> list[tuple]:
     if notes:
         b.append(("ul", notes))
     for t in tasks:
-        f = plot_protect_pareto(summary, t, out)
+        f = plots.protect_pareto(summary, t, out)
         if f:
             b.append(("img", f, f"text retention on {t} vs VL skill per arm"))
     for p in pairs:
-        f = plot_protect_trajectory(summary, p, out)
+        f = plots.adaptation_trajectory(summary, p, out)
         if f:
-            b.append(("img", f, f"{p}: Sink Strength during adaptation per arm (stage starts dashed)"))
+            b.append(("img", f, f"{p}: Sink Strength (and scores, where measured) during adaptation per arm (stage starts dashed)"))
     return b
 
 
@@ -491,15 +375,336 @@ def published_blocks(summary: dict) -> list[tuple]:
     return out
 
 
+# --------------------------------------------------------------------------- verdicts (the report's first screen)
+
+PAPER_DIRECTION = ("Δ = VLM LM − base in points (negative = capability lost), Δ/base = Δ / the base's score; in this "
+                   "convention the paper's direction is ρ > 0 (a stronger sink, less loss)")
+
+
+def _side(ci) -> int:
+    """+1: the CI lies above 0, -1: below 0, 0: it includes 0 (or is undefined)."""
+    if not ci or any(_nan(v) for v in ci):
+        return 0
+    return 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
+
+
+def _ci_words(ci) -> str:
+    return {1: "CI above 0", -1: "CI below 0", 0: "CI includes 0"}[_side(ci)]
+
+
+def _pts_ci(c: dict) -> str:
+    """A comparison's Δ in points with its CI, signed."""
+    lo, hi = c["delta_points_ci"] or (None, None)
+    ci = "" if _nan(lo) or _nan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
+    return f"{c['delta_points']:+.1f} pts{ci}" if not _nan(c["delta_points"]) else "n/a"
+
+
+def _rel_ci(c: dict) -> str:
+    lo, hi = c["delta_relative_ci"] or (None, None)
+    ci = "" if _nan(lo) or _nan(hi) else f" [{lo:+.3f}, {hi:+.3f}]"
+    return f"{c['delta_relative']:+.3f}{ci}" if not _nan(c["delta_relative"]) else "n/a (base scores 0)"
+
+
+def _rho(c: dict) -> str:
+    lo, hi = c["spearman_ci"]
+    return f"{c['spearman']:+.3f}" + ("" if _nan(lo) or _nan(hi) else f" [{lo:+.3f}, {hi:+.3f}]")
+
+
+def _kind(method: str | None) -> str:
+    """What an intervention is, from its method: qknorm / qknorm+vl / protection / merge / mitigation."""
+    if method in ("qknorm", "qknorm+vl", "protection"):
+        return method
+    from interventions.merge import MERGEKIT_METHODS
+    from interventions.spectral import SPECTRAL_METHODS
+
+    return "merge" if method in MERGEKIT_METHODS or method in SPECTRAL_METHODS else "mitigation"
+
+
+def _by_kind(summary: dict, kind: str) -> dict[str, dict[str, dict]]:
+    """{intervention name: {pair: per-task results}} of one kind, in the summary's order."""
+    out: dict[str, dict[str, dict]] = {}
+    for p, e in summary["pairs"].items():
+        for name, per_task in e["interventions"].items():
+            if _kind(e["models"][name].get("method")) == kind:
+                out.setdefault(name, {})[p] = per_task
+    return out
+
+
+def _paper_task(summary: dict) -> str:
+    """The task set beside the paper's IFEval figures: the study's IFEval-like task, else its first."""
+    return next((t for t in summary["tasks"] if "ifeval" in t), summary["tasks"][0])
+
+
+def _verdict_sink(summary: dict) -> list[str]:
+    from experiments.published import load_published
+
+    rep = load_published().reported
+    out = []
+    for t in summary["tasks"]:
+        corr = (summary.get("correlation") or {}).get(t)
+        if not corr:
+            continue
+        pts, rel = corr["points"], corr["relative"]
+        answer = {1: "yes, in the paper's direction", -1: "no: the opposite of the paper's direction",
+                  0: "not established"}[_side(pts["spearman_ci"])]
+        out.append(f"Does S track degradation on {t}? {answer}: Spearman ρ(S, Δ points) = {_rho(pts)} ({_ci_words(pts['spearman_ci'])}), "
+                   f"ρ(S, Δ/base) = {_rho(rel)} ({_ci_words(rel['spearman_ci'])}); {corr['n']} pairs, {corr['confidence']:.0%} CIs "
+                   f"resampling pairs; Δ = VLM LM − base in points (negative = capability lost). The paper, same convention: "
+                   f"ρ = {rep['spearman_points']:+.3f} on points and {rep['spearman_relative']:+.3f} on Δ/base over six 7-8B pairs "
+                   "(ρ > 0: a stronger sink, less loss).")
+    return out
+
+
+def _verdict_qknorm(summary: dict) -> list[str]:
+    from experiments.published import load_published
+
+    q = load_published().qknorm_injection
+    t = summary["tasks"][0]
+    native = [(p, e["degradation"][t]) for p, e in summary["pairs"].items() if e.get("native_qk_norm")]
+    out = []
+    for name, per_pair in _by_kind(summary, "qknorm+vl").items():
+        for p, per_task in per_pair.items():
+            c, vb = per_task[t].get("vs_vlm"), per_task[t]["vs_base"]
+            if c is None:  # a summary from before vs_vlm: the recovery is the same paired comparison, normalised
+                r = per_task[t]["recovery"]
+                control, side = f"recovery {_with_ci(r['recovery'], r['ci'], 2)}", _side(r["ci"])
+            else:
+                control, side = f"Δ = {name} − VLM LM = {_pts_ci(c)}", _side(c["delta_points_ci"])
+            answer = {1: "yes, against the control", -1: "no: it lost more than the control", 0: "not established against the control"}[side]
+            line = (f"Does injected QK-norm protect {p} on {t}? {answer}: {control} (the control: the same VL recipe on the "
+                    f"uninjected base; positive = the injection kept more text skill); against the base Δ/base = {_rel_ci(vb)}")
+            if native:
+                line += "; native QK-norm pairs: " + ", ".join(f"{n} Δ/base = {_rel_ci(d)}" for n, d in native)
+            if q:
+                line += (f". The paper: no ({q['base']} with injected QK-norm scored IFEval {q['ifeval_after']:g} after VL training "
+                         f"vs {q['ifeval_base']:g} for the base, Δ/base = {(q['ifeval_after'] - q['ifeval_base']) / q['ifeval_base']:+.3f})")
+            out.append(line + ".")
+    return out
+
+
+def _verdict_merges(summary: dict) -> list[str]:
+    """Per merge: the share of each significant loss it recovered, with its CI."""
+    from experiments.published import load_published
+
+    m = load_published().merges
+    paper = f" The paper: none of its {len(m['tried'])} merges recovered IFEval." if m else ""
+    out, unmeasurable = [], []
+    for name, per_pair in _by_kind(summary, "merge").items():
+        parts, above = [], 0
+        for p, per_task in per_pair.items():
+            for t in summary["tasks"]:
+                if not _lost(summary["pairs"][p]["degradation"][t]):
+                    continue  # recovery of a loss within noise is a ratio of noise
+                r = per_task[t]["recovery"]
+                above += _side(r["ci"]) > 0
+                parts.append(f"{p} {t} {_with_ci(r['recovery'], r['ci'], 2)}")
+        if not parts:
+            unmeasurable.append(name)
+            continue
+        answer = "yes" if above == len(parts) else f"on {above} of {len(parts)}" if above else "no"
+        out.append(f"Does {name} recover? {answer}: share of the loss recovered (0 = VLM LM, 1 = base; CI above 0 = recovered "
+                   f"some): " + "; ".join(parts) + "." + paper)
+    if unmeasurable:
+        pairs = ", ".join(summary["pairs"])
+        out.append(f"Does {' / '.join(unmeasurable)} recover? not measurable: no pair ({pairs}) lost capability beyond noise on any task "
+                   f"(a share of a loss within noise is a ratio of noise).{paper}")
+    return out
+
+
+def _verdict_protections(summary: dict) -> list[str]:
+    """Per protection arm (against the control adaptation) and per post-hoc mitigation (against the VLM LM)."""
+    tasks, out = summary["tasks"], []
+    arms: dict[str, list[str]] = {}
+    sides: dict[str, list[int]] = {}
+    for p, e in summary["pairs"].items():
+        for arm, a in ((e.get("protection") or {}).get("arms") or {}).items():
+            if not a.get("vs_control"):
+                continue
+            skill = (a.get("vl_skill") or {}).get("digit_accuracy")
+            ctrl = next((c for c in e["protection"]["arms"].values() if not c.get("vs_control")), {})
+            ctrl_skill = (ctrl.get("vl_skill") or {}).get("digit_accuracy")
+            arms.setdefault(arm, []).append(
+                f"{p}: " + ", ".join(f"{t} {_pts_ci(a['vs_control'][t])}" for t in tasks)
+                + (f" (VL skill {skill:.2f} vs control {ctrl_skill:.2f})" if not _nan(skill) and not _nan(ctrl_skill) else ""))
+            sides.setdefault(arm, []).append(_side(a["vs_control"][tasks[0]]["delta_points_ci"]))
+    for arm, parts in arms.items():
+        out.append(f"Does protection {arm} beat the control? {_answer(sides[arm])} on {tasks[0]}: Δ = arm − control adaptation "
+                   "(positive = kept more text skill): " + "; ".join(parts) + ".")
+    for name, per_pair in _by_kind(summary, "mitigation").items():
+        parts, s = [], []
+        for p, per_task in per_pair.items():
+            if "vs_vlm" not in per_task[tasks[0]]:
+                continue
+            parts.append(f"{p}: " + ", ".join(f"{t} {_pts_ci(per_task[t]['vs_vlm'])}" for t in tasks))
+            s.append(_side(per_task[tasks[0]]["vs_vlm"]["delta_points_ci"]))
+        if parts:
+            out.append(f"Does mitigation {name} beat its control (the unmitigated VLM LM)? {_answer(s)} on {tasks[0]}: "
+                       "Δ = mitigated − VLM LM (positive = better): " + "; ".join(parts) + ".")
+    return out
+
+
+def _answer(sides: list[int]) -> str:
+    up, down = sides.count(1), sides.count(-1)
+    if up == len(sides):
+        return "yes"
+    if down == len(sides):
+        return "no: worse"
+    return f"on {up} of {len(sides)} pairs" + (f" (worse on {down})" if down else "") if up or down else "not established"
+
+
+def verdicts(summary: dict) -> list[str]:
+    """One line per study question the summary holds, each with its number, CI and convention."""
+    return _verdict_sink(summary) + _verdict_qknorm(summary) + _verdict_merges(summary) + _verdict_protections(summary)
+
+
+def _agreement(ours_ci, paper: float) -> str:
+    side = _side(ours_ci)
+    if side == 0:
+        return "sign not established (our CI includes 0)"
+    same = (side > 0) == (paper > 0)
+    inside = ours_ci[0] <= paper <= ours_ci[1]
+    return ("same sign" if same else "different sign") + ("; the paper's value is inside our CI" if inside else "")
+
+
+def paper_vs_ours(summary: dict) -> list[tuple]:
+    """The published figures beside ours, each row only where the study measured its counterpart."""
+    from experiments.published import load_published
+
+    pub = load_published()
+    t = _paper_task(summary)
+    rows = []
+    corr = (summary.get("correlation") or {}).get(t)
+    if corr:
+        for key, label, ref in (("points", "ρ(S, Δ points)", "spearman_points"), ("relative", "ρ(S, Δ/base)", "spearman_relative")):
+            c = corr[key]
+            rows.append([label, f"{pub.reported[ref]:+.3f} (6 pairs)", f"{_rho(c)} ({corr['n']} pairs)", _agreement(c["spearman_ci"], pub.reported[ref])])
+    for p, e in summary["pairs"].items():
+        published = e.get("published") or {}
+        if published.get("ifeval_delta") is not None:
+            d = e["degradation"][t]
+            if not _nan(d["delta_points"]):
+                rows.append([f"Δ points, {p}", f"{published['ifeval_delta']:+.1f}", _pts_ci(d), _agreement(d["delta_points_ci"], published["ifeval_delta"])])
+    q = pub.qknorm_injection
+    for name, per_pair in _by_kind(summary, "qknorm+vl").items():
+        for p, per_task in per_pair.items():
+            vb = per_task[t]["vs_base"]
+            if not q or _nan(vb["delta_relative"]):  # Δ/base of a base that scores 0: nothing to set beside the paper's
+                continue
+            paper = (q["ifeval_after"] - q["ifeval_base"]) / q["ifeval_base"]
+            rows.append([f"injected QK-norm + VL training, Δ/base, {p}", f"{paper:+.3f} ({q['base']})", _rel_ci(vb),
+                         _agreement(vb["delta_relative_ci"], paper)])
+    merges = _by_kind(summary, "merge")
+    lost = [(p, name) for name, per_pair in merges.items() for p in per_pair if _lost(summary["pairs"][p]["degradation"][t])]
+    if lost and pub.merges:
+        recovered = [f"{p}/{name}" for p, name in lost if _side(merges[name][p][t]["recovery"]["ci"]) > 0]
+        rows.append(["merges that recover the loss", f"{pub.merges['recovered_ifeval']} of {len(pub.merges['tried'])}",
+                     f"{len(recovered)} of {len(lost)}" + (f" ({', '.join(recovered)})" if recovered else ""),
+                     "same" if bool(recovered) == bool(pub.merges["recovered_ifeval"]) else "different"])
+    if not rows:
+        return []
+    return [("h", 2, "Paper vs ours"),
+            ("table", ["figure", "paper (published)", f"ours ({t}) [95% CI]", "agreement"], rows),
+            ("p", f"Paper: IFEval prompt-level strict at 7-8B ({pub.source}); ours: {t}, headline metric. {PAPER_DIRECTION}. "
+                  "Agreement is read off our CI: the sign is established only where it excludes 0.")]
+
+
+# --------------------------------------------------------------------------- examples
+
+# Chat-template markup: <|...|> tokens (ChatML, Llama 3, the demo's), Gemma's turns, Llama 2's [INST], BOS/EOS, empty think blocks.
+_MARKUP = re.compile(r"<\|[^<>|\s]*\|>|</?(?:s|bos|eos|start_of_turn|end_of_turn|think)>|\[/?INST\]")
+_ROLES = {"system", "user", "assistant", "model"}
+
+
+def chat_text(prompt: str) -> str:
+    """The text of a chat-templated prompt: markup removed, role names dropped, turns on their own lines."""
+    parts = []
+    for seg in _MARKUP.split(prompt):
+        lines = seg.strip("\n").split("\n")
+        if lines and lines[0].strip().lower() in _ROLES:
+            lines = lines[1:]
+        text = "\n".join(lines).strip()
+        if text:
+            parts.append(text)
+    return "\n\n".join(parts)
+
+
+def _verdict_of(passed, graded: dict | None) -> str:
+    graded = graded or {}
+    words = "pass" if passed else "fail"
+    inst = graded.get("instructions")
+    if isinstance(inst, list) and inst:
+        return f"{words} ({sum(bool(x) for x in inst)} of {len(inst)} instructions followed)"
+    if graded.get("extracted") is not None:
+        return f"{words} (extracted answer: {graded['extracted']!r})"
+    return words
+
+
+def _example(pair: str, task: str, x: dict) -> dict:
+    base_g, vlm_g = x.get("base_graded") or {}, x.get("vlm_graded") or {}
+    if isinstance(base_g.get("instructions"), list):
+        expected = "a response that follows every instruction in the prompt (lm-eval's IFEval checkers, strict)"
+    elif x.get("target") not in (None, ""):
+        expected = f"{x['target']}"
+    else:
+        expected = "what the task's grader accepts"
+    return {"title": f"{pair}, {task} doc {x['doc_id']}", "prompt": chat_text(x["prompt"]), "expected": expected,
+            "outputs": [("base", _visible(x["base"]), _verdict_of(x["base_pass"], base_g)),
+                        ("VLM LM", _visible(x["vlm"]), _verdict_of(x["vlm_pass"], vlm_g))]}
+
+
+def _visible(output: str) -> str:
+    """A model's output as text; one that is only whitespace is said so (a blank box reads as a rendering fault)."""
+    return output if output.strip() else f"(no visible text: {len(output)} whitespace character(s), {output!r})"
+
+
+def example_blocks(summary: dict) -> list[tuple]:
+    task = summary["tasks"][0]
+    examples = [("example", _example(p, task, x)) for p, e in summary["pairs"].items() for x in e.get("examples") or []]
+    if not examples:
+        return []
+    return [("h", 2, f"Example outputs on {task} (prompts the base passes and the VLM LM fails, where any)"), *examples]
+
+
+# --------------------------------------------------------------------------- files
+
+def _href(path, out: Path) -> str:
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(out.resolve()).as_posix()
+    except ValueError:
+        return path.resolve().as_uri()
+
+
+def file_blocks(summary: dict, out: Path, figures: list[dict]) -> list[tuple]:
+    """Links to every figure (PNG and SVG) and every artifact the summary names."""
+    links = [("summary.json (every number in this report)", "summary.json"), ("report.md", "report.md"), ("report.html", "report.html")]
+    for f in figures:
+        links += [(f["path"], f["path"]), (f["svg"], f["svg"])]
+    for p, e in summary["pairs"].items():
+        for label, m in e["models"].items():
+            if m.get("sink_maps"):
+                links.append((f"{p} / {label}: sink maps (JSON)", _href(m["sink_maps"], out)))
+            if m.get("path"):
+                links.append((f"{p} / {label}: model", _href(m["path"], out)))
+    if (out / "steps").is_dir():
+        links.append(("steps/: every step's record (key, settings, result, provenance)", "steps/"))
+    return [("h", 2, "Files"), ("links", links)]
+
+
 def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
     tasks = summary["tasks"]
     title = study.report.get("title") or f"sinkstudy report: {study.name}"
     b: list[tuple] = [("h", 1, title)]
-    b.append(("p", f"Pairs: {', '.join(summary['pairs'])}. Sink metric: {study.sink['metric']}. Strict evals through lm-eval: "
-                   f"{', '.join(tasks)} (chat template {'on' if study.evals['apply_chat_template'] else 'off'}, "
-                   f"max_gen_toks {study.evals['max_gen_toks']}, batch size {study.evals['batch_size']}). "
-                   f"Interventions: {', '.join(i['name'] for i in study.interventions) or 'none'}. "
-                   f"CIs: paired bootstrap over prompts ({study.evals['n_boot']} replicates, {study.evals['confidence']:.0%})."))
+    lines = verdicts(summary)
+    if lines:
+        b += [("h", 2, "Verdicts"), ("ul", lines)]
+    b += paper_vs_ours(summary)
+    b += [("h", 2, "The study"),
+          ("p", f"Pairs: {', '.join(summary['pairs'])}. Sink metric: {study.sink['metric']}. Strict evals through lm-eval: "
+                f"{', '.join(tasks)} (chat template {'on' if study.evals['apply_chat_template'] else 'off'}, "
+                f"max_gen_toks {study.evals['max_gen_toks']}, batch size {study.evals['batch_size']}). "
+                f"Interventions: {', '.join(i['name'] for i in study.interventions) or 'none'}. "
+                f"CIs: paired bootstrap over prompts ({study.evals['n_boot']} replicates, {study.evals['confidence']:.0%}).")]
     if study.report.get("notes"):
         b.append(("p", study.report["notes"]))
     b += [("h", 2, "Findings"), ("ul", _findings(summary, study))]
@@ -545,22 +750,8 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
                        "trained from the injected base with the same VL recipe (the paper's experiment)."))
 
     b += protection_blocks(summary, out)
-
-    examples = [(p, x) for p, e in summary["pairs"].items() for x in e.get("examples") or []]
-    if examples:
-        b.append(("h", 2, f"Example outputs on {tasks[0]} (prompts the base passes and the VLM LM fails, where any)"))
-        b.append(("table", ["pair", "doc", "prompt", "base output", "VLM LM output"],
-                  [[p, x["doc_id"], _cell(x["prompt"]), f"{_cell(x['base'])} ({_pass(x['base_pass'])})", f"{_cell(x['vlm'])} ({_pass(x['vlm_pass'])})"]
-                   for p, x in examples]))
-
-    b.append(("h", 2, "Plots"))
-    for p, f in plot_sink_maps(summary, out).items():
-        b.append(("img", f, f"{p}: sink mass per layer and head, base / VLM LM / difference"))
-    for t in tasks:
-        b.append(("img", plot_scatter(summary, t, out), f"Sink Strength of the base vs Δ points and Δ/base on {t} (negative = loss)"))
-        rec = plot_recovery(summary, t, out)
-        if rec:
-            b.append(("img", rec, f"recovery per intervention on {t}, with 95% CIs"))
+    b += example_blocks(summary)
+    b += plot_blocks(study, summary, out)
 
     if study.build:
         b += _build_blocks(study, out)
@@ -570,12 +761,30 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
         "Small prompt sets give wide intervals; read the CIs before the point estimates.",
         "A rank correlation over few pairs is fragile: one pair moves it a lot.",
     ])]
+    b += file_blocks(summary, out, [x[1] for x in b if x[0] == "img"])
     prov = (summary.get("provenance") or {})
     b += [("h", 2, "Provenance"), ("p", f"config: {study.path}; output: {study.out}; seed: {study.seed}. "
                                          "Every step's JSON under steps/ carries the config, seeds, package versions and model fingerprints."),
           ("code", "\n".join(f"{k}: {v}" for k, v in (prov.get("versions") or {}).items())),
           ("p", "seconds per stage in the run that wrote this report (0 = reused): "
                 + ", ".join(f"{k} {v}" for k, v in summary.get("timings", {}).items()))]
+    return b
+
+
+def plot_blocks(study, summary: dict, out: Path) -> list[tuple]:
+    """The sink maps and profiles per pair, S vs Δ and recovery per task (experiments.plots)."""
+    metric = study.sink["metric"]
+    b: list[tuple] = [("h", 2, "Plots")]
+    profiles = plots.layer_profiles(summary, metric, out)
+    for p, f in plots.sink_maps(summary, metric, out).items():
+        b.append(("img", f, f"{p}: per layer and head, base / VLM LM on one colour scale, and the shift VLM LM − base ({f['note']})"))
+        b.append(("img", profiles[p], f"{p}: {profiles[p]['ylabel']} per layer, every measured model (base and VLM LM bold)"))
+    for t in summary["tasks"]:
+        b.append(("img", plots.scatter(summary, t, out), f"Sink Strength of the base vs Δ points and Δ/base on {t} (negative = loss), "
+                                                         "Spearman ρ with its CI in each title"))
+        rec = plots.recovery(summary, t, out)
+        if rec:
+            b.append(("img", rec, f"recovery per intervention on {t}: dot = estimate, line = 95% CI"))
     return b
 
 
@@ -586,22 +795,6 @@ def _knobs(bb: dict) -> str:
     mix = [f"{k.replace('_share', '').replace('_rate', '')} {bb[k]:g}"
            for k in ("backcopy_share", "retrieval_share", "noise_share", "sprinkle_rate") if bb.get(k)]
     return f"lr {bb['lr']:g}, wd {bb['weight_decay']:g}" + (f", {', '.join(mix)}" if mix else "")
-
-
-def plot_pretrain_curves(curves: dict[str, list[dict]], out: Path) -> str | None:
-    """S against pretraining steps, one line per backbone."""
-    curves = {k: v for k, v in curves.items() if len(v) > 1}
-    if not curves:
-        return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, pts in curves.items():
-        ax.plot([p["step"] for p in pts], [p["S"] for p in pts], marker="o", ms=3, label=name)
-    ax.axhline(0, color="grey", lw=0.7, ls="--")
-    ax.set_xlabel("pretraining step")
-    ax.set_ylabel("Sink Strength S (calibration prompts)")
-    ax.legend(fontsize=7)
-    return _save(fig, plt, out, "pretrain_sink_curves.png")
 
 
 def _build_blocks(study, out: Path) -> list[tuple]:
@@ -635,7 +828,7 @@ def _build_blocks(study, out: Path) -> list[tuple]:
                f"likely of the ten answers 'It is a d.' on {vl_cfg['heldout_images']} unseen images (chance 0.10)."),
          ("table", ["backbone", "family", "QK-norm", "shape", "knobs", "params", "pretrain steps", "S step 0 → end", "pretrain loss",
                     "VL stage-1 loss", "VL stage-2 loss", "text chats in VL", "held-out digit acc.", "answer ppl"], rows)]
-    plot = plot_pretrain_curves(curves, out)
+    plot = plots.pretrain_sink_curves(curves, out)
     if plot:
         b.append(("img", plot, "Sink Strength of each backbone against pretraining steps"))
     refs = reference_results(study)

@@ -723,7 +723,9 @@ def _finite(x) -> bool:
 
 
 def _examples(base, vlm, task: str, metric: str | None, n: int = 2, width: int = 240) -> list[dict]:
-    """Up to `n` prompts the base passes and the VLM LM fails (else the first ones), outputs cut to `width`."""
+    """Up to `n` prompts the base passes and the VLM LM fails (else the first ones), outputs cut to `width`,
+    with the task's target, each model's extracted answer and, for instruction-level metrics, each
+    instruction's verdict (what the grader decided on)."""
     if metric is None:
         return []
     try:
@@ -733,8 +735,16 @@ def _examples(base, vlm, task: str, metric: str | None, n: int = 2, width: int =
     ids = [d for d in b if d in v]
     lost = [d for d in ids if b[d]["metrics"].get(metric) and not v[d]["metrics"].get(metric)]
     cut = lambda t: t if len(t) <= width else t[:width] + "..."  # noqa: E731
+    flt = metric.split(",", 1)[1] if "," in metric else None
+    inst = metric.replace("prompt_level", "inst_level")
+
+    def graded(s):
+        per_instruction = s["metrics"].get(inst) if inst != metric else None
+        return {"extracted": (s.get("extracted") or {}).get(flt), "instructions": per_instruction}
+
     return [{"doc_id": d, "prompt": cut(b[d]["prompt"]), "base": cut(b[d]["output"]), "vlm": cut(v[d]["output"]),
-             "base_pass": b[d]["metrics"].get(metric), "vlm_pass": v[d]["metrics"].get(metric)} for d in (lost or ids)[:n]]
+             "base_pass": b[d]["metrics"].get(metric), "vlm_pass": v[d]["metrics"].get(metric), "target": b[d].get("target"),
+             "base_graded": graded(b[d]), "vlm_graded": graded(v[d])} for d in (lost or ids)[:n]]
 
 
 def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
@@ -758,9 +768,10 @@ def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
         for label in res:
             if label in ("base", "vlm"):
                 continue
-            entry["interventions"][label] = {
+            entry["interventions"][label] = {  # vs_vlm: against the unintervened VLM LM, its control
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
-                       "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict()} for task in ev["tasks"]}
+                       "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict(),
+                       "vs_vlm": compare(runs["vlm"], runs[label], task, **kw).as_dict()} for task in ev["tasks"]}
         if study.adapt is not None:
             from experiments.protection import protection_summary
 

@@ -157,6 +157,10 @@ def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
         raise StudyConfigError(f"{path}: not valid YAML{where}") from None
     if overrides:
         raw = deep_merge(raw if isinstance(raw, dict) else {}, overrides)
+        tasks, files = (overrides.get("evals") or {}).get("tasks"), (raw.get("evals") or {}).get("data_files")
+        if tasks is not None and isinstance(files, dict):  # other tasks instead: their data files go with them
+            names = {t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)}
+            raw["evals"]["data_files"] = {t: f for t, f in files.items() if t in names}
     return validate(raw, path=path, out=out)
 
 

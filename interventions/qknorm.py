@@ -375,24 +375,35 @@ def to_qwen3_sibling(model):
         raise SinkstudyError(f"{_text_config(model).model_type} with this injection has no exact Qwen3 twin")
     config = qwen3_config_for(_text_config(model))
     state = dict(model.state_dict())
-    with torch.device("meta"):
-        sibling = Qwen3ForCausalLM(config)
-    for name, p in sibling.state_dict().items():
-        if name.endswith("o_proj.bias") and name not in state:
+    for i in range(config.num_hidden_layers if config.attention_bias else 0):
+        name = f"model.layers.{i}.self_attn.o_proj.bias"  # Qwen3's attention_bias gives o_proj a bias: zero if absent
+        if name not in state:
             weight = state[name.replace("bias", "weight")]
-            state[name] = torch.zeros(p.shape, dtype=weight.dtype, device=weight.device)
-    missing, unexpected = sibling.load_state_dict(state, strict=False, assign=True)
+            state[name] = torch.zeros(config.hidden_size, dtype=weight.dtype, device=weight.device)
+    return twin_from_state(Qwen3ForCausalLM, config, state, model, what="Qwen3 conversion")
+
+
+def twin_from_state(model_class, config, state: dict, source, *, what: str):
+    """`model_class(config)` holding `state`'s tensors (shared, not copied), behaving like `source`: tied
+    embeddings, RoPE buffers, attention implementation, generation config and train/eval mode carried over.
+    A tensor missing or left over is a one-line error naming `what`."""
+    with torch.device("meta"):
+        twin = model_class(config)
+    missing, unexpected = twin.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        raise SinkstudyError(f"Qwen3 conversion mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise SinkstudyError(f"{what} mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
     if config.tie_word_embeddings:
-        sibling.tie_weights()
-    if getattr(model, "generation_config", None) is not None:
-        sibling.generation_config = model.generation_config
-    impl = getattr(_text_config(model), "_attn_implementation", None)
+        twin.tie_weights()
+    # RoPE's inverse frequencies are non-persistent buffers (not in the state dict): meta until built for real.
+    device = next(source.parameters()).device
+    twin.model.rotary_emb = type(twin.model.rotary_emb)(config=twin.config).to(device)
+    if getattr(source, "generation_config", None) is not None:
+        twin.generation_config = source.generation_config
+    impl = getattr(_text_config(source), "_attn_implementation", None)
     if impl:
-        sibling.set_attn_implementation(impl)
-    return sibling.train(model.training)
+        twin.set_attn_implementation(impl)
+    return twin.train(source.training)
 
 
 def load_injected(path: str | os.PathLike, **from_pretrained_kwargs):

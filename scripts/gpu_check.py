@@ -2,6 +2,7 @@
 line the shell script puts in its closing table; none of this is a test dependency.
 
     python scripts/gpu_check.py sink [--lengths 512 2048 4096]   fast sink pass vs eager, 8B shape, bf16
+        [--device cpu --small]                                  (the CPU smoke run: a 2-layer shape)
     python scripts/gpu_check.py tiny DIR [--hidden 256]          a small random Llama + tokenizer on disk
     python scripts/gpu_check.py same-outputs RUN_A RUN_B         per-prompt output agreement of two eval runs
     python scripts/gpu_check.py same-weights DIR_A DIR_B         max |a - b| over two checkpoints' tensors
@@ -18,39 +19,46 @@ from pathlib import Path
 # Qwen3-8B's shape (36 layers, d 4096, 32 query / 8 KV heads of 128, MLP 12288), random weights.
 SHAPE_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, max_position_embeddings=8192, vocab_size=151936)
+SHAPE_SMALL = dict(SHAPE_8B, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=64, vocab_size=4096)
 
 
-def sink(lengths: list[int], repeat: int) -> dict:
+def sink(lengths: list[int], repeat: int, device: str = "cuda", small: bool = False) -> dict:
     """Time and peak GPU memory of one sink-statistics pass, fast (SDPA + chunked log-sum-exp) vs
-    eager output_attentions, per length; ratios eager / fast."""
+    eager output_attentions, per length; ratios eager / fast. On the CPU (the smoke run) the memory
+    figures are 0: only the plumbing and the times are checked."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from evals.sink.capture import capture_layer_stats
 
+    cuda = device.startswith("cuda")
+    shape = SHAPE_SMALL if small else SHAPE_8B
     torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen3", **SHAPE_8B)
-    with torch.device("cuda"):
+    config = AutoConfig.for_model("qwen3", **shape)
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    weights_gib = torch.cuda.memory_allocated() / 2**30
+    weights_gib = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     rows = []
     for length in lengths:
-        ids = torch.randint(8, SHAPE_8B["vocab_size"], (1, length), device="cuda")
+        ids = torch.randint(8, shape["vocab_size"], (1, length), device=device)
         mask = torch.ones_like(ids)
         row = {"T": length}
         for method in ("fast", "eager"):
             capture_layer_stats(model, input_ids=ids[:, :64], attention_mask=mask[:, :64], method=method)  # warm-up
-            torch.cuda.synchronize()
+            sync()
             times = []
             for _ in range(repeat):
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
+                if cuda:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated() if cuda else 0
                 t0 = time.perf_counter()
                 layers = capture_layer_stats(model, input_ids=ids, attention_mask=mask, method=method)
-                torch.cuda.synchronize()
+                sync()
                 times.append(time.perf_counter() - t0)
-                peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else 0.0
                 del layers
             row[method] = {"seconds": min(times), "peak_gib": peak}
         row["time_ratio"] = row["eager"]["seconds"] / row["fast"]["seconds"]
@@ -59,7 +67,8 @@ def sink(lengths: list[int], repeat: int) -> dict:
         print(f"T={length}: fast {row['fast']['seconds']:.3f} s {row['fast']['peak_gib']:.2f} GiB, eager "
               f"{row['eager']['seconds']:.3f} s {row['eager']['peak_gib']:.2f} GiB -> time x{row['time_ratio']:.1f}, "
               f"memory x{row['memory_ratio']:.1f}", file=sys.stderr, flush=True)
-    return {"weights_gib": weights_gib, "device": torch.cuda.get_device_name(), "rows": rows}
+    return {"weights_gib": weights_gib, "device": torch.cuda.get_device_name() if cuda else device,
+            "shape": "2-layer small shape" if small else "8B shape", "rows": rows}
 
 
 def tiny(out: Path, hidden: int, layers: int, seed: int) -> dict:
@@ -106,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("sink")
     s.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 4096])
     s.add_argument("--repeat", type=int, default=2)
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--small", action="store_true", help="a 2-layer shape (the CPU smoke run)")
     t = sub.add_parser("tiny")
     t.add_argument("out", type=Path)
     t.add_argument("--hidden", type=int, default=256)
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("b", type=Path)
     args = p.parse_args(argv)
     if args.cmd == "sink":
-        out = sink(args.lengths, args.repeat)
+        out = sink(args.lengths, args.repeat, args.device, args.small)
     elif args.cmd == "tiny":
         out = tiny(args.out, args.hidden, args.layers, args.seed)
     elif args.cmd == "same-outputs":

@@ -13,16 +13,23 @@
 # 4. mergekit: one TIES merge with `sinkstudy merge --cuda` beside the same merge on the CPU.
 # One table at the end. Exit status 1 when a check failed (a skipped check says why).
 #
-# Python: $PYTHON if set (it needs sinkstudy's dependencies and a CUDA torch); else .venv-gpu, made
-# here with --system-site-packages so a CUDA torch already installed is reused, then `pip install -e .`
-# (offline: WHEELS=DIR holding the wheels). vLLM: used where importable, else installed into
-# .venv-vllm (vLLM pins its own torch and transformers); where that fails the vLLM row says so.
+# Python: on the lent GPU machine (no network), the wheels of .whl/ (scripts/gpu_wheels.sh, carried by the
+# device tool: docs/adapt.md) are installed into /tmp/site and the machine's python3 (its CUDA torch) runs
+# everything (scripts/gpu_site.sh). Elsewhere: $PYTHON if set (it needs sinkstudy's dependencies and a CUDA
+# torch); else .venv-gpu, made here with --system-site-packages so a CUDA torch already installed is
+# reused, then `pip install -e .` (offline: WHEELS=DIR holding the wheels). vLLM: used where importable,
+# else installed into .venv-vllm (vLLM pins its own torch and transformers) where there is a network;
+# where that fails the vLLM row says so.
+# GPU_CHECK_SMOKE=1: the same script on the CPU with tiny shapes, to check it without a GPU (the 8B sink
+# shape, the >= 1B extraction bench, vLLM and --cuda are skipped).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_site.sh
+SMOKE=${GPU_CHECK_SMOKE:-0}
 OUT=${1:-runs/gpu_check}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: "$PWD/$OUT" below must not nest /tmp/... in the checkout
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-export SINKSTUDY_CACHE="$PWD/$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export SINKSTUDY_CACHE="$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 ROWS="$OUT/rows.tsv"
 printf 'check\tstatus\tfigures\tseconds\n' > "$ROWS"
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$ROWS"; }
@@ -44,16 +51,21 @@ else
     fi
     touch "$VENV/.installed"  # the Makefile's install stamp: make targets below use this venv as it is
 fi
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+if [ "$SMOKE" = 1 ]; then
+    GPU="CPU smoke run"
+elif ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "no CUDA device visible to $PY: this check needs one GPU"; exit 1
+else
+    GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name())")
 fi
-GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name())")
 row "set-up" ok "$GPU, torch $("$PY" -c 'import torch; print(torch.__version__)')" $((SECONDS - t))
 T_CHECKS=$SECONDS
 
 # ------------------------------------------------------------------------------------------- 1. sink
 t=$SECONDS
-if timeout 300 "$PY" scripts/gpu_check.py sink --lengths 512 2048 4096 > "$OUT/sink.json" 2> "$OUT/sink.log"; then
+SINK=(--lengths 512 2048 4096)
+[ "$SMOKE" = 1 ] && SINK=(--lengths 64 128 --device cpu --small)
+if timeout 300 "$PY" scripts/gpu_check.py sink "${SINK[@]}" > "$OUT/sink.json" 2> "$OUT/sink.log"; then
     "$PY" - "$OUT/sink.json" >> "$ROWS" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -62,18 +74,16 @@ for r in d["rows"]:
     print(f"sink pass T={r['T']}\tok\teager/fast time x{r['time_ratio']:.1f} ({e['seconds']:.2f}/{f['seconds']:.2f} s), "
           f"peak memory x{r['memory_ratio']:.1f} ({e['peak_gib']:.1f}/{f['peak_gib']:.2f} GiB); weights {d['weights_gib']:.1f} GiB\t-")
 EOF
-    row "sink pass (all T)" ok "8B shape, bf16" $((SECONDS - t))
+    row "sink pass (all T)" ok "$(field "$OUT/sink.json" shape), bf16" $((SECONDS - t))
 else
     row "sink pass" fail "$(last_line "$OUT/sink.log")" $((SECONDS - t))
 fi
 
 # ------------------------------------------------------------------------------------------- 2. extraction
 t=$SECONDS
-if ! grep -q '^bench-extract:' Makefile; then
-    row "streaming extraction" skip "no bench-extract target in this checkout (the streaming-extraction change adds it)" 0
-elif [ -z "$VENV" ]; then
-    row "streaming extraction" skip "PYTHON is set: run make bench-extract with its venv yourself" 0
-elif timeout 240 make --no-print-directory VENV="$VENV" bench-extract > "$OUT/extract.log" 2>&1; then
+if [ "$SMOKE" = 1 ]; then
+    row "streaming extraction" skip "smoke run: the bench builds a >= 1B-parameter VLM" 0
+elif timeout 240 "$PY" -m interventions.pairs.bench > "$OUT/extract.log" 2>&1; then  # = make bench-extract
     row "streaming extraction" ok "$(last_line "$OUT/extract.log")" $((SECONDS - t))
 else
     row "streaming extraction" fail "$(last_line "$OUT/extract.log")" $((SECONDS - t))
@@ -84,8 +94,22 @@ t=$SECONDS
 EVAL=(-m experiments.cli eval "$OUT/tiny" --tasks sinkstudy_ifeval --limit 40 --max-gen-toks 64 --dtype bfloat16)
 "$PY" scripts/gpu_check.py tiny "$OUT/tiny" --hidden 256 --layers 2 > "$OUT/tiny.json" 2>> "$OUT/eval.log"
 VPY=""
-if "$PY" -c "import vllm" 2>/dev/null; then
+if [ "$SMOKE" = 1 ]; then
+    if timeout 300 "$PY" "${EVAL[@]}" --limit 4 --max-gen-toks 8 --device cpu --out "$OUT/eval_hf" --cache-dir "$OUT/cache_hf" \
+            > "$OUT/eval.log" 2>&1; then
+        row "hf eval" ok "smoke run: sinkstudy_ifeval x4 on the CPU (vLLM needs a GPU)" $((SECONDS - t))
+    else
+        row "hf eval" fail "$(last_line "$OUT/eval.log")" $((SECONDS - t))
+    fi
+elif "$PY" -c "import vllm" 2>/dev/null; then
     VPY=$PY
+elif [ "$GPU_WHEELS" = 1 ]; then
+    row "vllm eval" skip "vllm is not importable and .whl/ cannot carry it (it pins its own torch); no network to install it" 0
+    if timeout 180 "$PY" "${EVAL[@]}" --device cuda --batch-size 8 --out "$OUT/eval_hf" --cache-dir "$OUT/cache_hf" > "$OUT/eval.log" 2>&1; then
+        row "hf eval" ok "sinkstudy_ifeval x40 on CUDA, bf16, batch 8 (the HF side of the vLLM comparison)" $((SECONDS - t))
+    else
+        row "hf eval" fail "$(last_line "$OUT/eval.log")" $((SECONDS - t))
+    fi
 else
     ti=$SECONDS
     if { [ -x .venv-vllm/bin/python ] || python3 -m venv .venv-vllm; } \
@@ -120,12 +144,19 @@ fi
 # ------------------------------------------------------------------------------------------- 4. merge --cuda
 t=$SECONDS
 MERGE=(-m experiments.cli merge --method ties --density 0.2 --base "$OUT/mbase" --vlm "$OUT/mvlm" --no-eval --force)
-if "$PY" scripts/gpu_check.py tiny "$OUT/mbase" --hidden 1024 --layers 12 --seed 1 > /dev/null 2> "$OUT/merge.log" \
-    && "$PY" scripts/gpu_check.py tiny "$OUT/mvlm" --hidden 1024 --layers 12 --seed 2 > /dev/null 2>> "$OUT/merge.log"; then
+SHAPE=(--hidden 1024 --layers 12)
+[ "$SMOKE" = 1 ] && SHAPE=(--hidden 128 --layers 2)
+if ! { "$PY" scripts/gpu_check.py tiny "$OUT/mbase" "${SHAPE[@]}" --seed 1 > /dev/null 2> "$OUT/merge.log" \
+       && "$PY" scripts/gpu_check.py tiny "$OUT/mvlm" "${SHAPE[@]}" --seed 2 > /dev/null 2>> "$OUT/merge.log"; }; then
+    row "merge --cuda" fail "could not build the pair: $(last_line "$OUT/merge.log")" $((SECONDS - t))
+else
     tc=$SECONDS
     ok_cpu=0; timeout 240 "$PY" "${MERGE[@]}" --out "$OUT/merge_cpu" >> "$OUT/merge.log" 2>&1 && ok_cpu=1
     cpu_s=$((SECONDS - tc)); tg=$SECONDS
-    if timeout 180 "$PY" "${MERGE[@]}" --cuda --out "$OUT/merge_cuda" >> "$OUT/merge.log" 2>&1; then
+    if [ "$SMOKE" = 1 ]; then
+        if [ $ok_cpu = 1 ]; then row "merge (CPU)" ok "smoke run: TIES d=0.2 in ${cpu_s}s (--cuda needs a GPU)" $((SECONDS - t))
+        else row "merge (CPU)" fail "$(last_line "$OUT/merge.log")" $((SECONDS - t)); fi
+    elif timeout 180 "$PY" "${MERGE[@]}" --cuda --out "$OUT/merge_cuda" >> "$OUT/merge.log" 2>&1; then
         gpu_s=$((SECONDS - tg))
         if [ $ok_cpu = 1 ] && "$PY" scripts/gpu_check.py same-weights "$OUT/merge_cpu" "$OUT/merge_cuda" > "$OUT/merge.json"; then
             row "merge --cuda" ok "TIES d=0.2, 200M-param pair: CUDA ${gpu_s}s vs CPU ${cpu_s}s; max |CUDA - CPU| $(field "$OUT/merge.json" max_abs_diff)" $((SECONDS - t))
@@ -135,8 +166,6 @@ if "$PY" scripts/gpu_check.py tiny "$OUT/mbase" --hidden 1024 --layers 12 --seed
     else
         row "merge --cuda" fail "$(last_line "$OUT/merge.log")" $((SECONDS - t))
     fi
-else
-    row "merge --cuda" fail "could not build the pair: $(last_line "$OUT/merge.log")" $((SECONDS - t))
 fi
 
 # ------------------------------------------------------------------------------------------- table

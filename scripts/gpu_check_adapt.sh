@@ -10,14 +10,20 @@
 #
 #     bash scripts/gpu_check_adapt.sh            # ~3-5 min on an H200
 #
-# It uses the current python if it already has torch (CUDA) + the project's dependencies; otherwise it
-# creates .venv-gpu and installs the project there (needs network access to PyPI).
+# On the lent GPU machine (no network) the wheels of .whl/ (scripts/gpu_wheels.sh, carried by the device
+# tool: docs/adapt.md) are installed into /tmp/site for the machine's python3 and its CUDA torch
+# (scripts/gpu_site.sh). Elsewhere it uses the current python if it already has torch (CUDA) + the
+# project's dependencies; otherwise it creates .venv-gpu and installs the project there (needs PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_site.sh
 PY=${PYTHON:-python3}
 # GPU_CHECK_SMOKE=1 runs the same code on CPU with tiny shapes (to check the script without a GPU).
 NEED_CUDA='import os, torch, transformers, accelerate, lm_eval, mergekit; assert os.environ.get("GPU_CHECK_SMOKE") == "1" or torch.cuda.is_available()'
 if ! "$PY" -c "$NEED_CUDA" 2>/dev/null; then
+    if [ "$GPU_WHEELS" = 1 ]; then  # no network there: say what is missing instead of trying PyPI
+        echo "gpu_check_adapt: $PY with .whl/ cannot run the check: $("$PY" -c "$NEED_CUDA" 2>&1 | tail -n 1)" >&2; exit 2
+    fi
     if [ ! -x .venv-gpu/bin/python ] || ! .venv-gpu/bin/python -c "$NEED_CUDA" 2>/dev/null; then
         echo "gpu_check_adapt: installing the project into .venv-gpu (torch with CUDA from PyPI)" >&2
         [ -x .venv-gpu/bin/python ] || "$PY" -m venv .venv-gpu
@@ -27,7 +33,7 @@ if ! "$PY" -c "$NEED_CUDA" 2>/dev/null; then
     fi
     PY=.venv-gpu/bin/python
 fi
-export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec "$PY" - <<'EOF'
 import json
 import os

@@ -151,4 +151,5 @@ def test_qknorm_arms_through_the_same_adaptation(models, tmp_path, capsys):
     for name in arms:
         assert f"\n{name} " in table
     assert "Δ = arm − reference in points" in table and (out / "trajectory.png").stat().st_size > 1000
-    assert capsys.readouterr().out.strip().endswith(f"wrote {out}")
+    printed = capsys.readouterr().out
+    assert f"wrote {out}\n── sinkstudy qknorm: sinkstudy_ifeval: Δ = arm − its own base, points: control " in printed  # then the summary

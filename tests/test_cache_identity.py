@@ -195,17 +195,20 @@ def test_merge_measurements_in_a_dir_key_on_model_captions_content_and_code(ckpt
     monkeypatch.setattr("evals.lmeval.run_eval", lambda *a, **k: None)
     args = SimpleNamespace(tasks="sinkstudy_gsm", captions=str(captions), limit=2, batch_size=2, max_gen_toks=4, n_boot=100, seed=0,
                            chat_template_kwargs=None, system_instruction=None, gen_kwargs=None, num_fewshot=None,
-                           confirm_run_unsafe_code=False)
+                           confirm_run_unsafe_code=False, dtype="float32", device=None)
     ref = tmp_path / "reference"
-    Measure(str(ckpt), vlm, args, ref)
-    Measure(str(ckpt), vlm, args, ref)
+    Measure(str(ckpt), vlm, args, ref).ref
+    Measure(str(ckpt), vlm, args, ref).ref
     assert sinks == ["model", "vlm"]  # measured once, then reused from ref/<name>/sink.json
     captions.write_text("A cat on a mat.\nThree birds on a wire.\n")  # same file name, other captions
-    Measure(str(ckpt), vlm, args, ref)
+    Measure(str(ckpt), vlm, args, ref).ref
     assert sinks[2:] == ["model", "vlm"], "caption NLL reused for other captions"
     _edit_json(vlm / "config.json", **{"rope_parameters.rope_theta": 1e6})
-    Measure(str(ckpt), vlm, args, ref)
+    Measure(str(ckpt), vlm, args, ref).ref
     assert sinks[4:] == ["vlm"], "sink reused for a model whose config changed"
+    args.dtype = "bfloat16"  # `make merge-* DTYPE=bfloat16`: other numbers, measured again
+    Measure(str(ckpt), vlm, args, ref).ref
+    assert sinks[5:] == ["model", "vlm"], "sink reused across dtypes"
 
 
 PLUGIN = '''

@@ -223,8 +223,11 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
 
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--quiet", "--out", str(out)]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("sinkstudy: demo: report ") and str(out / "report.md") in line
+    printed = capsys.readouterr().out.strip().splitlines()
+    line = next(x for x in printed if x.startswith("sinkstudy: demo: report "))
+    assert str(out / "report.md") in line
+    head = next(i for i, x in enumerate(printed) if x.startswith("── sinkstudy demo: study demo"))  # the closing summary
+    assert str(out / "report.md") in printed[head + 1] and printed[-1].split()[-1] == "--dry-run"
 
     report = (out / "report.md").read_text()
     for section in ("## Findings", "## Sink Strength and strict scores", "## Recovery per intervention", "## Plots",

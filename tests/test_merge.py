@@ -324,7 +324,9 @@ def test_cli_merge_and_mitigate_list(trio, tmp_path, capsys):
 def test_sweep_configs_expand_and_pareto_front():
     from experiments.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
 
-    grid = load_sweep(DEFAULT_SWEEP_CONFIG)["points"]
+    small = load_sweep(DEFAULT_SWEEP_CONFIG)["points"]  # the default: small enough to run as it is
+    assert len(small) <= 9 and {p["method"] for p in small} == {"linear", "ties", "dare_ties"}
+    grid = load_sweep(DEFAULT_SWEEP_CONFIG.parent / "merge_sweep_full.yaml")["points"]
     assert len(grid) == 9 + 27 + 27
     assert {p["density"] for p in grid if p["method"] == "ties"} == {0.2, 0.5, 0.8}
     assert sorted({p["weight"] for p in grid if p["method"] == "linear"}) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -338,6 +340,21 @@ def test_sweep_configs_expand_and_pareto_front():
 
     rows = [row("a", 0.5, 0.5), row("b", 0.4, 0.6), row("c", 0.9, 0.9), row("d", 0.1, 0.1), row("e", None, 0.0)]
     assert pareto_front(rows) == ["a", "c", "d"]  # e: recovery undefined, off the front
+
+
+def test_max_points_keeps_an_even_deterministic_spread_over_the_grid():
+    from experiments.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, spread
+
+    grid = load_sweep(DEFAULT_SWEEP_CONFIG.parent / "merge_sweep_full.yaml")["points"]
+    assert [p["name"] for p in spread(grid, 3)] == [grid[0]["name"], grid[31]["name"], grid[62]["name"]]
+    assert [p["method"] for p in spread(grid, 3)] == ["linear", "ties", "dare_ties"]  # not the first 3 (all linear)
+    assert spread(list(range(63)), 5) == [0, 16, 31, 47, 62]
+    assert spread(list(range(10)), 1) == [4] and spread(list(range(4)), 9) == [0, 1, 2, 3] and spread([1, 2], None) == [1, 2]
+    for n in range(1, 64):
+        picked = spread(list(range(63)), n)
+        gaps = {b - a for a, b in zip(picked, picked[1:])}
+        assert len(picked) == n and picked == sorted(set(picked)) and (n < 2 or max(gaps) - min(gaps) <= 1)
+        assert picked == spread(list(range(63)), n)
 
 
 def test_sweep_summary_table_and_plot(tmp_path):
@@ -476,6 +493,7 @@ class _FakeMeasure:
     """cmd_merge.Measure without lm-eval: what a sweep reuses is decided by keys, not by scores."""
 
     calls: list = []
+    ref: dict = {}
 
     def __init__(self, base, vlm_lm, args, ref_dir):
         self.tasks = ["t"]
@@ -490,7 +508,7 @@ class _FakeMeasure:
                 "tasks": {"t": {"recovery": 0.5, "ci": [0.4, 0.6]}}, "caption_nll": None}
 
 
-def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, monkeypatch):
+def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, monkeypatch, capsys):
     import yaml
 
     import experiments.cmd_sweep as cm
@@ -511,11 +529,56 @@ def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(t
     assert sweep("vlm") == 0 and _FakeMeasure.calls == ["linear-w0.2", "linear-w0.8"]
     assert not list(out.glob("points/*/model"))  # keep_models: false, removed inside the sweep dir
     assert sweep("vlm") == 0 and _FakeMeasure.calls == []  # same pair and settings: reused
+    assert "merge sweep plan: 2 point(s): 0 to run, 2 reused" in capsys.readouterr().out
     assert sweep("root") == 2 and _FakeMeasure.calls == []  # another pair: refused, not reused
     assert sweep("root", "--force") == 0 and _FakeMeasure.calls == ["linear-w0.2", "linear-w0.8"]
     with pytest.raises(SinkstudyError, match="point name"):
         config.write_text(yaml.safe_dump({"points": [{"name": "../../escape", "method": "linear", "weight": 0.5}]}))
         cm.load_sweep(config)
+
+
+def test_sweep_prints_its_plan_before_any_work_and_runs_the_spread(trio, tmp_path, monkeypatch, capsys):
+    import json
+
+    import yaml
+
+    import experiments.cmd_sweep as cm
+    import interventions.registry
+    from experiments.cli import main
+
+    events = []
+    monkeypatch.setattr(cm, "Measure", _FakeMeasure)
+    monkeypatch.setattr(cm, "plot_pareto", lambda rows, path: None)
+    monkeypatch.setattr(interventions.registry, "apply_intervention", lambda method, b, v, params, out, **k: events.append(f"work {out.parent.name}") or
+                        _copy_model(b, out))
+    monkeypatch.setattr(cm, "weight_distance", lambda *a: 0.5)
+    plan = cm.format_plan
+    monkeypatch.setattr(cm, "format_plan", lambda *a: events.append("plan") or plan(*a))
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({"grid": [{"method": "linear", "weight": [0.1, 0.3, 0.5, 0.7, 0.9]}]}))
+    out = tmp_path / "sweep"
+    args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--config", str(config), "--out", str(out)]
+    _FakeMeasure.calls = []
+    assert main([*args, "--max-points", "3"]) == 0
+    assert events == ["plan", "work linear-w0.1", "work linear-w0.5", "work linear-w0.9"]
+    printed = capsys.readouterr().out
+    assert "merge sweep plan: 3 point(s) of 5, evenly spread over the grid: 3 to run, 0 reused" in printed
+    assert "printed once the base and VLM LM references are measured" in printed  # no timing known yet
+    seconds = json.loads((out / "points" / "linear-w0.5" / "measure.json").read_text())["seconds"]
+    assert seconds > 0
+    events.clear()
+    assert main(args) == 0  # all 5: the 3 finished are reused, the estimate comes from their recorded times
+    assert events == ["plan", "work linear-w0.3", "work linear-w0.7"]
+    printed = capsys.readouterr().out
+    assert "5 point(s): 2 to run, 3 reused" in printed and "  reused linear-w0.5" in printed and "  run    linear-w0.3" in printed
+    assert "estimated time: 2 × ~" in printed
+
+
+def _copy_model(src, out):
+    import shutil
+
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    return out
 
 
 def test_sweep_mergekit_options_reach_the_mergekit_points_only(trio, tmp_path, monkeypatch):

@@ -292,7 +292,7 @@ def test_cli_extract_and_diff(tmp_path, qwen_pair, capsys):
     report = tmp_path / "diff.json"
     assert main(["pair", "diff", "--base", str(base_dir), "--vlm", str(out), "--json", str(report)]) == 0
     printed = capsys.readouterr().out
-    assert printed.splitlines()[-1] == f"wrote {report}" and "lm_head" in printed
+    assert f"\nwrote {report}\n── sinkstudy pair diff: largest relative change " in printed and "lm_head" in printed
     data = json.loads(report.read_text())
     assert data["provenance"]["extraction"]["extracted"] is False and data["provenance"]["base_fingerprint"]
     # The CLI's numbers are the Python API's numbers.

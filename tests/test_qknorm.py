@@ -107,6 +107,17 @@ def test_sibling_checkpoint_reloads_identical_as_qwen3(family, tokenizer, tmp_pa
         save_injected(model, tmp_path / "ckpt")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_in_memory_qwen3_sibling_runs_and_matches(family, tokenizer):
+    """The twin used inside LLaVA builds works in memory too (RoPE buffers built, not left on meta)."""
+    from interventions.qknorm import to_qwen3_sibling
+
+    model = inject(tiny_causal_lm(family, vocab_size=len(tokenizer)), tokenizer, "scale-preserving").eval()
+    twin = to_qwen3_sibling(model)
+    assert twin.config.model_type == "qwen3" and not twin.training
+    assert torch.equal(logits(twin, tokenizer), logits(model, tokenizer))
+
+
 @pytest.mark.parametrize("kind", ["blend", "gemma2"])
 def test_hooks_checkpoint_reloads_identical(kind, tokenizer, tmp_path):
     if kind == "gemma2":

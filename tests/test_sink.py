@@ -243,12 +243,23 @@ def test_cli_default_logodds_on_shipped_prompts(tiny_model_dir, tmp_path, capsys
     assert len(result["maps"]["text_ids"]) == 15 and result["details"]["params"]["last_layers"] == 10
 
 
-def test_bench_case_reports_time_and_memory():
-    from evals.sink.bench import run_case
+def test_bench_cases_report_time_and_memory_and_the_table_both_ratios_per_length():
+    from evals.sink.bench import METHODS, format_table, run_case
 
-    for method in ("fast", "eager"):
-        res = run_case(method, 48, repeat=1)
-        assert res["method"] == method and res["time_s"] > 0 and res["peak_mib"] >= 0
+    rows = {}
+    for length in (24, 48):
+        for method in METHODS:  # fast sink pass, HF eager output_attentions (the peer), plain SDPA (the floor)
+            res = rows.setdefault(length, {})[method] = run_case(method, length, repeat=1)
+            assert res["method"] == method and res["time_s"] > 0 and res["peak_mib"] >= 0
+    lines = format_table(rows).splitlines()
+    assert "eager/fast" in lines[0] and "fast/sdpa" in lines[0]
+    for length, line in zip((24, 48), lines[2:4]):
+        cells = line.split()
+        assert cells[0] == str(length) and sum(c.endswith("x") for c in cells) == 4  # time and memory, both ratios
+        r = rows[length]
+        assert cells[5] == f"{r['eager']['time_s'] / r['fast']['time_s']:.1f}x"  # computed from this run's numbers
+    with pytest.raises(ValueError, match="unknown configuration"):
+        run_case("flash", 8, repeat=1)
 
 
 def test_sharp_sinks_keep_logodds_precision():

@@ -1,64 +1,202 @@
-"""Layer x head heat-maps of sink mass (one model) or of its change between two models, as PNG."""
+"""Sink figures from SinkMaps, scaled to the data and to the metric, as PNG + SVG.
+
+Per (layer, head) a map shows the statistic the chosen Sink Strength reads: for `logodds` the
+median log-odds of attention on the head's argmax key (diverging colours centred on 0, symmetric
+range from the data), for every other metric the mean attention on the sink position (0..1, the
+colour range set to the data's own min..max and written on the figure). Several maps in one figure
+share one colour range. Each plot returns what it drew (colour ranges, per-layer values) so callers
+and tests can check that a figure follows its data.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
 
 from evals.sink.maps import SinkMaps
 
+LOGODDS = "logodds"
+ANNOTATE_CELLS = 64  # maps with at most this many (layer, head) cells carry their values as text
 
-def _figure(panels, title: str):
+
+def head_values(maps: SinkMaps, metric: str = "mass") -> tuple[torch.Tensor, str, str]:
+    """(L, H) values a map of `metric` shows, their label and their kind (LOGODDS or "mass"). Log-odds
+    maps need per-query log-odds (absent when omitted from a large JSON): then the mass map is shown
+    and the label says so."""
+    if metric == LOGODDS and maps.logodds is not None:
+        return (torch.from_numpy(_nanmedian(maps.logodds.double().numpy(), axis=-1)), "median log-odds on the head's argmax key",
+                LOGODDS)
+    label = f"sink mass (attention on position {maps.settings.get('sink_position', 0)})"
+    return maps.mass.double(), label + (" (no per-query log-odds stored)" if metric == LOGODDS else ""), "mass"
+
+
+def layer_profile(maps: SinkMaps, metric: str = "mass") -> list[float]:
+    """One value per layer: the median log-odds over heads and queries (logodds), else the mean mass over heads."""
+    if metric == LOGODDS and maps.logodds is not None:
+        return [float(_nanmedian(maps.logodds[i].double().numpy(), axis=None)) for i in range(maps.num_layers)]
+    return [float(v) for v in maps.mass.double().mean(-1)]
+
+
+def _nanmedian(x: np.ndarray, axis):
+    """numpy's nanmedian (the midpoint of the middle pair, as S takes it); NaN without a warning where all are NaN."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(x, axis=axis)
+
+
+def _finite(values: list[torch.Tensor]) -> torch.Tensor:
+    flat = torch.cat([v.flatten() for v in values])
+    return flat[torch.isfinite(flat)]
+
+
+def colour_range(values: list[torch.Tensor], diverging: bool) -> tuple[float, float]:
+    """One shared colour range for these maps: ±max|x| when diverging, else the data's min..max
+    (clipped to 0..1 for masses, widened a little where all values are equal)."""
+    flat = _finite(values)
+    if not flat.numel():
+        return (-1.0, 1.0) if diverging else (0.0, 1.0)
+    if diverging:
+        bound = max(float(flat.abs().max()), 1e-6)
+        return -bound, bound
+    lo, hi = float(flat.min()), float(flat.max())
+    if hi - lo < 1e-6:
+        lo, hi = max(0.0, lo - 0.01), min(1.0, hi + 0.01)
+    return lo, hi
+
+
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png_svg(fig, path: str | os.PathLike) -> list[Path]:
+    """Write the figure as PATH (.png) and beside it as .svg, atomically; close it."""
+    from sinkstudy.io import save_figure_atomic
+
+    path = Path(path)
+    try:
+        fig.tight_layout()
+        return [save_figure_atomic(fig, path.with_suffix(".png"), dpi=120), save_figure_atomic(fig, path.with_suffix(".svg"))]
+    finally:
+        pyplot().close(fig)
+
+
+def _heatmaps(panels: list[dict[str, Any]], title: str, note: str):
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (data, label, cmap, vmin, vmax) in zip(axes[0], panels):
-        im = ax.imshow(data.T.numpy(), aspect="auto", origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, p in zip(axes[0], panels):
+        im = ax.imshow(p["data"].T.numpy(), aspect="auto", origin="lower", cmap=p["cmap"], vmin=p["vmin"], vmax=p["vmax"],
+                       interpolation="nearest")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer")
         ax.set_ylabel("head")
-        ax.set_title(label, fontsize=9)
+        ax.set_title(p["label"], fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        if p["data"].numel() <= ANNOTATE_CELLS:  # a miniature's few heads: the values themselves, as well as colours
+            for (layer, head), v in np.ndenumerate(p["data"].numpy()):
+                ax.text(layer, head, "" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=6, color=_ink(v, p))
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig, plt
+    fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgrey")
+    return fig
+
+
+def _ink(v: float, panel: dict[str, Any]) -> str:
+    """Black or white text, whichever reads on the cell's colour (its position in the colour range)."""
+    lo, hi = panel["vmin"], panel["vmax"]
+    t = 0.5 if hi <= lo or math.isnan(v) else (v - lo) / (hi - lo)
+    dark = (t < 0.3 or t > 0.7) if panel["cmap"] in ("RdBu_r", "PuOr_r") else t < 0.6  # viridis is dark at its low end
+    return "white" if dark else "black"
 
 
 def _name(maps: SinkMaps, fallback: str) -> str:
     return Path(maps.model.get("name_or_path") or fallback).name or fallback
 
 
-def plot_sink_map(maps: SinkMaps, path: str | os.PathLike, *, title: str | None = None) -> Path:
-    """Heat-map of mean sink mass per (layer, head)."""
-    from sinkstudy.io import save_figure_atomic
-
-    fig, plt = _figure([(maps.mass, f"sink mass (position {maps.settings['sink_position']})", "viridis", 0.0, 1.0)],
-                       title or f"{_name(maps, 'model')}: {maps.settings['calibration']}")
-    try:
-        return save_figure_atomic(fig, path, dpi=120)
-    finally:
-        plt.close(fig)
+def _panel(data: torch.Tensor, label: str, cmap: str, rng: tuple[float, float]) -> dict[str, Any]:
+    return {"data": data, "label": label, "cmap": cmap, "vmin": rng[0], "vmax": rng[1]}
 
 
-def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike, *, title: str | None = None) -> Path:
-    """Three panels: A's map, B's map and B - A (diverging colours)."""
-    from sinkstudy.io import save_figure_atomic
-    from evals.sink.shift import sink_shift
+def _range_note(kind: str, rng: tuple[float, float], values: list[torch.Tensor], shift: tuple[float, float] | None = None) -> str:
+    if kind == LOGODDS:
+        flat = _finite(values)
+        data = f"; values {float(flat.min()):.2f} to {float(flat.max()):.2f}" if flat.numel() else ""
+        note = f"log-odds colour range ±{rng[1]:.2f} (symmetric about 0, from the data; > 0: most attention on one key{data})"
+    else:
+        note = f"mass colour range {rng[0]:.3f} to {rng[1]:.3f} of 0..1 (the data's own range)"
+    return note + (f"; shift colour range ±{shift[1]:.3f} (from the data)" if shift else "")
 
-    delta = sink_shift(maps_a, maps_b)["delta"]
-    bound = max(float(delta.abs().max()), 1e-6)
-    name_a, name_b = _name(maps_a, "A"), _name(maps_b, "B")
-    fig, plt = _figure(
-        [(maps_a.mass, name_a, "viridis", 0.0, 1.0), (maps_b.mass, name_b, "viridis", 0.0, 1.0),
-         (delta, f"{name_b} - {name_a}", "RdBu_r", -bound, bound)],
-        title or "sink mass shift",
-    )
-    try:
-        return save_figure_atomic(fig, path, dpi=120)
-    finally:
-        plt.close(fig)
+
+def _facts(panels: list[dict[str, Any]], paths: list[Path], note: str) -> dict[str, Any]:
+    return {"paths": paths, "note": note,
+            "panels": [{"label": p["label"], "vmin": p["vmin"], "vmax": p["vmax"], "cmap": p["cmap"],
+                        "data_min": float(_finite([p["data"]]).min()) if _finite([p["data"]]).numel() else math.nan,
+                        "data_max": float(_finite([p["data"]]).max()) if _finite([p["data"]]).numel() else math.nan}
+                       for p in panels]}
+
+
+def plot_sink_map(maps: SinkMaps, path: str | os.PathLike, *, metric: str = "mass", title: str | None = None) -> dict[str, Any]:
+    """Heat-map of one model's per-(layer, head) sink statistic for `metric`; returns what it drew."""
+    values, label, kind = head_values(maps, metric)
+    rng = colour_range([values], diverging=kind == LOGODDS)
+    panels = [_panel(values, label, "RdBu_r" if kind == LOGODDS else "viridis", rng)]
+    note = _range_note(kind, rng, [values])
+    fig = _heatmaps(panels, title or f"{_name(maps, 'model')}: {maps.settings['calibration']}", note)
+    return _facts(panels, save_png_svg(fig, path), note)
+
+
+def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike, *, metric: str = "mass",
+                    title: str | None = None, names: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Three panels on shared scales: A's map, B's map (one colour range for both) and B − A
+    (diverging, symmetric range from the data); returns what it drew."""
+    (a, label, kind), (b, _, kind_b) = head_values(maps_a, metric), head_values(maps_b, metric)
+    if kind_b != kind:  # one of the two stored no per-query log-odds: compare like with like
+        (a, label, kind), (b, _, _) = head_values(maps_a, "mass"), head_values(maps_b, "mass")
+        label += " (no per-query log-odds stored)"
+    rng = colour_range([a, b], diverging=kind == LOGODDS)
+    shift = colour_range([b - a], diverging=True)
+    name_a, name_b = names or (_name(maps_a, "A"), _name(maps_b, "B"))
+    cmap = "RdBu_r" if kind == LOGODDS else "viridis"
+    panels = [_panel(a, f"{name_a}: {label}", cmap, rng), _panel(b, name_b, cmap, rng),
+              _panel(b - a, f"{name_b} − {name_a}", "PuOr_r", shift)]
+    note = _range_note(kind, rng, [a, b], shift)
+    fig = _heatmaps(panels, title or "sink shift", note)
+    return _facts(panels, save_png_svg(fig, path), note)
+
+
+def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *, metric: str = "mass",
+                        title: str = "sink profile per layer", emphasise: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One line per model: the per-layer sink statistic (`layer_profile`); `emphasise` names drawn bold."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    from matplotlib.ticker import MaxNLocator
+
+    # One statistic for every line: mass where any model's maps stored no per-query log-odds.
+    logodds = metric == LOGODDS and all(m.logodds is not None for m in series.values())
+    lines = {name: layer_profile(maps, LOGODDS if logodds else "mass") for name, maps in series.items()}
+    for name, ys in lines.items():
+        bold = name in emphasise
+        ax.plot(range(len(ys)), ys, marker="o", ms=4 if bold else 2.5, lw=2.0 if bold else 0.9, alpha=1.0 if bold else 0.75, label=name)
+    ylabel = "median log-odds on the argmax key" if logodds else "mean sink mass over heads"
+    values = [y for ys in lines.values() for y in ys if not math.isnan(y)]
+    if logodds and values and min(values) <= 0 <= max(values):  # only where it does not squash the lines
+        ax.axhline(0, color="grey", lw=0.7)
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return {"paths": save_png_svg(fig, path), "lines": lines, "ylabel": ylabel}

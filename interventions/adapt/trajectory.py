@@ -100,8 +100,10 @@ def read_points(path) -> list[dict]:
     return read_json(path)["points"] if Path(path).is_file() else []
 
 
-def plot_trajectories(arms: dict[str, list[dict]], path, *, title: str = "Sink Strength during adaptation") -> Path:
-    """S (and each strict score, where measured) vs global step, one line per arm; stage starts dashed."""
+def plot_trajectories(arms: dict[str, list[dict]], path, *, title: str = "Sink Strength during adaptation",
+                      svg: bool = False) -> Path:
+    """S (and each strict score, where measured) vs global step, one line per arm; stage starts dashed.
+    With `svg`, an .svg beside the PNG as well."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,6 +129,8 @@ def plot_trajectories(arms: dict[str, list[dict]], path, *, title: str = "Sink S
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     out = save_figure_atomic(fig, path, dpi=120)
+    if svg:
+        save_figure_atomic(fig, Path(path).with_suffix(".svg"))
     plt.close(fig)
     return out
 

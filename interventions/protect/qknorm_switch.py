@@ -145,7 +145,7 @@ def remove_qk_norm(model, tokenizer, texts: list[str]) -> tuple:
     from transformers import LlamaForCausalLM
 
     from evals.sink import sink_strength
-    from interventions.qknorm import mean_next_token_kl
+    from interventions.qknorm import mean_next_token_kl, twin_from_state
 
     cfg = model.config
     scales = fitted_scales(model, tokenizer, texts)
@@ -158,20 +158,7 @@ def remove_qk_norm(model, tokenizer, texts: list[str]) -> tuple:
                 key = f"model.layers.{i}.self_attn.{proj}.{part}"
                 if key in state:
                     state[key] = state[key] * (factor[:, None] if part == "weight" else factor)
-    with torch.device("meta"):
-        twin = LlamaForCausalLM(llama_config_for(cfg))
-    missing, unexpected = twin.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
-    if missing or unexpected:
-        raise SinkstudyError(f"Llama twin mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    if cfg.tie_word_embeddings:
-        twin.tie_weights()
-    # RoPE's inverse frequencies are non-persistent buffers (not in the state dict): build them for real.
-    device = next(model.parameters()).device
-    twin.model.rotary_emb = type(twin.model.rotary_emb)(config=twin.config).to(device)
-    twin.set_attn_implementation(cfg._attn_implementation)
-    twin.generation_config = model.generation_config
-    twin.eval()
+    twin = twin_from_state(LlamaForCausalLM, llama_config_for(cfg), state, model, what="Llama twin").eval()
     # The twin must be the Qwen3 with s * x in place of each norm (the fold is the only change).
     stand_in = copy.deepcopy(model).eval()
     for attn, (sq, sk) in zip((layer.self_attn for layer in stand_in.model.layers), scales):

@@ -1,0 +1,348 @@
+"""The study report: verdict lines first (one per question the summary holds, number + CI + convention),
+the paper beside ours, readable HTML (tables that scroll in their box, examples as text, every file
+linked), and figures that follow the data they claim (colour ranges, ρ in the scatter's title,
+recovery dots and CIs, per-layer profiles, trajectories, Pareto).
+
+The summary is built the way `experiments.runner.summarise` builds it: real sink maps of tiny
+models (`compute_sink_maps`), real paired statistics (`evals.stats`) over per-prompt outcomes.
+"""
+
+import json
+import re
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from evals.lmeval import HEADLINE_METRICS
+
+TASKS = ["sinkstudy_ifeval", "sinkstudy_gsm"]
+TEXTS = ["The cat sat on the mat and looked at the bird.", "def add(a, b):\n    return a + b\n",
+         "Write your answer in upper case letters only, please."]
+N = 60
+KW = {"n_boot": 400, "confidence": 0.95, "seed": 0}
+DEMO_PROMPT = ("<|bos|><|user|>\nDescribe the vase in one sentence. Wrap your entire response with double quotation marks."
+               "<|end|>\n<|assistant|>\n")
+CHATML_PROMPT = "<|im_start|>user\nQ: Lena has 8 vases and gives away 6. How many vases are left?\nA:<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _outcomes(n_lost: int, n_regained: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-prompt passes: the base passes 40 of N, the VLM LM loses `n_lost` of them, an intervention
+    gets `n_regained` of those back."""
+    base = np.array([1] * 40 + [0] * (N - 40), dtype=bool)
+    vlm = base.copy()
+    vlm[:n_lost] = False
+    fixed = vlm.copy()
+    fixed[:n_regained] = True
+    return base, vlm, fixed
+
+
+@pytest.fixture(scope="module")
+def maps_dir(tmp_path_factory, tokenizer):
+    """Real sink maps (JSON) of five tiny random LMs: two Qwen3 (native QK-norm) and three Qwen2."""
+    from evals.sink import compute_sink_maps
+    from sinkstudy.tiny import tiny_causal_lm
+
+    d = tmp_path_factory.mktemp("maps")
+    for i, family in enumerate(["qwen3", "qwen3", "qwen2", "qwen2", "qwen2"]):
+        maps = compute_sink_maps(tiny_causal_lm(family, seed=i), tokenizer, TEXTS, progress=False)
+        maps.model = {"name_or_path": f"tiny-{family}-{i}"}
+        (d / f"m{i}.json").write_text(json.dumps(maps.to_json(), allow_nan=False))
+    return d
+
+
+def _model(maps_file, method=None, scores=None):
+    from evals.sink import SinkMaps, strength_from_maps
+
+    maps = SinkMaps.from_json(maps_file)
+    return {"path": str(maps_file.parent / "model"), "sink_strength": strength_from_maps(maps, "logodds").value,
+            "mean_mass": float(maps.mass.mean()), "sink_maps": str(maps_file), "scores": scores or {}, "method": method}
+
+
+def make_summary(maps_dir, *, n_pairs: int = 3, interventions: bool = True, protection: bool = True) -> dict:
+    """A summary as the runner writes it (see the module docstring)."""
+    from evals.stats import CONVENTION, compare, recovery, sink_correlation
+
+    losses = [4, 12, 20][:n_pairs]  # pair i loses losses[i] of the base's 40 passes on both tasks
+    pairs = {}
+    for i, lost in enumerate(losses):
+        p = f"p{i}"
+        base, vlm, _ = _outcomes(lost)
+        runs = {"base": base, "vlm": vlm}
+        models = {"base": _model(maps_dir / f"m{i}.json"), "vlm": _model(maps_dir / f"m{(i + 1) % 5}.json")}
+        if interventions:
+            for label, method, regained, m in (("linear", "linear", lost // 2, 2), ("head_restore", "head_restore", 0, 3),
+                                               ("qknorm-vl", "qknorm+vl", lost - 2, 4)):
+                runs[label] = _outcomes(lost, regained)[2]
+                models[label] = _model(maps_dir / f"m{m}.json", method)
+        if protection:
+            runs["replay"] = _outcomes(lost, lost)[2]
+            models["replay"] = _model(maps_dir / f"m{(i + 2) % 5}.json", "protection")
+        for label, passes in runs.items():
+            models[label]["scores"] = {t: {HEADLINE_METRICS[t]: float(passes.mean())} for t in TASKS}
+        entry = {"models": models, "native_qk_norm": i == 0, "published": None,
+                 "degradation": {t: compare(base, vlm, t, HEADLINE_METRICS[t], **KW).as_dict() for t in TASKS},
+                 "interventions": {label: {t: {"recovery": recovery(base, vlm, runs[label], t, HEADLINE_METRICS[t], **KW).as_dict(),
+                                               "vs_base": compare(base, runs[label], t, HEADLINE_METRICS[t], **KW).as_dict(),
+                                               "vs_vlm": compare(vlm, runs[label], t, HEADLINE_METRICS[t], **KW).as_dict()}
+                                           for t in TASKS}
+                                   for label in runs if label not in ("base", "vlm")},
+                 "examples": [{"doc_id": 3, "prompt": DEMO_PROMPT, "base": '"The owl is a white bird."', "vlm": "The owl is",
+                               "base_pass": True, "vlm_pass": False, "target": 0,
+                               "base_graded": {"extracted": None, "instructions": [True]},
+                               "vlm_graded": {"extracted": None, "instructions": [False]}}] if i == 1 else []}
+        if protection:
+            traj = lambda s0, ds: [{"step": k, "stage": "stage1" if k < 2 else "stage2", "stage_step": k % 2,  # noqa: E731
+                                    "sink_strength": s0 + ds * k, "scores": {"sinkstudy_gsm": 0.5 - 0.05 * k}} for k in range(4)]
+            entry["protection"] = {"arms": {
+                "control": {"label": "vlm", "protections": [], "vl_skill": {"digit_accuracy": 0.4},
+                            "sink_strength": models["vlm"]["sink_strength"], "adapt": {"stages": [], "trajectory": traj(0.5, -0.1)}},
+                "replay": {"label": "replay", "protections": ["text_replay"], "vl_skill": {"digit_accuracy": 0.35},
+                           "sink_strength": models["replay"]["sink_strength"], "adapt": {"stages": [], "trajectory": traj(0.5, 0.05)},
+                           "vs_control": {t: compare(vlm, runs["replay"], t, HEADLINE_METRICS[t], **KW).as_dict() for t in TASKS}}}}
+        pairs[p] = entry
+    pairs["p1"]["published"] = {"sink_strength": 1.18, "ifeval_delta": -9.6, "ifeval_base": 72.09}
+    summary = {"study": "t", "tasks": TASKS, "headline": {t: HEADLINE_METRICS[t] for t in TASKS}, "convention": CONVENTION,
+               "pairs": pairs, "correlation": {}, "timings": {}}
+    if n_pairs >= 3:
+        for t in TASKS:
+            s = [e["models"]["base"]["sink_strength"] for e in pairs.values()]
+            d = [e["degradation"][t] for e in pairs.values()]
+            summary["correlation"][t] = sink_correlation(s, [c["delta_points"] for c in d], [c["delta_relative"] for c in d],
+                                                         **KW).as_dict()
+    return summary
+
+
+def _study(out, metric="logodds"):
+    return types.SimpleNamespace(
+        name="t", report={}, sink={"metric": metric}, build=None, path="study.yaml", out=out, seed=0,
+        evals={"apply_chat_template": True, "max_gen_toks": 64, "batch_size": 8, "n_boot": KW["n_boot"], "confidence": 0.95},
+        interventions=[{"name": "linear"}, {"name": "head_restore"}, {"name": "qknorm"}])
+
+
+@pytest.fixture(scope="module")
+def report(maps_dir, tmp_path_factory):
+    from experiments.report import write_report
+
+    out = tmp_path_factory.mktemp("report")
+    summary = make_summary(maps_dir)
+    md = write_report(_study(out), summary)
+    return types.SimpleNamespace(out=out, summary=summary, md=md.read_text(), html=(out / "report.html").read_text())
+
+
+def _section(md: str, heading: str) -> str:
+    return md.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+# --------------------------------------------------------------------------- verdicts first
+
+
+def test_the_report_opens_with_one_verdict_line_per_question(report):
+    md, summary = report.md, report.summary
+    assert re.findall(r"^## .*", md, flags=re.M)[:2] == ["## Verdicts", "## Paper vs ours"]
+    verdicts = [x[2:] for x in _section(md, "Verdicts").strip().splitlines()]
+    questions = [v.split("?")[0] for v in verdicts]
+    assert questions == ["Does S track degradation on sinkstudy_ifeval", "Does S track degradation on sinkstudy_gsm",
+                         "Does injected QK-norm protect p0 on sinkstudy_ifeval", "Does injected QK-norm protect p1 on sinkstudy_ifeval",
+                         "Does injected QK-norm protect p2 on sinkstudy_ifeval", "Does linear recover",
+                         "Does protection replay beat the control", "Does mitigation head_restore beat its control (the unmitigated VLM LM)"]
+    # S: both relations with the number and CI the summary holds, the convention and the paper's direction in it.
+    corr = summary["correlation"]["sinkstudy_ifeval"]
+    pts, rel = corr["points"], corr["relative"]
+    sink = verdicts[0]
+    assert f"ρ(S, Δ points) = {pts['spearman']:+.3f} [{pts['spearman_ci'][0]:+.3f}, {pts['spearman_ci'][1]:+.3f}]" in sink
+    assert f"ρ(S, Δ/base) = {rel['spearman']:+.3f} [{rel['spearman_ci'][0]:+.3f}, {rel['spearman_ci'][1]:+.3f}]" in sink
+    assert "Δ = VLM LM − base in points (negative = capability lost)" in sink and "(ρ > 0: a stronger sink, less loss)" in sink
+    assert "The paper, same convention: ρ = +0.971 on points and +0.794 on Δ/base" in sink
+    # QK-norm: against the control (Δ = qknorm-vl − VLM LM, CI above 0 here: it regained lost − 2 prompts) and the native pair.
+    c = summary["pairs"]["p2"]["interventions"]["qknorm-vl"]["sinkstudy_ifeval"]["vs_vlm"]
+    q = verdicts[4]
+    assert q.startswith("Does injected QK-norm protect p2 on sinkstudy_ifeval? yes, against the control:")
+    assert f"Δ = qknorm-vl − VLM LM = {c['delta_points']:+.1f} pts [{c['delta_points_ci'][0]:+.1f}, {c['delta_points_ci'][1]:+.1f}]" in q
+    assert "native QK-norm pairs: p0 Δ/base =" in q and "The paper: no (Qwen2.5-3B-Instruct" in q
+    # Merges: the share recovered with its CI, only where the pair lost beyond noise.
+    merge = verdicts[5]
+    for p in ("p1", "p2"):
+        r = summary["pairs"][p]["interventions"]["linear"]["sinkstudy_ifeval"]["recovery"]
+        assert f"{p} sinkstudy_ifeval {r['recovery']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]" in merge
+    assert "none of its 7 merges recovered IFEval" in merge
+    # Protection vs control, mitigation vs its control, each with Δ in points and CI.
+    assert verdicts[6].startswith("Does protection replay beat the control? yes on sinkstudy_ifeval")
+    assert "(VL skill 0.35 vs control 0.40)" in verdicts[6]
+    assert verdicts[7].split("?")[1].strip().startswith("not established")  # it regained nothing
+
+
+def test_paper_vs_ours_table_sets_each_published_figure_beside_ours(report):
+    table = _section(report.md, "Paper vs ours")
+    rows = {r.split(" | ")[0].lstrip("| "): r for r in table.splitlines() if r.startswith("| ") and "---" not in r}
+    assert set(rows) == {"figure", "ρ(S, Δ points)", "ρ(S, Δ/base)", "Δ points, p1", "injected QK-norm + VL training, Δ/base, p0",
+                         "injected QK-norm + VL training, Δ/base, p1", "injected QK-norm + VL training, Δ/base, p2",
+                         "merges that recover the loss"}
+    d = report.summary["pairs"]["p1"]["degradation"]["sinkstudy_ifeval"]
+    assert "| -9.6 |" in rows["Δ points, p1"] and f"{d['delta_points']:+.1f} pts" in rows["Δ points, p1"]
+    assert rows["Δ points, p1"].endswith("same sign |")  # both lost: our CI lies below 0
+    assert "| +0.971 (6 pairs) |" in rows["ρ(S, Δ points)"]
+    assert "| -0.816 (Qwen2.5-3B-Instruct) |" in rows["injected QK-norm + VL training, Δ/base, p2"]
+    assert "| 0 of 7 |" in rows["merges that recover the loss"]
+
+
+def test_missing_parts_are_skipped_not_printed_empty(maps_dir, tmp_path):
+    from experiments.report import build_blocks, verdicts
+
+    summary = make_summary(maps_dir, n_pairs=2, interventions=False, protection=False)
+    assert verdicts(summary) == []  # two pairs: no correlation; no intervention, no arm
+    blocks = build_blocks(_study(tmp_path), summary, tmp_path)
+    headings = [b[2] for b in blocks if b[0] == "h"]
+    assert "Verdicts" not in headings and "Recovery per intervention" not in headings and "Training-time protections" not in headings
+    assert "Paper vs ours" in headings  # p1 carries a published Δ
+    for i, b in enumerate(blocks):  # every heading is followed by content
+        if b[0] == "h" and b[1] == 2:
+            assert i + 1 < len(blocks) and blocks[i + 1][0] != "h", b
+        if b[0] in ("ul", "links"):
+            assert b[1]
+        if b[0] == "table":
+            assert b[2]
+
+
+# --------------------------------------------------------------------------- HTML, examples, links
+
+
+def test_html_tables_scroll_in_their_box_and_every_figure_and_file_is_linked(report):
+    html, out = report.html, report.out
+    assert ".table{overflow-x:auto" in html
+    assert html.count("<table>") == html.count("<div class='table'><table>") == report.md.count("\n|---") > 0
+    pngs = re.findall(r'<img src="([^"]+)"', html)
+    assert len(pngs) >= 10
+    for png in pngs:
+        svg = png[:-4] + ".svg"
+        assert (out / png).read_bytes()[:4] == b"\x89PNG" and (out / svg).read_text().lstrip().startswith("<?xml")
+        assert f'<a href="{png}">PNG</a>, <a href="{svg}">SVG</a>' in html and f"[SVG]({svg})" in report.md
+    files = _section(report.md, "Files")
+    for png in pngs:
+        assert f"- [{png}]({png})" in files
+    maps = report.summary["pairs"]["p0"]["models"]["base"]["sink_maps"]
+    assert f"p0 / base: sink maps (JSON)](file://{maps})" in files and "[summary.json (every number in this report)](summary.json)" in files
+
+
+def test_examples_are_text_with_prompt_expected_answer_and_verdict(report):
+    section = _section(report.md, "Example outputs on sinkstudy_ifeval (prompts the base passes and the VLM LM fails, where any)")
+    assert "<|" not in section and "\\n" not in section
+    assert "Describe the vase in one sentence. Wrap your entire response with double quotation marks." in section
+    assert "Expected: a response that follows every instruction in the prompt" in section
+    assert "base: **pass (1 of 1 instructions followed)**" in section and "VLM LM: **fail (0 of 1 instructions followed)**" in section
+    assert "<pre class='text'>Describe the vase in one sentence." in report.html and "&lt;|" not in report.html
+
+
+def test_chat_markup_is_removed_from_prompts():
+    from experiments.report import chat_text
+
+    assert chat_text(DEMO_PROMPT) == ("Describe the vase in one sentence. Wrap your entire response with double quotation marks.")
+    assert chat_text(CHATML_PROMPT) == "Q: Lena has 8 vases and gives away 6. How many vases are left?\nA:"
+    llama3 = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+              "<|end_header_id|>\n\nList <<two>> fruits.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert chat_text(llama3) == "Be brief.\n\nList <<two>> fruits."  # IFEval's <<title>> markers are kept
+
+
+# --------------------------------------------------------------------------- figures follow their data
+
+
+def test_sink_maps_colour_ranges_follow_the_values_and_the_metric(maps_dir, tmp_path):
+    from evals.sink import SinkMaps, plot_sink_shift
+
+    a, b = SinkMaps.from_json(maps_dir / "m2.json"), SinkMaps.from_json(maps_dir / "m3.json")
+    lo_a, lo_b = (torch.from_numpy(np.nanmedian(m.logodds.double().numpy(), -1)) for m in (a, b))
+    facts = plot_sink_shift(a, b, tmp_path / "lo.png", metric="logodds")
+    left, right, shift = facts["panels"]
+    bound = float(torch.cat([lo_a.flatten(), lo_b.flatten()]).abs().max())
+    assert left["vmin"] == right["vmin"] == pytest.approx(-bound) and left["vmax"] == right["vmax"] == pytest.approx(bound)
+    assert left["cmap"] == "RdBu_r" and shift["vmax"] == pytest.approx(float((lo_b - lo_a).abs().max())) == -shift["vmin"]
+    values = torch.cat([lo_a.flatten(), lo_b.flatten()])
+    assert f"±{bound:.2f}" in facts["note"] and f"values {float(values.min()):.2f} to {float(values.max()):.2f}" in facts["note"]
+    assert (tmp_path / "lo.png").stat().st_size > 1000 and (tmp_path / "lo.svg").is_file()
+
+    mass = plot_sink_shift(a, b, tmp_path / "mass.png", metric="mass")
+    both = torch.cat([a.mass.flatten(), b.mass.flatten()])
+    assert mass["panels"][0]["vmin"] == pytest.approx(float(both.min())) and mass["panels"][1]["vmax"] == pytest.approx(float(both.max()))
+    assert 0 <= float(both.min()) and float(both.max()) <= 1 and mass["panels"][0]["cmap"] == "viridis"
+    assert f"{float(both.min()):.3f} to {float(both.max()):.3f} of 0..1" in mass["note"]
+    # Halve B's mass: the shared range and the shift's range move with the values.
+    b.mass = b.mass / 2
+    halved = plot_sink_shift(a, b, tmp_path / "mass2.png", metric="mass")
+    both = torch.cat([a.mass.flatten(), b.mass.flatten()])
+    assert halved["panels"][0]["vmin"] == pytest.approx(float(both.min()))
+    assert halved["panels"][2]["vmax"] == pytest.approx(float((b.mass - a.mass).abs().max()))
+    # Maps stored without per-query log-odds (a large model's JSON): both panels fall back to mass, and say so.
+    b.logodds = None
+    fallback = plot_sink_shift(a, b, tmp_path / "fallback.png", metric="logodds")
+    assert fallback["panels"][0]["cmap"] == "viridis" and fallback["panels"][0]["vmin"] == pytest.approx(float(both.min()))
+    assert fallback["panels"][0]["label"].endswith("(no per-query log-odds stored)")
+
+
+def test_report_sink_maps_and_profiles_use_the_study_metric(report, maps_dir):
+    from evals.sink import SinkMaps
+    from experiments import plots
+
+    summary, out = report.summary, report.out
+    figs = plots.sink_maps(summary, "logodds", out)
+    base = SinkMaps.from_json(summary["pairs"]["p1"]["models"]["base"]["sink_maps"])
+    assert figs["p1"]["panels"][0]["label"].startswith("base: median log-odds")
+    assert figs["p1"]["panels"][0]["data_max"] == pytest.approx(float(np.nanmax(np.nanmedian(base.logodds.double().numpy(), -1))))
+    profiles = plots.layer_profiles(summary, "logodds", out)
+    lines = profiles["p1"]["lines"]
+    assert set(lines) == {"base", "VLM LM", "linear", "head_restore", "qknorm-vl", "replay"}
+    lo = base.logodds.double().numpy()
+    assert lines["base"] == pytest.approx([float(np.nanmedian(lo[i])) for i in range(base.num_layers)])
+    mass = plots.layer_profiles(summary, "mass", out)["p1"]["lines"]["base"]
+    assert mass == pytest.approx(base.mass.mean(-1).tolist()) and (out / profiles["p1"]["svg"]).is_file()
+
+
+def test_scatter_title_holds_the_rho_of_the_plotted_points(report):
+    from scipy.stats import spearmanr
+
+    from experiments import plots
+
+    fig = plots.scatter(report.summary, "sinkstudy_ifeval", report.out)
+    corr = report.summary["correlation"]["sinkstudy_ifeval"]
+    for panel, key in zip(fig["panels"], ("points", "relative")):
+        assert [p["pair"] for p in panel["points"]] == ["p0", "p1", "p2"]
+        rho = spearmanr([p["s"] for p in panel["points"]], [p["y"] for p in panel["points"]]).statistic
+        lo, hi = corr[key]["spearman_ci"]
+        assert f"= {rho:+.2f} [{lo:+.2f}, {hi:+.2f}], n = 3" in panel["title"]
+    uncorrelated = {**report.summary, "correlation": {}}  # fewer than 3 defined pairs: the title says so
+    assert "needs ≥ 3 pairs" in plots.scatter(uncorrelated, "sinkstudy_ifeval", report.out)["panels"][0]["title"]
+
+
+def test_recovery_is_a_dot_and_ci_per_pair_and_intervention(report):
+    from experiments import plots
+
+    fig = plots.recovery(report.summary, "sinkstudy_ifeval", report.out)
+    rows = {r["label"]: r for r in fig["rows"]}
+    assert len(rows) == 3 * 4
+    r = report.summary["pairs"]["p2"]["interventions"]["linear"]["sinkstudy_ifeval"]["recovery"]
+    assert (rows["p2 / linear"]["value"], rows["p2 / linear"]["lo"], rows["p2 / linear"]["hi"]) == (r["recovery"], *r["ci"])
+    assert rows["p2 / linear"]["lost"] and rows["p2 / linear"]["value"] == pytest.approx(0.5)  # regained 10 of 20
+    assert rows["p2 / replay"]["value"] == pytest.approx(1.0) and rows["p2 / head_restore"]["value"] == pytest.approx(0.0)
+    # The axis spans the data and 0..1: here every CI lies within 0..1.
+    assert fig["axis"] == (pytest.approx(min(0.0, *(r["lo"] for r in rows.values()))), pytest.approx(max(1.0, *(r["hi"] for r in rows.values()))))
+    empty = {**report.summary, "pairs": {p: {**e, "interventions": {}} for p, e in report.summary["pairs"].items()}}
+    assert plots.recovery(empty, "sinkstudy_ifeval", report.out) is None
+
+
+def test_adaptation_trajectories_and_pareto_come_from_the_arms(report):
+    from experiments import plots
+
+    traj = plots.adaptation_trajectory(report.summary, "p1", report.out)
+    arms = report.summary["pairs"]["p1"]["protection"]["arms"]
+    assert traj["lines"] == {a: arms[a]["adapt"]["trajectory"] for a in ("control", "replay")}
+    assert (report.out / traj["path"]).is_file() and (report.out / traj["svg"]).is_file()
+    pareto = plots.protect_pareto(report.summary, "sinkstudy_ifeval", report.out)
+    got = {(p["pair"], p["arm"]): (p["skill"], p["score_points"]) for p in pareto["points"]}
+    models = report.summary["pairs"]["p1"]["models"]
+    assert got[("p1", "replay")] == (0.35, pytest.approx(100 * models["replay"]["scores"]["sinkstudy_ifeval"][HEADLINE_METRICS["sinkstudy_ifeval"]]))
+    assert got[("p1", "control")][1] == pytest.approx(100 * (40 - 12) / N)
