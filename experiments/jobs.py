@@ -78,8 +78,8 @@ def execute_plan(study, *, jobs: int, force: bool = False, progress: bool = True
                 step_id = running.pop(future)
                 try:
                     entry = future.result()
-                except SinkstudyError:
-                    raise
+                except SinkstudyError as exc:  # one line, naming the step (a worker's traceback is in its log)
+                    raise SinkstudyError(f"step {step_id}: {exc}") from None
                 except Exception as exc:
                     raise RuntimeError(f"step {step_id} failed in a worker ({type(exc).__name__}: {exc}); "
                                        f"its output is in {log_dir}") from exc

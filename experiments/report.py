@@ -811,23 +811,30 @@ def _build_blocks(study, out: Path) -> list[tuple]:
                      _knobs(bb), pre.get("params"), pre.get("steps", "-"),
                      " → ".join(_f(curve[i]["S"], 2) for i in (0, -1)) if len(curve) > 1 else "-",
                      _f(pre.get("final_loss")), _f(vl["stages"]["stage1"]["final_loss"]), _f(vl["stages"]["stage2"]["final_loss"]),
-                     sum(vl.get("n_text_chats", {}).values()), _f(vl["heldout"]["digit_accuracy"]), _f(vl["heldout"]["answer_ppl"], 2)])
+                     sum(vl.get("n_text_chats", {}).values()),
+                     ", ".join(f"{step}: {x:+.2f}" for step, x in vl.get("sink_trajectory") or []) or "-",
+                     _f(vl["heldout"]["digit_accuracy"]), _f(vl["heldout"]["answer_ppl"], 2)])
     corpus = read_json(steps / "corpus.json")["result"]
     vl_cfg = study.build["vl"]
-    b = [("h", 2, "How the miniature pairs were built"),
+    trained = [bb for bb in study.build["backbones"] if bb["kind"] == "trained"]
+    backbones = ("Tokenizer: byte-level BPE trained on the corpus. Every backbone is a config entry (a sinkgrow recipe: family, shape, steps, lr, weight decay, data mix; "
+                 "docs/sinks.md) pretrained from scratch on that corpus through the engine's text path." if trained else
+                 "The backbone is a real pretrained LLM (its converted checkpoint, with its family's chat template; "
+                 "experiments/demo/real.py), not trained on the corpus; the corpus gives its held-out evals and stage 2's text chats.")
+    b = [("h", 2, "How the miniature pairs were built" if trained else "How the pair was built"),
          ("p", f"Corpus: {corpus['train_records']} procedurally generated records ({corpus['kinds']['chat']} chats with strict-format "
                f"instructions, arithmetic and plain requests; {corpus['kinds']['plain']} plain stories); held-out evals: "
                f"{corpus['heldout_ifeval']} IFEval-schema prompts and {corpus['heldout_gsm']} GSM-schema problems on entities the "
-               "corpus never shows. Tokenizer: byte-level BPE trained on the corpus. Every backbone is a config entry (a "
-               "sinkgrow recipe: family, shape, steps, lr, weight decay, data mix; docs/sinks.md) pretrained from scratch on that "
-               "corpus through the engine's text path. VL adaptation through the engine: LLaVA "
+               f"corpus never shows. {backbones} VL adaptation through the engine: LLaVA "
                "(LlavaForConditionalGeneration, tiny CLIP tower frozen at random init) on scikit-learn's 8x8 digits, "
                f"stage 1 projector ({vl_cfg['stage1']['steps']} steps), stage 2 projector+LM ({vl_cfg['stage2']['steps']} steps, "
-               f"{vl_cfg['stage2'].get('text_share', 0):.0%} of its examples text-only chats from the pretraining corpus, as "
+               f"{vl_cfg['stage2'].get('text_share', 0):.0%} of its examples text-only chats from the corpus, as "
                "LLaVA-665K mixes ShareGPT text into its stage 2), loss on answers only. Held-out digit accuracy: the most "
-               f"likely of the ten answers 'It is a d.' on {vl_cfg['heldout_images']} unseen images (chance 0.10)."),
+               f"likely of the ten answers 'It is a d.' on {vl_cfg['heldout_images']} unseen images (chance 0.10). S during VL: "
+               "the LM's Sink Strength at adaptation steps (stage 1 then stage 2, counted on)."),
          ("table", ["backbone", "family", "QK-norm", "shape", "knobs", "params", "pretrain steps", "S step 0 → end", "pretrain loss",
-                    "VL stage-1 loss", "VL stage-2 loss", "text chats in VL", "held-out digit acc.", "answer ppl"], rows)]
+                    "VL stage-1 loss", "VL stage-2 loss", "text chats in VL", "S during VL (step: S)", "held-out digit acc.",
+                    "answer ppl"], rows)]
     plot = plots.pretrain_sink_curves(curves, out)
     if plot:
         b.append(("img", plot, "Sink Strength of each backbone against pretraining steps"))
