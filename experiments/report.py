@@ -696,6 +696,10 @@ def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
     title = study.report.get("title") or f"sinkstudy report: {study.name}"
     b: list[tuple] = [("h", 1, title)]
     lines = verdicts(summary)
+    trained = {bb["name"] for bb in (study.build or {}).get("backbones", []) if bb["kind"] == "trained"}
+    if trained:  # the demo: where its S lies comes first, so no one reads its ρ as a test of sinks
+        lines = [miniature_sink_finding([e["models"]["base"]["sink_strength"] for p, e in summary["pairs"].items() if p in trained],
+                                        reference_results(study))] + lines
     if lines:
         b += [("h", 2, "Verdicts"), ("ul", lines)]
     b += paper_vs_ours(summary)
