@@ -119,15 +119,16 @@ def measure_arms(runner, study, pair: dict, made: dict[str, dict], measure) -> d
             out["vlm"] = info
             continue
         lm = model_dir(runner.out, p, name, "vlm", "lm")
+        own_class = any(hook.changes_architecture() for hook in arm_request(study, pair, arm)[2])
 
-        def extract(vlm=vlm, lm=lm) -> dict:
+        def extract(vlm=vlm, lm=lm, own_class=own_class) -> dict:
             from interventions.adapt.build import save_extracted_lm
             from sinkstudy.provenance import model_fingerprint
 
-            save_extracted_lm(vlm, pair["base"], lm, force=True)
+            save_extracted_lm(vlm, pair["base"], lm, force=True, own_class=own_class)
             return {"path": str(lm), "fingerprint": model_fingerprint(lm)}
 
-        extracted = runner.run(f"{p}/adapt/{name}-extract", {"code": code_version(_HERE / "interventions" / "pairs")}, extract,
+        extracted = runner.run(f"{p}/adapt/{name}-extract", {"code": code_version(_HERE / "interventions" / "pairs"), "own_class": own_class}, extract,
                                deps=[step], outputs=lm)
         out[name] = {**measure(runner, study, pair, name, str(lm), deps=[f"{p}/adapt/{name}-extract"],
                                fingerprint=runner.fingerprint(lm, extracted["fingerprint"])),

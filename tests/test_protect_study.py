@@ -173,3 +173,21 @@ def test_the_plan_lists_the_arms_steps_with_their_dependencies(study_files, tmp_
     assert steps["p/sink/base"]["after"] == []  # the base is measured without waiting for any adaptation
     assert steps["p/vlskill/damp"]["after"] == ["p/adapt/damp"] and steps["p/eval/damp"]["after"] == ["p/adapt/damp-extract"]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_qk_norm_switch_arm_is_measured_as_its_own_class(study_files, tmp_path, tokenizer):
+    """disable_qk_norm hands the engine the base's Llama twin: the arm's language model is extracted as a
+    Llama (not refused against the Qwen3 base) and measured like any arm."""
+    from sinkstudy.tiny import tiny_causal_lm
+
+    tiny_causal_lm("qwen3", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "q3")
+    tokenizer.save_pretrained(tmp_path / "q3")
+    cfg = yaml.safe_load((study_files / "study.yaml").read_text())
+    cfg.update(plugins=[], interventions=[], pairs=[{"name": "q", "base": str(tmp_path / "q3"), "native_qk_norm": True}])
+    cfg["adapt"]["arms"] = [{"name": "qknorm-off", "protection": "disable_qk_norm"}]
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
+    _run(tmp_path, tmp_path / "out")
+    arm = json.loads((tmp_path / "out" / "summary.json").read_text())["pairs"]["q"]["protection"]["arms"]["qknorm-off"]
+    assert isinstance(arm["sink_strength"], float) and "sinkstudy_gsm" in arm["vs_control"]
+    lm = next((tmp_path / "out").rglob("q-qknorm-off-vlm-lm/config.json"))
+    assert json.loads(lm.read_text())["model_type"] == "llama"

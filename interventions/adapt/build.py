@@ -453,13 +453,15 @@ def extract_lm(vlm_path, base=None, *, dtype=torch.float32):
     return lm, report
 
 
-def save_extracted_lm(vlm_path, base, out: str | os.PathLike, *, force: bool = False) -> Path:
+def save_extracted_lm(vlm_path, base, out: str | os.PathLike, *, force: bool = False, own_class: bool = False) -> Path:
     """Extract the VLM's language model (vocabulary aligned to `base`) and save it as a causal LM that
-    `interventions.pairs.load_causal_lm` reads back exactly: injected norms in the qknorm format."""
+    `interventions.pairs.load_causal_lm` reads back exactly: injected norms in the qknorm format.
+    `own_class`: the VLM was built around another class than the base's (a hook's `changes_architecture`):
+    extract it in that class; the base then only gives the tokenizer."""
     from interventions import qknorm
     from interventions.pairs import load_tokenizer, save_causal_lm
 
-    lm, report = extract_lm(vlm_path, base)
+    lm, report = extract_lm(vlm_path, None if own_class else base)
     tok = load_tokenizer(base) if isinstance(base, (str, os.PathLike)) else None
     if qknorm.qk_norm_kind(lm) == "injected":
         return qknorm.save_injected(lm, out, tokenizer=tok, metadata={"extraction": report.to_dict()}, force=force)

@@ -9,6 +9,7 @@ A hook subclasses `TrainingHook` and overrides what it needs; a list of hooks is
                                before its sink maps are measured): return a replacement model (an
                                architecture change such as the QK-norm sufficiency switch) or None.
                                `texts`: the calibration texts (evals.sink CalibrationText).
+    changes_architecture()     True when prepare_base returns another class (studies extract the LM in it).
 
 Then per stage, for the hooks whose `stages` (None: every stage) name it, the trainer calls, in order:
 
@@ -92,6 +93,11 @@ class TrainingHook:
 
     def prepare_base(self, lm, tokenizer, texts):
         return None
+
+    def changes_architecture(self) -> bool:
+        """True when `prepare_base` hands back another model class (the base's vocabulary kept): the
+        adapted language model is then extracted in its own class, not checked against the base's."""
+        return False
 
     def setup(self, ctx: HookContext) -> None:
         pass

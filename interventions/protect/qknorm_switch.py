@@ -59,6 +59,9 @@ class DisableQKNorm(Protection):
         self._report = report
         return twin
 
+    def changes_architecture(self) -> bool:
+        return self.config["mode"] == "remove"  # the Llama twin
+
     def setup(self, ctx) -> None:
         frozen = 0
         if self.config["mode"] == "freeze_gains":
