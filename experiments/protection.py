@@ -24,17 +24,23 @@ from sinkstudy.io import read_json
 _HERE = Path(__file__).resolve().parent.parent
 
 
+def arm_hooks(arm: dict) -> list:
+    """The arm's protections, constructed from their settings."""
+    from interventions.protect import make_protection
+
+    return [make_protection(p["name"], p["params"]) for p in arm["protections"]]
+
+
 def arm_request(study, pair: dict, arm: dict) -> tuple[Any, Any, list, dict]:
     """(vision spec, recipe, protection hooks, the run's request) of one arm on one pair."""
     from interventions.adapt.build import VisionSpec
     from interventions.adapt.config import from_dict
     from interventions.adapt.run import make_request
-    from interventions.protect import make_protection
 
     adapt_cfg = study.adapt
     vision = VisionSpec(**adapt_cfg["vision"])
     recipe = from_dict(adapt_cfg["recipe"])
-    hooks = [make_protection(p["name"], p["params"]) for p in arm["protections"]]
+    hooks = arm_hooks(arm)
     return vision, recipe, hooks, make_request(pair["base"], vision, recipe, hooks=hooks)
 
 
@@ -119,7 +125,7 @@ def measure_arms(runner, study, pair: dict, made: dict[str, dict], measure) -> d
             out["vlm"] = info
             continue
         lm = model_dir(runner.out, p, name, "vlm", "lm")
-        own_class = any(hook.changes_architecture() for hook in arm_request(study, pair, arm)[2])
+        own_class = any(hook.changes_architecture() for hook in arm_hooks(arm))
 
         def extract(vlm=vlm, lm=lm, own_class=own_class) -> dict:
             from interventions.adapt.build import save_extracted_lm
