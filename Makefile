@@ -17,17 +17,21 @@ MODEL ?= $(BASE)
 OUT ?=
 CONFIG ?= experiments/configs/demo.yaml
 NAME ?= head_restore
-# Every target that runs evals takes LIMIT=N (prompts per task), TASKS=a,b (lm-eval tasks; default the
-# shipped offline sets, hub tasks are opt-in), DEVICE= (e.g. cuda), DTYPE= (float32, bfloat16, float16),
-# OUT=DIR and FORCE=1 (redo / replace finished outputs): EVAL_FLAGS hands them on, an empty one adds nothing.
+# A variable reaches every target whose command takes its flag (tests/test_make.py checks them all):
+# LIMIT=N (prompts per task), TASKS=a,b (lm-eval tasks; default the shipped offline sets, hub tasks are
+# opt-in), DEVICE= (e.g. cuda), DTYPE= (float32, bfloat16, float16), OUT=DIR, FORCE=1 (redo / replace
+# finished outputs), QUIET=1 (no progress bars). An empty variable adds nothing.
 LIMIT ?=
 TASKS ?=
 DEVICE ?=
 DTYPE ?=
 FORCE ?=
-EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(if $(DEVICE),--device $(DEVICE)) \
-	$(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG)
+QUIET ?=
 FORCE_FLAG = $(if $(filter 1,$(FORCE)),--force)
+QUIET_FLAG = $(if $(filter 1,$(QUIET)),--quiet)
+# How the models load (--device / --dtype) and every command's --force / --quiet; EVAL_FLAGS adds the evals'.
+MODEL_FLAGS = $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG)
+EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(MODEL_FLAGS)
 # --out: OUT, else the target's own default ($(call OUT_FLAG,DEFAULT); none: the command's default).
 OUT_FLAG = $(if $(or $(OUT),$(1)),--out $(or $(OUT),$(1)))
 # MODEL's default is the demo's base: when that is missing, say what to pass, in one line.
@@ -62,7 +66,7 @@ MAX_POINTS ?=
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
-	@echo "Variables (where the target's command takes the flag): MODEL= BASE= VLM= OUT= LIMIT= TASKS= DEVICE= DTYPE= FORCE=1 ARGS=\"...\""
+	@echo "Variables (where the target's command takes the flag): MODEL= BASE= VLM= OUT= LIMIT= TASKS= DEVICE= DTYPE= FORCE=1 QUIET=1 ARGS=\"...\""
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -83,10 +87,10 @@ test: $(REAL_STAMP) ## run the whole test suite (tiny models and the real Gemma-
 	$(PY) -m pytest -q $(ARGS)
 
 demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + Gemma-3-270M's S); report in runs/demo/report.md
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
 
 demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
 
 bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
 	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
@@ -102,41 +106,40 @@ bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak mem
 
 sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path; default the demo's base)
 	$(NEED_MODEL)
-	$(SINKSTUDY) sink $(MODEL) $(call OUT_FLAG) $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE)) \
-		$(FORCE_FLAG) $(ARGS)
+	$(SINKSTUDY) sink $(MODEL) $(call OUT_FLAG) $(MODEL_FLAGS) $(ARGS)
 
 eval: $(STAMP) ## strict-grader evals of MODEL=... (default the demo's base) through lm-eval; TASKS= default offline
 	$(NEED_MODEL)
 	$(SINKSTUDY) eval $(MODEL) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DIR
-	$(SINKSTUDY) compare $(A) $(B) $(if $(TASKS),--tasks $(TASKS)) $(ARGS)
+	$(SINKSTUDY) compare $(A) $(B) $(if $(TASKS),--tasks $(TASKS)) $(QUIET_FLAG) $(ARGS)
 
-pair-extract: $(STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=...
-	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) $(call OUT_FLAG,$(VLM)-lm) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(ARGS)
+pair-extract: $(STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=... (default runs/pair/<vlm>-lm)
+	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) $(call OUT_FLAG) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
 
 pair-diff: $(STAMP) ## per-module relative weight change between BASE=... and VLM=...
-	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(ARGS)
+	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(MODEL_FLAGS) $(ARGS)
 
 qknorm: $(STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
 	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 adapt: $(STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=...
 	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
-	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--data $(d)) --config $(ADAPT_CONFIG) \
-		$(call OUT_FLAG,runs/adapt/$(notdir $(BASE))) --resume $(FORCE_FLAG) $(ARGS)
+	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
+		$(call OUT_FLAG,runs/adapt/$(notdir $(BASE))) --resume $(MODEL_FLAGS) $(ARGS)
 
 qknorm-arm: $(STAMP) ## QK-norm control / injected (INITS=) / native (NATIVE=) arms through ADAPT_CONFIG's adaptation, paired CIs
 	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
-	$(SINKSTUDY) qknorm $(BASE) --adapt $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
-		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--data $(d)) \
+	$(SINKSTUDY) qknorm $(BASE) --recipe $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
+		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--train-data $(d)) \
 		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG,runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
 
 protect: $(STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ...")
 	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
-	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--data $(d)) --config $(ADAPT_CONFIG) \
+	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
 		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(foreach p,$(PLUGIN),--plugin $(p)) \
-		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(FORCE_FLAG) $(ARGS)
+		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(MODEL_FLAGS) $(ARGS)
 
 protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S
 	$(if $(wildcard $(RUN)/models/qwen2-base/config.json),,$(MAKE) demo)
@@ -152,7 +155,7 @@ merge-dare: $(STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then 
 	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 merge-sweep: $(STAMP) ## 9-point merge grid (SWEEP=experiments/configs/merge_sweep_full.yaml: 63; MAX_POINTS=N: an even spread) + recovery CIs, Pareto
-	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(SWEEP),--config $(SWEEP)) $(if $(MAX_POINTS),--max-points $(MAX_POINTS)) \
+	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(MAX_POINTS),--max-points $(MAX_POINTS)) \
 		$(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 mitigate: $(STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
@@ -168,7 +171,7 @@ paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with 
 	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 paper-table: $(STAMP) ## the paper's published tables: rho on points and relative, leave-one-out error, McNemar per pair
-	$(SINKSTUDY) paper-table $(ARGS)
+	$(SINKSTUDY) paper-table $(QUIET_FLAG) $(ARGS)
 
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
 	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
@@ -177,5 +180,5 @@ gpu-check: ## one CUDA GPU, ~8 min: 8B-shape sink pass, vLLM eval, merge --cuda;
 	scripts/gpu_check.sh $(OUT)
 
 clean: ## remove temporaries of killed runs (runs/, cache), then the virtualenv and caches (runs/ is kept)
-	-$(if $(wildcard $(SINKSTUDY)),$(SINKSTUDY),python3 -m experiments.cli) clean
+	-$(if $(wildcard $(SINKSTUDY)),$(SINKSTUDY),python3 -m experiments.cli) clean $(QUIET_FLAG)
 	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -304,7 +304,8 @@ def run_eval(
             scores={}, samples={}, settings=settings, fingerprint=fingerprint, model_name=model_name,
             tasks=[s.name for s in specs], cache_keys=keys,
             provenance=provenance(model_fingerprints={model_name: fingerprint}, seeds={"seed": seed},
-                                  tasks={s.name: s.identity() for s in specs}),
+                                  tasks={s.name: s.identity() for s in specs},
+                                  data_files={s.name: s.data_file for s in specs}),  # where each task's prompts came from
         )
         for s in specs:
             rec = records[s.name]

@@ -63,19 +63,29 @@ class Comparison:
         return asdict(self)
 
 
+NO_LOSS = "no loss to recover"
+
+
 @dataclass
 class Recovery:
+    """How much of the base -> VLM LM loss an intervention wins back. A recovery is a number only
+    where there is a loss: when the paired CI of Δ = VLM LM − base (points) does not lie below 0,
+    `recovery` and `ci` are None and `status` says "no loss to recover" (the ratio would divide noise)."""
+
     task: str | None
     metric: str | None
     n: int
     base: float
     vlm: float
     intervened: float
-    recovery: float  # (intervened - vlm) / (base - vlm): 0 = no recovery, 1 = back to base
-    ci: tuple[float, float]
+    recovery: float | None  # (intervened - vlm) / (base - vlm): 0 = no recovery, 1 = back to base
+    ci: tuple[float | None, float | None]
     confidence: float
     n_boot: int
     undefined: float  # share of replicates with base == vlm
+    loss_points: float  # Δ = VLM LM − base in points (negative = the loss to recover)
+    loss_points_ci: tuple[float, float]
+    status: str  # "recovery" or NO_LOSS
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,6 +151,15 @@ def _default_metric(run, task: str) -> str:
     if not metrics:
         raise SinkstudyError(f"run has no scores for task {task!r}")
     return HEADLINE_METRICS[task] if HEADLINE_METRICS.get(task) in metrics else metrics[0]
+
+
+def headline_metrics(run, task: str) -> list[str]:
+    """The metrics `task` is reported by: its headline (`_default_metric`), and for a task graded both
+    strictly and flexibly (GSM8K-CoT: strict-match and flexible-extract) both, strict first."""
+    head = _default_metric(run, task)
+    name, _, flt = head.partition(",")
+    strict = f"{name},strict-match"
+    return [strict, head] if flt == "flexible-extract" and strict in run.metrics(task) else [head]
 
 
 def _as_keyed(x, task: str | None, metric: str | None) -> tuple[dict[Any, Any], dict[Any, str] | None]:
@@ -318,7 +337,8 @@ def _has_docs(run, task: str) -> bool:
 
 def recovery(base, vlm, intervened, task: str | None = None, metric: str | None = None, *,
              n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95, seed: int = 0) -> Recovery:
-    """(intervened - vlm) / (base - vlm) on the same prompts, its CI from within-replicate ratios."""
+    """(intervened - vlm) / (base - vlm) on the same prompts, its CI from within-replicate ratios;
+    None ("no loss to recover") unless the base -> VLM LM loss is significant (`Recovery`)."""
     if _is_run(base) and task is not None:
         metric = metric or _default_metric(base, task)
     arrays = paired(base, vlm, intervened, task=task, metric=metric)
@@ -328,13 +348,19 @@ def recovery(base, vlm, intervened, task: str | None = None, metric: str | None 
         b, v, i = _score(nb, db), _score(nv, dv), _score(ni, di)
         return _ratio(i - v, b - v)
 
+    def both(nb, db, nv, dv, ni, di):  # the loss CI from the same replicates as `compare(base, vlm)` draws
+        return np.stack([stat(nb, db, nv, dv, ni, di), POINTS * (_score(nv, dv) - _score(nb, db))], axis=-1)
+
     flat = [a for nd in arrays for a in nd]
-    dist = bootstrap_distribution(stat, flat, n_boot, seed)
+    dist = bootstrap_distribution(both, flat, n_boot, seed)
+    loss_ci = percentile_ci(dist[:, 1], confidence)
+    lost = np.isfinite(loss_ci[1]) and loss_ci[1] < 0
     return Recovery(
         task=task, metric=metric, n=len(flat[0]), base=s_base, vlm=s_vlm, intervened=s_int,
-        recovery=float(_ratio(np.float64(s_int - s_vlm), np.float64(s_base - s_vlm))),
-        ci=percentile_ci(dist, confidence), confidence=confidence, n_boot=n_boot,
-        undefined=float(np.mean(~np.isfinite(dist))),
+        recovery=float(_ratio(np.float64(s_int - s_vlm), np.float64(s_base - s_vlm))) if lost else None,
+        ci=percentile_ci(dist[:, 0], confidence) if lost else (None, None), confidence=confidence, n_boot=n_boot,
+        undefined=float(np.mean(~np.isfinite(dist[:, 0]))), loss_points=POINTS * (s_vlm - s_base),
+        loss_points_ci=loss_ci, status="recovery" if lost else NO_LOSS,
     )
 
 

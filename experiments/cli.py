@@ -6,6 +6,8 @@ that `main` prints last with the command's wall time (where the outputs are, the
 how long it took, what to run next) before exiting with its code. Command modules keep their
 top-level imports light (torch and friends are imported inside `func`) so `--help` is instant.
 Bad input (a SinkstudyError, an argparse error, a full disk) is one line on stderr and exit 2.
+Every command takes the shared option groups of `experiments.options` for what it does; its
+`--quiet` silences every progress bar of the run (`sinkstudy.progress.quiet`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from experiments.summary import Summary
 from sinkstudy import SinkstudyError, __version__
 from sinkstudy.io import disk_full
+from sinkstudy.progress import quiet
 
 COMMAND_MODULES = (
     "experiments.cmd_pair",    # pair extract / pair diff
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        result = args.func(args)
+        with quiet(getattr(args, "quiet", False)):  # --quiet: the libraries' progress bars too
+            result = args.func(args)
         if isinstance(result, Summary):
             print(result.format(time.perf_counter() - started), flush=True)
             return result.exit_code

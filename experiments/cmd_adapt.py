@@ -1,12 +1,13 @@
 """`sinkstudy adapt`: LLaVA-style VL adaptation of a base LLM (the engine in interventions/adapt).
 
     sinkstudy adapt --base B (--vision ID|PATH | --donor ID|PATH | --tiny-vision | --text-only)
-                    --data [STAGE=]SPEC ... --out DIR [--config YAML] [--resume] [--force] [--estimate]
+                    --train-data [STAGE=]SPEC ... [--recipe YAML] [--train-steps [STAGE=]N ...]
+                    [--out DIR] [--resume] [--force] [--estimate] [--device DEVICE] [--dtype DTYPE]
                     [--protect NAME ... [--protect-param [NAME.]KEY=VALUE ...]] [--plugin FILE.py|MODULE ...]
 
-The recipe is the paper's two stages (--text-only: one "text" stage training the LM) unless --config
-gives another (docs/adapt.md); --data without
-STAGE= feeds every stage, with it one stage (replacing that stage's data from the config).
+The recipe is the paper's two stages (--text-only: one "text" stage training the LM) unless --recipe
+gives another (docs/adapt.md); --train-data without STAGE= feeds every stage, with it one stage
+(replacing that stage's data from the recipe).
 """
 
 from __future__ import annotations
@@ -17,35 +18,33 @@ from experiments.summary import Summary, cmd
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
-    p.add_argument("--base", required=True, help="base causal LM: hub id or local path")
-    side = p.add_mutually_exclusive_group(required=True)
-    side.add_argument("--vision", metavar="ID|PATH", help="fresh LLaVA: a CLIP or SigLIP tower + a new 2-layer GELU projector")
-    side.add_argument("--donor", metavar="ID|PATH", help="an existing VLM (Qwen2/2.5-VL, LLaVA) whose tower + projector to keep")
-    side.add_argument("--tiny-vision", action="store_true", help="a tiny random CLIP tower built locally (offline tests, the demo)")
-    side.add_argument("--text-only", action="store_true", help="no vision: train the LM itself on text (the Tülu-style contrast)")
-    p.add_argument("--data", action="append", default=[], metavar="[STAGE=]SPEC",
-                   help="digits | FILE.json[l] | json:FILE[@IMAGES] | hf:NAME[:SPLIT][@IMAGES]; repeatable")
-    p.add_argument("--config", metavar="YAML", help="adaptation recipe (default: the paper's two stages)")
-    p.add_argument("--steps", action="append", default=[], metavar="[STAGE=]N", help="optimizer steps (overrides epochs); repeatable")
-    p.add_argument("--qknorm", metavar="INIT", help="inject QK-RMSNorm into the base first (identity-gain, scale-preserving, blend)")
-    p.add_argument("--protect", action="append", default=[], metavar="NAME",
-                   help="a training-time protection (repeatable; `--protect list` lists them; docs/protect.md)")
-    p.add_argument("--protect-param", action="append", default=[], metavar="[NAME.]KEY=VALUE",
-                   help="a protection setting, VALUE as YAML (NAME. needed with several --protect), e.g. heads='{by: mass, top_k: 8}'")
+    from experiments import options
     from experiments.argtypes import add_plugin_option
 
+    p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
+    p.add_argument("--base", default=None, help="base causal LM: hub id or local path (required)")
+    options.add_vision_options(p, required=True)
+    t = p.add_argument_group("training")
+    options.add_train_data_option(t, help="training data")
+    options.add_recipe_option(t, help="adaptation recipe (default: the paper's two stages)")
+    options.add_train_steps_option(t)
+    t.add_argument("--qknorm", metavar="INIT", help="inject QK-RMSNorm into the base first (identity-gain, scale-preserving, blend)")
+    t.add_argument("--protect", action="append", default=[], metavar="NAME",
+                   help="a training-time protection (repeatable; `--protect list` lists them; docs/protect.md)")
+    t.add_argument("--protect-param", action="append", default=[], metavar="[NAME.]KEY=VALUE",
+                   help="a protection setting, VALUE as YAML (NAME. needed with several --protect), e.g. heads='{by: mass, top_k: 8}'")
+    t.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its last checkpoint")
     add_plugin_option(p)
-    p.add_argument("--out", help="run directory (model in OUT/model; default runs/adapt/<base name>)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its last checkpoint")
-    p.add_argument("--force", action="store_true", help="replace an existing --out")
-    p.add_argument("--estimate", action="store_true", help="print GPU memory and time per stage and exit (nothing trained)")
-    p.add_argument("--gpu", default="H200", help="GPU for --estimate (H200, H100, A100, L40S; default H200)")
-    p.add_argument("--gpus", type=int, default=1, help="number of GPUs for --estimate (default 1)")
-    p.add_argument("--tokens-per-example", type=int, default=None, help="--estimate: sequence length (default image tokens + 128)")
-    p.add_argument("--examples", action="append", default=[], metavar="[STAGE=]N",
+    options.add_model_options(p, device="cuda when available, else cpu", dtype="the recipe's precision")
+    options.add_output_options(p, out="runs/adapt/<base> (the model in OUT/model)")
+    e = p.add_argument_group("estimate (nothing trained)")
+    e.add_argument("--estimate", action="store_true", help="print GPU memory and time per stage and exit (nothing trained)")
+    e.add_argument("--gpu", default="H200", help="GPU for --estimate (H200, H100, A100, L40S; default H200)")
+    e.add_argument("--gpus", type=int, default=1, help="number of GPUs for --estimate (default 1)")
+    e.add_argument("--tokens-per-example", type=int, default=None, help="--estimate: sequence length (default image tokens + 128)")
+    e.add_argument("--examples", action="append", default=[], metavar="[STAGE=]N",
                    help="--estimate: training examples per stage when the data is not counted locally (e.g. stage1=558128)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    options.add_progress_options(p)
     p.set_defaults(func=main)
 
 
@@ -66,19 +65,27 @@ def parse_stage_values(values: list[str], stage_names: list[str], what: str) -> 
     return out
 
 
+PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}  # --dtype -> the recipe's precision
+
+
 def build_request(args):
     """(VisionSpec | None, AdaptConfig) from the command line, validated before any work."""
-    from pathlib import Path
-
+    from experiments.options import default_out
     from interventions.adapt import VisionSpec, load_config, paper_recipe, text_recipe
     from sinkstudy import SinkstudyError
 
-    config = load_config(args.config) if args.config else text_recipe() if args.text_only else paper_recipe()
+    if not args.base:
+        raise SinkstudyError("adapt needs --base (the base causal LM: hub id or local path)")
+    config = load_config(args.recipe) if args.recipe else text_recipe() if args.text_only else paper_recipe()
     names = [s.name for s in config.stages]
-    for stage, specs in parse_stage_values(args.data, names, "data").items():
+    for stage, specs in parse_stage_values(args.train_data, names, "train-data").items():
         config.stage(stage).data = list(specs)
-    for stage, steps in parse_stage_values(args.steps, names, "steps").items():
-        config.stage(stage).steps = _int(steps[-1], "--steps")
+    for stage, steps in parse_stage_values(args.train_steps, names, "train-steps").items():
+        config.stage(stage).steps = _int(steps[-1], "--train-steps")
+    if args.dtype is not None:  # the weights' dtype in training: fp32, or bf16 autocast (the recipe's `precision`)
+        if args.dtype not in PRECISIONS:
+            raise SinkstudyError(f"--dtype {args.dtype}: adapt trains in {' or '.join(PRECISIONS)} (the recipe's precision)")
+        config.precision = PRECISIONS[args.dtype]
     if args.vision:
         vision = VisionSpec("fresh", args.vision, seed=config.seed)
     elif args.donor:
@@ -89,7 +96,7 @@ def build_request(args):
         vision = None
     if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
         raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
-    args.out = args.out or str(Path("runs") / "adapt" / Path(str(args.base).rstrip("/")).name)
+    args.out = args.out or str(default_out("adapt", args.base))
     return vision, config
 
 
@@ -160,8 +167,14 @@ def main(args) -> Summary | int:
         return 0
     from interventions.adapt import adapt
 
+    tokenizer = None
+    if args.tokenizer:
+        from sinkstudy.checkpoint import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
     report = adapt(args.base, vision=vision, config=config, out=args.out, resume=args.resume, force=args.force,
-                   qknorm={"init": args.qknorm} if args.qknorm else None, hooks=hooks, progress=not args.quiet)
+                   qknorm={"init": args.qknorm} if args.qknorm else None, hooks=hooks, progress=not args.quiet,
+                   device=args.device, tokenizer=tokenizer)
     if report:
         print(format_summary(report))
         for stage in report["stages"]:
@@ -173,7 +186,8 @@ def main(args) -> Summary | int:
     from interventions.adapt.run import run_summary
 
     s = run_summary(report)
-    steps = ", ".join(f"{r['stage']} {r['steps']} steps (loss {_f(r['final_loss'])})" for r in s["stages"])
+    steps = ", ".join(f"{r['stage']} {r['steps']} steps (final loss {_f(r['final_loss'])}, the mean of its last "
+                      f"{r['final_loss_steps']} step(s))" for r in s["stages"])
     sink = (f"; Sink Strength of the LM {_f(s['sink_strength'][0])} -> {_f(s['sink_strength'][1])}" if s["sink_strength"] else "")
     return Summary("adapt", f"{args.base} adapted: {steps}{sink}", outputs=[args.out, report["model"]],
                    next=[cmd("sinkstudy", "eval", report["model"]), cmd("sinkstudy", "sink", report["model"])])
@@ -183,10 +197,13 @@ def format_summary(report: dict) -> str:
     from interventions.adapt.run import run_summary
 
     s = run_summary(report)
-    lines = [f"{'stage':<10} {'steps':>6} {'final loss':>11} {'steps/s':>8} {'tokens/s':>9} {'trainable':>11}"]
+    lines = [f"{'stage':<10} {'steps':>6} {'final loss':>11} {'(last N)':>8} {'mean loss':>10} {'steps/s':>8} {'tokens/s':>9} "
+             f"{'trainable':>11}"]
     for r in s["stages"]:
-        lines.append(f"{r['stage']:<10} {r['steps']:>6} {_f(r['final_loss']):>11} {_f(r['steps_per_second']):>8} "
-                     f"{_f(r['tokens_per_second']):>9} {r['trainable_params']:>11,}")
+        lines.append(f"{r['stage']:<10} {r['steps']:>6} {_f(r['final_loss']):>11} {r.get('final_loss_steps') or '-':>8} "
+                     f"{_f(r.get('mean_loss')):>10} {_f(r['steps_per_second']):>8} {_f(r['tokens_per_second']):>9} "
+                     f"{r['trainable_params']:>11,}")
+    lines.append("final loss: the mean over the stage's last N steps; mean loss: over the whole stage")
     if s["sink_strength"]:
         lines.append(f"Sink Strength of the LM: {_f(s['sink_strength'][0])} before -> {_f(s['sink_strength'][1])} after")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.options import add_progress_options
 from experiments.summary import Summary
 
 
@@ -11,6 +12,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("clean", help="remove stale temporaries (.NAME.tmp-*) and lock files of dead runs "
                                             "under runs/ and the sinkstudy cache")
     p.add_argument("dirs", nargs="*", metavar="DIR", help="directories to clean (default: runs and $SINKSTUDY_CACHE)")
+    add_progress_options(p)
     p.set_defaults(func=run_clean)
 
 

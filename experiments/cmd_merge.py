@@ -9,19 +9,21 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from experiments import argtypes
+from experiments import argtypes, options
 from experiments.summary import Summary, cmd, existing
 
-DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 # CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
 PAPER_DENSITY = {"ties": 0.2, "dare_ties": 0.1, "dare_linear": 0.1}
+MODEL_DIR = "model"  # OUT/model: the checkpoint and its card; the measurements sit beside it in OUT
 
 
 def register(subparsers) -> None:
     from interventions.merge import MERGEKIT_METHODS
     from interventions.spectral import SPECTRAL_METHODS
 
-    m = subparsers.add_parser("merge", help="merge base LLM and VLM LM (mergekit, TSV, STAR), then measure")
+    m = subparsers.add_parser("merge", help="merge base LLM and VLM LM (mergekit, TSV, STAR), then measure",
+                              description="Merge the base LLM with the VLM's language model into OUT/model (the checkpoint "
+                              "and its card), then measure it beside: OUT/measure.json, OUT/sink.json, OUT/eval.")
     pair_args(m)
     m.add_argument("--method", required=True, choices=MERGEKIT_METHODS + SPECTRAL_METHODS)
     m.add_argument("--weight", type=argtypes.finite_float,
@@ -32,23 +34,23 @@ def register(subparsers) -> None:
     m.add_argument("--root", help="common pretrained ancestor: task vectors (base-root, vlm-root) merged onto it "
                                   "(task-vector methods only; config and tokenizer still come from --base)")
     mergekit_args(m)
-    _common_args(m)
+    _common_args(m, out="runs/interventions/<base>__<vlm>/<method and settings>")
     m.set_defaults(func=run_merge)
 
-    t = subparsers.add_parser("mitigate", help="apply a registered mitigation (default head_restore), then measure")
+    t = subparsers.add_parser("mitigate", help="apply a registered mitigation (default head_restore), then measure",
+                              description="Apply a mitigation to the pair into OUT/model, then measure it beside "
+                              "(OUT/measure.json, OUT/sink.json, OUT/eval). --list works alone.")
     t.add_argument("name", nargs="?", default="head_restore", help="mitigation name (--list shows them)")
     t.add_argument("--list", action="store_true", help="list registered interventions and exit")
-    pair_args(t, required=False)
+    pair_args(t)
     t.add_argument("--top-k", type=argtypes.positive_int, help="head_restore: number of heads to restore")
-    t.add_argument("--texts", help="calibration texts for the sink maps (shipped set name or file)")
+    t.add_argument("--calibration", default=None, metavar="SET|FILE", help="calibration texts for the sink maps (shipped set name or file)")
     argtypes.add_plugin_option(t)
-    _common_args(t)
+    _common_args(t, out="runs/interventions/<base>__<vlm>/<name>")
     t.set_defaults(func=run_mitigate)
 
 
-def pair_args(p, required: bool = True) -> None:
-    p.add_argument("--base", required=required, help="base LLM checkpoint dir")
-    p.add_argument("--vlm", required=required, help="VLM checkpoint dir or its extracted language model")
+pair_args, check_pair_args = options.add_pair_options, options.check_pair_options
 
 
 def mergekit_args(p) -> None:
@@ -63,28 +65,21 @@ def mergekit_options(args) -> dict[str, bool]:
     return {k: True for k in ("cuda", "lazy_unpickle", "low_cpu_memory") if getattr(args, k, False)}
 
 
-def eval_args(p) -> None:
-    from experiments.cmd_eval import add_protocol_args
-
-    p.add_argument("--out", help="output directory (default: pair-specific, under runs/)")
-    p.add_argument("--limit", type=argtypes.limit, help="evaluate only the first N prompts of each task (a fraction < 1: that share)")
-    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--batch-size", type=argtypes.batch_size, default=8, help="an integer, or auto / auto:N")
-    p.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=256,
-                   help="generation cap per prompt (default 256; 0 keeps each task's own)")
-    add_protocol_args(p)
-    p.add_argument("--n-boot", type=argtypes.n_boot, default=2000, help="bootstrap replicates for recovery CIs (>= 1)")
-    p.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="dtype the measured models are loaded in (default float32)")
-    p.add_argument("--device", default=None, help="device the measured models run on (default cpu), e.g. cuda")
-    p.add_argument("--seed", type=int, default=0)
+def measure_args(p, *, out: str, force: str = "replace an existing --out that holds a different result") -> None:
+    """How a pair command measures what it made: `sinkstudy eval`'s groups, the bootstrap, captions."""
+    options.add_eval_options(p)
+    options.add_model_options(p)
+    options.add_output_options(p, out=out, force=force, cache=True)
+    g = p.add_argument_group("measurement")
+    options.add_bootstrap_options(g)
+    g.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
+    options.add_seed_option(p, "the merge (DARE, DELLA), the evals and the bootstrap")
+    options.add_progress_options(p)
 
 
-def _common_args(p) -> None:
-    eval_args(p)
+def _common_args(p, *, out: str) -> None:
+    measure_args(p, out=out)
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="extra parameter (repeatable)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.add_argument("--eval", dest="eval", action=argparse.BooleanOptionalAction, default=True,
                    help="measure sink strength and strict evals after (default: on)")
 
@@ -109,21 +104,21 @@ class Measure:
     """Sink Strength + strict evals of checkpoints against the base and the VLM LM (measured once).
 
     The references are measured on first use of `ref` (a sweep plans before it measures).
-    All models are evaluated with the base's tokenizer (the extracted LM shares its vocabulary),
-    so prompts are identical and results pair on doc_id. A measurement stored in a directory
-    (`sink.json`, `eval/`) is reused only when its key matches: the measured model's fingerprint,
-    the tokenizer, the settings and the code versions (`sink_key`; evals key themselves).
+    All models are evaluated with the base's tokenizer (or --tokenizer; the extracted LM shares its
+    vocabulary), so prompts are identical and results pair on doc_id. A measurement stored in a
+    directory (`sink.json`, `eval/`) is reused only when its key matches: the measured model's
+    fingerprint, the tokenizer, the settings and the code versions (`sink_key`; evals key themselves).
     """
 
     def __init__(self, base: str, vlm_lm: Path, args, ref_dir: Path | None):
-        from experiments.cmd_eval import protocol_kwargs
+        from experiments.options import eval_kwargs, eval_tasks
         from interventions.pairs import load_tokenizer
 
         self.base, self.vlm_lm, self.args = base, vlm_lm, args
-        self.protocol = protocol_kwargs(args)
-        self.tasks = [t for t in args.tasks.split(",") if t]
+        self.eval = eval_kwargs(args)
+        self.tasks = [t for t in eval_tasks(args).split(",") if t]
         self.captions = _read_captions(args.captions) if args.captions else None
-        self.tokenizer = load_tokenizer(self.base)
+        self.tokenizer = load_tokenizer(args.tokenizer or self.base)
         self.ref_dir = ref_dir
 
     @functools.cached_property
@@ -140,11 +135,14 @@ class Measure:
         from sinkstudy.provenance import code_version
 
         a = self.args
-        return {"tokenizer": tokenizer_fingerprint(self.tokenizer), "tasks": self.tasks, "limit": a.limit,
-                "batch_size": a.batch_size, "max_gen_toks": a.max_gen_toks, "protocol": self.protocol, "n_boot": a.n_boot,
-                "seed": a.seed, "dtype": a.dtype, "device": _device_type(a.device),
+        return {"tokenizer": tokenizer_fingerprint(self.tokenizer), "tasks": self.tasks, "eval": self.eval, "n_boot": a.n_boot,
+                "confidence": a.confidence, "seed": a.seed, "dtype": self.dtype, "device": _device_type(a.device),
                 "captions": digest(self.captions) if self.captions else None,
                 "code": [sink_code_version(), eval_code_version(), code_version(__file__)]}
+
+    @property
+    def dtype(self) -> str:
+        return self.args.dtype or "float32"
 
     def sink_key(self, path) -> str:
         from sinkstudy.provenance import model_fingerprint
@@ -160,15 +158,15 @@ class Measure:
 
         key = self.sink_key(path)
         cached = out / "sink.json" if out else None
-        sink = reusable_json(cached, key)
+        sink = None if self.args.no_cache else reusable_json(cached, key)
         if sink is None:
             sink = {**self._sink(path), "key": key}
             if cached:
                 write_json_atomic(cached, sink)
         # force: the eval dir is a keyed measurement, replaced when the key changes (lm-eval results are cached by key)
-        run = run_eval(path, self.tokenizer, tasks=self.tasks, limit=self.args.limit, batch_size=self.args.batch_size,
-                       max_gen_toks=self.args.max_gen_toks or None, out_dir=out / "eval" if out else None, force=True,
-                       seed=self.args.seed, device=self.args.device, dtype=self.args.dtype, loader=load_model, **self.protocol)
+        run = run_eval(path, self.tokenizer, tasks=self.tasks, out_dir=out / "eval" if out else None, force=True,
+                       seed=self.args.seed, device=self.args.device, dtype=self.dtype, loader=load_model,
+                       progress=not self.args.quiet, **self.eval)
         return {**sink, "run": run}
 
     def _sink(self, path) -> dict[str, Any]:
@@ -177,27 +175,40 @@ class Measure:
         from evals.sink import sink_strength
         from interventions.pairs import load_causal_lm
 
-        model, _ = load_causal_lm(path, dtype=getattr(torch, self.args.dtype), device=self.args.device or "cpu")
+        model, _ = load_causal_lm(path, dtype=getattr(torch, self.dtype), device=self.args.device or "cpu")
         s = sink_strength(model, self.tokenizer, progress=False)
         nll = caption_nll(model, self.tokenizer, self.captions) if self.captions else None
         return {"sink_strength": s.value, "sink_metric": s.metric, "caption_nll": nll, "captions": self.args.captions}
 
     def summary(self, point: dict[str, Any]) -> dict[str, Any]:
-        """Scores, recovery with CI per task, and the VL-side proxies of one measured checkpoint."""
-        from evals.stats import recovery
+        """Scores and recovery with CI per task ("no loss to recover" where the pair lost nothing
+        significant), GSM's strict-match beside its flexible-extract headline, and the VL-side proxies."""
+        from evals.stats import headline_metrics, recovery
 
         b, v, run = self.ref["base"]["run"], self.ref["vlm"]["run"], point["run"]
+        kw = {"n_boot": self.args.n_boot, "confidence": self.args.confidence, "seed": self.args.seed}
         tasks = {}
         for task in self.tasks:
-            r = recovery(b, v, run, task, n_boot=self.args.n_boot, seed=self.args.seed)
-            tasks[task] = {"metric": r.metric, "base": r.base, "vlm": r.vlm, "score": r.intervened,
-                           "recovery": _finite(r.recovery), "ci": [_finite(c) for c in r.ci], "n": r.n}
+            head, *others = reversed(headline_metrics(b, task))  # the paper's headline first, then strict-match
+            tasks[task] = {**_recovery_row(recovery(b, v, run, task, head, **kw)),
+                           "also": {m: _recovery_row(recovery(b, v, run, task, m, **kw)) for m in others}}
         return {
             "sink_strength": {"base": self.ref["base"]["sink_strength"], "vlm": self.ref["vlm"]["sink_strength"],
                               "value": point["sink_strength"], "metric": point["sink_metric"]},
             "tasks": tasks,
+            "recovery": RECOVERY_CONVENTION,
             "caption_nll": {"vlm": self.ref["vlm"]["caption_nll"], "value": point["caption_nll"]} if self.captions else None,
         }
+
+
+RECOVERY_CONVENTION = ("recovery = (intervened − VLM LM) / (base − VLM LM): 0 none, 1 back to base; stated only where the "
+                       "base -> VLM LM loss is significant (its paired CI below 0), else \"no loss to recover\" (null)")
+
+
+def _recovery_row(r) -> dict[str, Any]:
+    return {"metric": r.metric, "base": r.base, "vlm": r.vlm, "score": r.intervened, "recovery": _finite(r.recovery),
+            "ci": [_finite(c) for c in r.ci], "status": r.status, "loss_points": r.loss_points,
+            "loss_points_ci": list(r.loss_points_ci), "n": r.n}
 
 
 def digest(obj) -> str:
@@ -282,34 +293,56 @@ def _print_summary(name: str, summary: dict[str, Any]) -> None:
     s = summary["sink_strength"]
     print(f"{name}: Sink Strength ({s['metric']}) {s['value']:.3f}  [base {s['base']:.3f}, VLM LM {s['vlm']:.3f}]")
     for task, t in summary["tasks"].items():
-        print(f"  {task:<18} {t['metric']:<32} {t['score']:.3f}  [base {t['base']:.3f}, VLM LM {t['vlm']:.3f}]  "
-              f"recovery {fmt_or_na(t['recovery'])} ({fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])})")
+        for metric, row in [(t["metric"], t), *t.get("also", {}).items()]:
+            print(f"  {task:<18} {metric:<32} {row['score']:.3f}  [base {row['base']:.3f}, VLM LM {row['vlm']:.3f}]  "
+                  f"{recovery_text(row)}")
+    print(f"  ({summary.get('recovery') or RECOVERY_CONVENTION})")
 
 
-def _measure_and_write(out: Path, args) -> dict[str, Any]:
-    from interventions.merge import local_checkpoint, resolve_lm
+def recovery_text(row: dict[str, Any]) -> str:
+    """"recovery 0.42 [0.10, 0.80]", or "no loss to recover (Δ VLM LM − base +1.2 points [−3.0, +5.0])"."""
+    if row.get("status", "recovery") != "recovery":
+        lo, hi = row["loss_points_ci"]
+        return f"{row['status']} (Δ VLM LM − base {row['loss_points']:+.1f} points [{lo:+.1f}, {hi:+.1f}])"
+    return f"recovery {fmt_or_na(row['recovery'])} [{fmt_or_na(row['ci'][0])}, {fmt_or_na(row['ci'][1])}]"
+
+
+def _measure_and_write(out: Path, model: Path, vlm_lm: Path, args) -> dict[str, Any]:
+    """Measure the checkpoint in `model`; write measure.json, sink.json and eval/ beside it in `out`."""
+    from interventions.merge import local_checkpoint
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
     base = local_checkpoint(args.base)
-    vlm_lm = resolve_lm(base, args.vlm)
     measure = Measure(base, vlm_lm, args, None)
-    summary = measure.summary(measure.measure(out, out))
-    summary["weight_distance_to_vlm"] = weight_distance(out, vlm_lm, base)
+    summary = measure.summary(measure.measure(model, out))
+    summary["weight_distance_to_vlm"] = weight_distance(model, vlm_lm, base)
     write_json_atomic(out / "measure.json", {**summary, "provenance": provenance(seed=args.seed, tasks=measure.tasks, limit=args.limit)})
     _print_summary(out.name, summary)
     return summary
 
 
 def check_measure_args(args) -> None:
-    """The measurement's inputs (protocol flags, task names, captions file), checked before any intervention runs."""
-    from experiments.cmd_eval import check_hub_tasks, protocol_kwargs
+    """The measurement's inputs (eval flags, task names, captions file), checked before any intervention runs."""
+    from experiments.options import check_hub_tasks, eval_kwargs, eval_tasks
 
-    protocol_kwargs(args)
+    data_files = eval_kwargs(args)["data_files"]
     if getattr(args, "eval", True):
-        check_hub_tasks(args.tasks)  # unknown names first, then hub tasks with the hub unreachable
+        check_hub_tasks(eval_tasks(args), data_files)  # unknown names first, then hub tasks with the hub unreachable
         if args.captions:
             _read_captions(args.captions)
+
+
+def extracted_lm(base, vlm) -> tuple[Path, bool]:
+    """(the VLM's language model on disk, whether it was extracted): a VLM checkpoint is extracted
+    once, into the cache, and the command says where."""
+    from interventions.merge import is_vlm_checkpoint, local_checkpoint, resolve_lm
+
+    lm = resolve_lm(local_checkpoint(base), vlm)
+    extracted = is_vlm_checkpoint(local_checkpoint(vlm))
+    if extracted:
+        print(f"the VLM's language model (in the base's architecture): {lm} (extracted once, reused by later runs)")
+    return lm, extracted
 
 
 # --------------------------------------------------------------------------- commands
@@ -335,6 +368,7 @@ def run_merge(args) -> Summary | int:
     from interventions.registry import apply_intervention, execution_options, validate_intervention
     from sinkstudy.io import output_lock
 
+    check_pair_args(args, "merge")
     params = parse_params(args.param)
     for key in ("weight", "density", "eta", "select", "root"):
         if getattr(args, key) is not None:
@@ -346,22 +380,23 @@ def run_merge(args) -> Summary | int:
     if args.density is None and args.method in PAPER_DENSITY:
         params["density"] = PAPER_DENSITY[args.method]
     validate_intervention(args.method, params)
-    options = execution_options(args.method, mergekit_options(args))
+    execution = execution_options(args.method, mergekit_options(args))
     check_measure_args(args)
     _check_models(args.base, args.vlm, args.root)
     tag = "-".join([args.method] + [f"{k}{v}" for k, v in sorted(params.items()) if k in ("weight", "density", "eta", "select")])
     out = Path(args.out) if args.out else default_out(args.base, args.vlm, tag)
+    vlm_lm, extracted = extracted_lm(args.base, args.vlm)
     with output_lock(out):  # the merge and its measurements
-        out = apply_intervention(args.method, args.base, args.vlm, params, out, seed=args.seed, force=args.force,
-                                 mergekit_options=options)
-        print(f"wrote {out}")
-        measured = _measure_and_write(out, args) if args.eval else None
-    return _summary("merge", f"{args.method} merge ({', '.join(f'{k} {v}' for k, v in sorted(params.items()))})", out, measured, args)
+        model = apply_intervention(args.method, args.base, args.vlm, params, out / MODEL_DIR, seed=args.seed, force=args.force,
+                                   mergekit_options=execution, progress=not args.quiet)
+        print(f"wrote {model}")
+        measured = _measure_and_write(out, model, vlm_lm, args) if args.eval else None
+    return _summary("merge", f"{args.method} merge ({', '.join(f'{k} {v}' for k, v in sorted(params.items()))})", out, measured,
+                    args, vlm_lm if extracted else None)
 
 
 def run_mitigate(args) -> Summary | int:
     from interventions.registry import apply_intervention, list_interventions, validate_intervention
-    from sinkstudy import SinkstudyError
     from sinkstudy.io import output_lock
 
     argtypes.load_plugin_options(args)
@@ -369,35 +404,38 @@ def run_mitigate(args) -> Summary | int:
         for name, kind in list_interventions().items():
             print(f"  {name:<18} {kind}")
         return 0
-    if not (args.base and args.vlm):
-        raise SinkstudyError("mitigate needs --base and --vlm")
+    check_pair_args(args, "mitigate")
     params = parse_params(args.param)
     if args.top_k is not None:
         params["top_k"] = args.top_k
-    if args.texts:
-        params["texts"] = args.texts
+    if args.calibration:
+        params["texts"] = args.calibration
     validate_intervention(args.name, params)
     check_measure_args(args)
     _check_models(args.base, args.vlm)
     out = Path(args.out) if args.out else default_out(args.base, args.vlm, args.name)
+    vlm_lm, extracted = extracted_lm(args.base, args.vlm)
     with output_lock(out):
-        out = apply_intervention(args.name, args.base, args.vlm, params, out, seed=args.seed, force=args.force)
-        print(f"wrote {out}")
-        measured = _measure_and_write(out, args) if args.eval else None
-    return _summary("mitigate", f"mitigation {args.name}", out, measured, args)
+        model = apply_intervention(args.name, args.base, args.vlm, params, out / MODEL_DIR, seed=args.seed, force=args.force,
+                                   progress=not args.quiet)
+        print(f"wrote {model}")
+        measured = _measure_and_write(out, model, vlm_lm, args) if args.eval else None
+    return _summary("mitigate", f"mitigation {args.name}", out, measured, args, vlm_lm if extracted else None)
 
 
-def _summary(command: str, what: str, out: Path, measured: dict[str, Any] | None, args):
-    """The closing summary of merge / mitigate: Sink Strength and each task's recovery with its CI."""
+def _summary(command: str, what: str, out: Path, measured: dict[str, Any] | None, args, extracted: Path | None):
+    """The closing summary of merge / mitigate: Sink Strength and each task's recovery with its CI
+    (or "no loss to recover"), every headline metric named; the extracted VLM LM among the outputs."""
     if measured is None:
         result = f"{what}: written, not measured (--no-eval)"
     else:
         s = measured["sink_strength"]
-        recs = [f"{task} recovery {fmt_or_na(t['recovery'])} [{fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])}]"
-                for task, t in measured["tasks"].items()]
+        recs = [f"{task} {metric.removesuffix(',none')} {recovery_text(row)}" for task, t in measured["tasks"].items()
+                for metric, row in [(t["metric"], t), *t.get("also", {}).items()]]
         result = (f"{what}: Sink Strength {s['value']:.3f} (base {s['base']:.3f}, VLM LM {s['vlm']:.3f}); " + "; ".join(recs)
-                  + " (recovery = (merged − VLM) / (base − VLM): 0 none, 1 back to base)")
-    nxt = [cmd("sinkstudy", "eval", out)] if measured is None else []
+                  + " (recovery = (merged − VLM LM) / (base − VLM LM): 0 none, 1 back to base)")
+    model = out / MODEL_DIR
+    nxt = [cmd("sinkstudy", "eval", model)] if measured is None else []
     nxt.append(cmd("sinkstudy", "merge-sweep", "--base", args.base, "--vlm", args.vlm) if command == "merge"
                else cmd("sinkstudy", "mitigate", "--list"))
-    return Summary(command, result, outputs=existing(out, out / "measure.json"), next=nxt)
+    return Summary(command, result, outputs=existing(model, out / "measure.json", out / "eval", extracted), next=nxt)

@@ -6,34 +6,38 @@ model in memory), `diff` reads one tensor of each model at a time.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from experiments.summary import Summary, cmd
 
 def register(subparsers) -> None:
+    from experiments import options
+
     pair = subparsers.add_parser("pair", help="extract a VLM's language model / diff it against its base LLM")
     sub = pair.add_subparsers(dest="pair_command", metavar="SUBCOMMAND", required=True)
 
     ext = sub.add_parser("extract", help="write the VLM's language model as a causal-LM checkpoint in the base's class")
     _common(ext)
-    ext.add_argument("--dtype", default=None, help="output dtype (default: the VLM checkpoint's own, e.g. bfloat16)")
+    options.add_model_options(ext, device=None, dtype="the VLM checkpoint's own, e.g. bfloat16", tokenizer=False)
     ext.add_argument("--max-shard-size", default="1GB", type=_bytes,
                      help="largest output shard, e.g. 1GB or 500MB (peak memory is about one shard; default 1GB)")
-    ext.add_argument("--out", required=True, help="output checkpoint directory")
-    ext.add_argument("--force", action="store_true", help="replace an existing --out")
+    options.add_output_options(ext, out="runs/pair/<vlm>-lm")
+    options.add_progress_options(ext)
     ext.set_defaults(func=run_extract)
 
     diff = sub.add_parser("diff", help="per-layer relative weight change ||W_vlm - W_base|| / ||W_base||")
     _common(diff)
-    diff.add_argument("--dtype", default=None, help="cast both tensors to this dtype first (default: as stored; "
-                                                     "the sums are float32/float64 either way)")
-    diff.add_argument("--device", default=None, help="torch device for the per-tensor arithmetic (default cpu)")
+    options.add_model_options(diff, dtype="as stored; the sums are float32/float64 either way", tokenizer=False)
     diff.add_argument("--json", metavar="FILE", help="also write every tensor's row and the summary as JSON")
     diff.add_argument("--force", action="store_true", help="replace an existing --json file")
+    options.add_progress_options(diff)
     diff.set_defaults(func=run_diff)
 
 
 def _common(p) -> None:
-    p.add_argument("--base", required=True, help="base LLM: hub id, local path or .gguf file")
-    p.add_argument("--vlm", required=True, help="VLM (or an already-extracted language model): hub id or local path")
+    from experiments.options import add_pair_options
+
+    add_pair_options(p)
 
 
 def _bytes(text: str) -> int:
@@ -62,6 +66,10 @@ def run_extract(args) -> Summary | int:
     from sinkstudy.checkpoint import try_load_tokenizer
     from sinkstudy.io import check_output_dir
 
+    from experiments.options import check_pair_options, default_out
+
+    args.out = args.out or str(default_out("pair", f"{Path(str(args.vlm).rstrip('/')).name}-lm"))
+    check_pair_options(args, "pair extract")
     check_output_dir(args.out, args.force)  # before any loading
     if args.dtype is not None:
         resolve_dtype(args.dtype)
@@ -70,7 +78,7 @@ def run_extract(args) -> Summary | int:
     print(plan.report.summary())
     out = write_language_model(plan, args.out, tokenizer=try_load_tokenizer(base.tokenizer_path or args.base),
                                dtype=args.dtype, force=args.force, max_shard_bytes=args.max_shard_size,
-                               extra=_provenance_extra(args, plan.report), progress=True)
+                               extra=_provenance_extra(args, plan.report), progress=not args.quiet)
     print(f"wrote {out}")
     return Summary("pair extract", f"{plan.report.source_arch} -> {plan.report.target_class}: the language model of {args.vlm} "
                    f"in {args.base}'s architecture", outputs=[out],
@@ -84,13 +92,16 @@ def run_diff(args) -> Summary | int:
     from sinkstudy.io import check_output_dir, write_json_atomic
     from sinkstudy.provenance import provenance
 
+    from experiments.options import check_pair_options
+
+    check_pair_options(args, "pair diff")
     if args.json:
         check_output_dir(args.json, args.force)  # before any loading
     dtype = resolve_dtype(args.dtype) if args.dtype else None
     base = resolve(args.base)
     plan = plan_extraction(args.vlm, base)
     print(plan.report.summary())
-    rows = weight_diff(tensors_of(base), plan.tensors, dtype=dtype, device=args.device, progress=True)
+    rows = weight_diff(tensors_of(base), plan.tensors, dtype=dtype, device=args.device, progress=not args.quiet)
     print("relative change ||W_vlm - W_base|| / ||W_base|| per layer and group ('-': outside the layers)")
     print(format_diff_table(rows))
     if args.json:
@@ -106,5 +117,5 @@ def run_diff(args) -> Summary | int:
     result = (f"largest relative change {top['rel_change']:.4g} in {top['group']} of {where}" if top
               else "no tensor to compare") + f" ({len(rows)} tensors)"
     return Summary("pair diff", result, outputs=[args.json] if args.json else [],
-                   next=[cmd("sinkstudy", "pair", "extract", "--base", args.base, "--vlm", args.vlm, "--out", f"{args.vlm.rstrip('/')}-lm")]
+                   next=[cmd("sinkstudy", "pair", "extract", "--base", args.base, "--vlm", args.vlm)]
                    + ([] if args.json else [cmd("sinkstudy", "pair", "diff", "--base", args.base, "--vlm", args.vlm, "--json", "diff.json")]))

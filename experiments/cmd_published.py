@@ -6,27 +6,26 @@ from experiments.summary import Summary, cmd
 
 
 def register(subparsers) -> None:
+    from experiments import options
+
     p = subparsers.add_parser("paper-table", help="the paper's published six pairs and panel: rho, leave-one-out error, McNemar",
                               description="Recompute the seed paper's statistics from its published tables "
                               "(experiments/data/published_choi2026.yaml): Spearman/Pearson of S against IFEval Δ in "
                               "points and against Δ / base with bootstrap CIs over pairs, the leave-one-pair-out "
                               "predictor's error, and per pair Δ with its CI and McNemar's exact p from the per-prompt counts.")
-    p.add_argument("--n-boot", type=int, default=10_000, help="bootstrap replicates (default 10000)")
-    p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
+    options.add_bootstrap_options(p)
+    options.add_seed_option(p, "the bootstrap")
     p.add_argument("--tables", default=None, metavar="FILE", help="another tables file in the same format")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
+    options.add_progress_options(p)
     p.set_defaults(func=run_paper_table)
 
 
 def run_paper_table(args) -> Summary | int:
     from experiments.published import PUBLISHED, format_paper_table, load_published, paper_table
-    from sinkstudy import SinkstudyError
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
-    if args.n_boot < 1 or not 0 < args.confidence < 1:
-        raise SinkstudyError(f"--n-boot must be >= 1 and --confidence in (0, 1), got {args.n_boot} and {args.confidence}")
     tables = load_published(args.tables or PUBLISHED)
     result = paper_table(tables, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
     print(format_paper_table(result))

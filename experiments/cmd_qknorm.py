@@ -13,6 +13,8 @@ side by side with paired CIs against the original base and against the control a
 
 from __future__ import annotations
 
+import argparse
+
 from experiments.summary import Summary, cmd, existing
 
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
@@ -23,77 +25,94 @@ TRAINABLE_MODES = ("gains", "attention", "all")
 
 
 def register(subparsers) -> None:
+    from experiments import argtypes, options
+
     p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original")
     p.add_argument("base", metavar="BASE", help="base LLM: hub id or local path (Llama, Mistral, Qwen2, Gemma, Gemma2)")
     p.add_argument("--init", default="scale-preserving",
-                   help="gain initialisation: identity-gain, scale-preserving or blend; with --adapt a comma list (one arm each)")
-    p.add_argument("--alpha", type=float, default=0.5, help="blend weight for --init blend: (1-a) x + a norm(x) (default 0.5)")
+                   help="gain initialisation: identity-gain, scale-preserving or blend; with --recipe a comma list (one arm each)")
+    p.add_argument("--alpha", type=argtypes.finite_float, default=0.5, help="blend weight for --init blend: (1-a) x + a norm(x) (default 0.5)")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
                    help="calibration texts for gains, KL and Sink Strength: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
-    p.add_argument("--train-steps", type=int, default=0, help="recovery training steps after injection (default 0: none)")
-    p.add_argument("--trainable", default="gains", choices=TRAINABLE_MODES, help="what recovery training updates (default gains)")
-    p.add_argument("--train-texts", default=None, metavar="FILE",
-                   help="recovery training text (.json/.jsonl/.txt); default: the demo corpus (synthetic chats)")
-    p.add_argument("--lr", type=float, default=1e-3, help="recovery learning rate (default 1e-3)")
-    p.add_argument("--batch-size", type=int, default=8, help="recovery batch size (default 8)")
-    p.add_argument("--seq-len", type=int, default=128, help="recovery sequence length (default 128)")
-    p.add_argument("--seed", type=int, default=0, help="training and eval seed (default 0)")
-    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated lm-eval tasks (default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--no-eval", action="store_true", help="skip the strict evals (sink and KL only)")
-    from experiments.cmd_eval import add_eval_args
-
-    add_eval_args(p, prefix="eval-")  # `sinkstudy eval`'s flags; --batch-size / --data here are recovery / adaptation settings
     p.add_argument("--native-ok", action="store_true", help="measure a native QK-norm backbone (same recipe) instead of refusing it")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--adapt", metavar="CONFIG", default=None,
-                   help="run the arms through this VL adaptation recipe (YAML, docs/adapt.md) instead of recovery training")
-    p.add_argument("--vision", metavar="ID|PATH", help="--adapt: fresh LLaVA tower (CLIP/SigLIP); default: the tiny local tower")
-    p.add_argument("--donor", metavar="ID|PATH", help="--adapt: a donor VLM's tower + projector (injected norms carried as hooks)")
-    p.add_argument("--data", action="append", default=[], metavar="[STAGE=]SPEC", help="--adapt: data per stage (default digits)")
-    p.add_argument("--native", metavar="BASE", default=None,
-                   help="--adapt: a base with native QK-norm (same shape family) run through the same adaptation as arm `native`")
-    p.add_argument("--resume", action="store_true", help="--adapt: continue the arms in an existing --out")
-    p.add_argument("--out", default=None, help="output directory (default runs/qknorm/<base>-<init>-s<steps>, or -adapt)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    t = p.add_argument_group("training (recovery training on text, or with --recipe the VL adaptation)")
+    options.add_train_steps_option(t)
+    t.add_argument("--trainable", default="gains", choices=TRAINABLE_MODES, help="what recovery training updates (default gains)")
+    t.add_argument("--train-texts", default=None, metavar="FILE",
+                   help="recovery training text (.json/.jsonl/.txt); default: the demo corpus (synthetic chats)")
+    t.add_argument("--train-lr", type=argtypes.finite_float, default=1e-3, help="recovery learning rate (default 1e-3)")
+    t.add_argument("--train-batch-size", type=argtypes.positive_int, default=8, help="recovery batch size (default 8)")
+    t.add_argument("--train-seq-len", type=argtypes.int_at_least(2), default=128, help="recovery sequence length (default 128)")
+    options.add_recipe_option(t, help="run the arms (control, injected per --init, native) through this VL adaptation recipe "
+                              "(YAML, docs/adapt.md) instead of recovery training")
+    options.add_vision_options(t, required=False)
+    options.add_train_data_option(t, help="--recipe: training data per stage (default digits)")
+    t.add_argument("--native", metavar="BASE", default=None,
+                   help="--recipe: a base with native QK-norm (same shape family) run through the same adaptation as arm `native`")
+    t.add_argument("--resume", action="store_true", help="--recipe: continue the arms in an existing --out")
+    p.add_argument("--eval", dest="eval", action=argparse.BooleanOptionalAction, default=True,
+                   help="the strict evals (--no-eval: sink and KL only)")
+    options.add_eval_options(p)
+    options.add_model_options(p)
+    options.add_output_options(p, out="runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe", cache=True)
+    options.add_seed_option(p, "training and evals")
+    options.add_progress_options(p)
     p.set_defaults(func=main)
+
+
+def recovery_steps(args) -> int:
+    """--train-steps of recovery training (one text stage): a plain N (0 = no training)."""
+    from sinkstudy import SinkstudyError
+
+    if not args.train_steps:
+        return 0
+    value = args.train_steps[-1]
+    if "=" in value:
+        raise SinkstudyError(f"--train-steps {value}: recovery training is one stage; give a plain N (per-stage steps come from --recipe)")
+    try:
+        n = int(value)
+    except ValueError:
+        raise SinkstudyError(f"--train-steps {value}: not an integer") from None
+    if n < 0:
+        raise SinkstudyError(f"--train-steps must be >= 0, got {n}")
+    return n
 
 
 def default_out(args) -> str:
     from pathlib import Path
 
     name = Path(str(args.base).rstrip('/')).name
-    if args.adapt:
+    if args.recipe:
         return str(Path("runs") / "qknorm" / f"{name}-adapt")
-    return str(Path("runs") / "qknorm" / f"{name}-{args.init}-s{args.train_steps}")
+    return str(Path("runs") / "qknorm" / f"{name}-{args.init}-s{recovery_steps(args)}")
 
 
 def _validate(args) -> None:
     from pathlib import Path
 
+    from experiments.options import check_hub_tasks, eval_kwargs
     from sinkstudy import SinkstudyError
     from sinkstudy.io import check_output_dir
 
-    if args.train_steps < 0:
-        raise SinkstudyError(f"--train-steps must be >= 0, got {args.train_steps}")
-    from experiments.cmd_eval import check_hub_tasks, eval_kwargs
-
+    if args.recipe and args.train_steps:
+        raise SinkstudyError("--recipe sets each stage's steps; --train-steps is recovery training's: choose one")
+    recovery_steps(args)
     kwargs = eval_kwargs(args)  # bad eval flags fail before any training
-    if not args.no_eval:
+    if args.eval:
         check_hub_tasks(args.tasks, kwargs["data_files"])
-    if args.backend == "vllm" and not args.adapt:
-        raise SinkstudyError("--backend vllm evaluates checkpoints on disk: only the --adapt arms are; drop it here")
+    if args.backend == "vllm" and not args.recipe:
+        raise SinkstudyError("--backend vllm evaluates checkpoints on disk: only the --recipe arms are; drop it here")
     if not 0.0 <= args.alpha <= 1.0:
         raise SinkstudyError(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.train_texts and not Path(args.train_texts).is_file():
         raise SinkstudyError(f"--train-texts file not found: {args.train_texts}")
+    if args.train_data and not args.recipe:
+        raise SinkstudyError("--train-data is the adaptation's data (with --recipe); recovery training reads --train-texts")
     inits = [i.strip() for i in args.init.split(",") if i.strip()]
     bad = [i for i in inits if i not in INIT_MODES]
-    if bad or not inits or (len(inits) > 1 and not args.adapt):
-        raise SinkstudyError(f"--init {args.init}: choose {'a comma list' if args.adapt else 'one'} of {', '.join(INIT_MODES)}")
-    if args.adapt:
-        if args.train_steps:
-            raise SinkstudyError("--adapt and --train-steps are two recipes; choose one")
+    if bad or not inits or (len(inits) > 1 and not args.recipe):
+        raise SinkstudyError(f"--init {args.init}: choose {'a comma list' if args.recipe else 'one'} of {', '.join(INIT_MODES)}")
+    if args.recipe:
         if args.vision and args.donor:
             raise SinkstudyError("--vision and --donor: choose one")
         if not (args.resume and Path(args.out).exists()):
@@ -103,11 +122,15 @@ def _validate(args) -> None:
 
 
 def main(args) -> Summary | int:
+    from experiments.options import eval_tasks
+
+    args.tasks = eval_tasks(args)
     args.out = args.out or default_out(args)
     _validate(args)
-    if args.adapt:
+    if args.recipe:
         from experiments.qknorm_arm import format_arms, run_arms
 
+        args.adapt, args.data = args.recipe, args.train_data  # the names the arms read
         report = run_arms(args)
         print(format_arms(report))
     else:
@@ -118,11 +141,11 @@ def main(args) -> Summary | int:
 
 
 def _summary(args, report: dict):
-    """One line: Sink Strength and the first task's Δ (per arm with --adapt), with the paper's convention."""
+    """One line: Sink Strength and the first task's Δ (per arm with --recipe), with the paper's convention."""
     from pathlib import Path
 
     out = Path(args.out)
-    if args.adapt:
+    if args.recipe:
         task = report["tasks"][0] if report["tasks"] else None
         deltas = [f"{name} {_f(row['tasks'][task]['vs_own_base']['delta'])}" for name, row in report["arms"].items()] if task else []
         result = (f"{task}: Δ = arm − its own base, points: {', '.join(deltas)}" if deltas else f"{len(report['arms'])} arm(s) adapted")
@@ -137,7 +160,7 @@ def _summary(args, report: dict):
         result += (f"; {c['task']} Δ = {report['arm']} − original = {c['delta_points']:+.1f} points "
                    f"[{c['delta_points_ci'][0]:+.1f}, {c['delta_points_ci'][1]:+.1f}]")
     return Summary("qknorm", result, outputs=existing(out / "report.txt", out / "model", out / "evals"),
-                   next=[cmd("sinkstudy", "qknorm", args.base, "--adapt", "experiments/configs/adapt/demo_digits.yaml",
+                   next=[cmd("sinkstudy", "qknorm", args.base, "--recipe", "experiments/configs/adapt/demo_digits.yaml",
                              "--init", args.init), cmd("sinkstudy", "sink", out / "model")])
 
 
@@ -191,13 +214,18 @@ def run_qknorm(args) -> dict:
     calibration = _texts(args.calibration, "ifeval15")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     _precheck(args)
-    original, tokenizer = load_causal_lm(args.base, dtype=args.dtype, device=args.device)
+    original, tokenizer = load_causal_lm(args.base, dtype=args.dtype or "float32", device=args.device or "cpu")
+    if args.tokenizer:
+        from sinkstudy.checkpoint import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
     if tokenizer is None:
-        raise SinkstudyError(f"no tokenizer found for {args.base}")
+        raise SinkstudyError(f"no tokenizer found for {args.base}; pass --tokenizer")
     native = qk_norm_kind(original) == "native"
     if not (native and args.native_ok):
         check_injectable(original)  # refuses native / unsupported before any work
-    train_texts = _train_texts(args, tokenizer) if args.train_steps else None
+    steps = recovery_steps(args)
+    train_texts = _train_texts(args, tokenizer) if steps else None
 
     candidate = copy.deepcopy(original)
     if not native:
@@ -205,9 +233,10 @@ def run_qknorm(args) -> dict:
     arm = "native" if native else "injected"
     at_init = init_report(original, candidate, tokenizer, calibration)
     training, after = None, None
-    if args.train_steps:
-        training = train_causal_lm(candidate, tokenizer, train_texts, steps=args.train_steps, lr=args.lr,
-                                   batch_size=args.batch_size, seq_len=args.seq_len,
+    if steps:
+        training = train_causal_lm(candidate, tokenizer, train_texts, steps=steps, lr=args.train_lr,
+                                   batch_size=args.train_batch_size, seq_len=args.train_seq_len, progress=not args.quiet,
+                                   device=args.device,
                                    trainable=trainable_filter(args.trainable), seed=args.seed, desc=f"recovery ({args.trainable})")
         after = init_report(original, candidate, tokenizer, calibration, sink_original=at_init["sink_strength_original"])
 
@@ -219,7 +248,7 @@ def run_qknorm(args) -> dict:
         else:
             save_injected(candidate, tmp / "model", tokenizer=tokenizer, metadata={"init": args.init, "base": str(args.base)})
             fmt = checkpoint_format(candidate)
-        evals = None if args.no_eval else _evaluate(original, candidate, tokenizer, tasks, args, tmp / "evals")
+        evals = _evaluate(original, candidate, tokenizer, tasks, args, tmp / "evals") if args.eval else None
         report = {
             "base": str(args.base),
             "arm": arm,
@@ -247,9 +276,9 @@ def _evaluate(original, candidate, tokenizer, tasks, args, out) -> dict:
     """Both models on the same prompts, then paired differences (bootstrap CI, McNemar) per metric."""
     from evals.lmeval import run_eval
     from evals.stats import compare_runs
-    from experiments.cmd_eval import eval_kwargs
+    from experiments.options import eval_kwargs
 
-    kw = dict(tasks=tasks, seed=args.seed, **eval_kwargs(args))
+    kw = dict(tasks=tasks, seed=args.seed, progress=not args.quiet, **eval_kwargs(args))
     runs = {"original": run_eval(original, tokenizer, out_dir=out / "original", **kw),
             "candidate": run_eval(candidate, tokenizer, out_dir=out / "candidate", **kw)}
     return {"scores": {name: r.scores for name, r in runs.items()},

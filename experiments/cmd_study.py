@@ -14,6 +14,8 @@ PAPER_CONFIG = CONFIG_DIR / "paper_six_pairs.yaml"
 
 
 def register(subparsers) -> None:
+    from experiments.argtypes import add_plugin_option
+
     p = subparsers.add_parser("run", help="run a study config (resumable: finished steps are reused)",
                               description="Run every step of a study, reusing finished ones, then write the summary and report. "
                               "For a scheduler: --plan lists every step as an independent command (`--step ID`) with what it "
@@ -24,13 +26,10 @@ def register(subparsers) -> None:
     one.add_argument("--plan", nargs="?", const="text", choices=("text", "json"),
                      help="print every step as a command with its inputs, outputs and dependencies (json: one list); run nothing")
     one.add_argument("--step", metavar="STEP_ID", help="run only this step (its dependencies must have finished)")
-    from experiments.argtypes import add_plugin_option
-
     add_plugin_option(p)
     _common(p)
     _eval_overrides(p)
-    p.add_argument("--jobs", type=_positive, default=1, metavar="N",
-                   help="run independent steps on N local worker processes (default: %(default)s)")
+    _jobs(p, "1")
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
@@ -39,23 +38,28 @@ def register(subparsers) -> None:
     which.add_argument("--real", action="store_true",
                        help="google/gemma-3-270m adapted like the miniatures (experiments/configs/demo_real.yaml; needs the `real` extra)")
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)
-    _common(p, default_out=None)
-    p.add_argument("--jobs", type=_positive, default=None, metavar="N",
-                   help="worker processes, one torch thread each (default: one per core, at most 4; 1 with --real)")
+    _common(p)
+    _jobs(p, "one per core, at most 4; 1 with --real")
     p.set_defaults(func=cmd_demo)
 
     p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (models, tasks, merges, disk, GPU memory) offline")
-    p.add_argument("--config", default=str(PAPER_CONFIG), help="study YAML (default: %(default)s)")
+    p.add_argument("--config", default=None, help=f"study YAML (default: {PAPER_CONFIG.relative_to(CONFIG_DIR.parent.parent)})")
     _common(p)
-    _eval_overrides(p, limit_help="evaluate only N prompts per task (allows a run without CUDA)")
+    _eval_overrides(p)
     p.set_defaults(func=cmd_paper)
 
 
-def _common(p, default_out: str | None = None) -> None:
-    p.add_argument("--out", default=default_out, help=f"output dir (default: {default_out or 'the config’s `out`'})")
-    p.add_argument("--force", action="store_true", help="re-run every step instead of reusing finished ones")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+def _common(p) -> None:
+    from experiments import options
+
+    options.add_output_options(p, out="the config's `out`", force="re-run every step instead of reusing finished ones")
+    options.add_progress_options(p)
+
+
+def _jobs(p, default: str) -> None:
+    p.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                   help=f"run independent steps on N local worker processes, one torch thread each (default: {default})")
 
 
 def _positive(text: str) -> int:
@@ -64,15 +68,15 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _eval_overrides(p, limit_help: str = "evaluate only N prompts per task (a fraction < 1: that share)") -> None:
-    """The config's eval and model settings, overridden from the command line (`make ... LIMIT= TASKS= DEVICE= DTYPE=`)."""
-    from experiments.argtypes import limit
+def _eval_overrides(p) -> None:
+    """The config's eval and model settings, overridden from the command line (`make ... LIMIT= TASKS= DEVICE= DTYPE=`):
+    the same flags as `sinkstudy eval`'s, None keeping the config's."""
+    from experiments import options
 
     g = p.add_argument_group("overrides of the config's evals and model settings")
-    g.add_argument("--limit", type=limit, default=None, help=limit_help)
-    g.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks instead of the config's evals.tasks")
-    g.add_argument("--device", default=None, help="device the models run on instead of the config's model.device, e.g. cuda")
-    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="instead of the config's model.dtype")
+    options.add_limit_option(g)
+    options.add_task_option(g, default="the config's evals.tasks")
+    options.add_model_options(p, device="the config's model.device", dtype="the config's model.dtype", tokenizer=False)
 
 
 def _overrides(args) -> dict | None:
@@ -131,7 +135,7 @@ def cmd_run(args) -> Summary | int:
                                                                    else f"done in {done['seconds']:.0f}s"))
         return Summary("run --step", f"study {study.name}: step {done['step']} " + ("reused" if done["reused"] else "done"),
                        outputs=[study.out], next=[f"{command} --plan   (the steps left), then {command}   (summary and report)"])
-    return _run(study, args, jobs=args.jobs)
+    return _run(study, args, jobs=args.jobs or 1)
 
 
 def cmd_demo(args) -> Summary | int:
@@ -160,7 +164,7 @@ def cmd_paper(args) -> Summary | int:
     from experiments.paper import check_can_run, format_plan, plan
     from experiments.study import load_study
 
-    study = load_study(args.config, out=args.out, overrides=_overrides(args))
+    study = load_study(args.config or PAPER_CONFIG, out=args.out, overrides=_overrides(args))
     if args.dry_run:
         print(format_plan(plan(study)))
         return 0

@@ -8,12 +8,14 @@ from typing import Any
 
 from experiments import argtypes
 from experiments.cmd_merge import (
+    RECOVERY_CONVENTION,
     Measure,
     check_measure_args,
+    check_pair_args,
     default_out,
     digest,
-    eval_args,
     fmt_or_na,
+    measure_args,
     mergekit_args,
     mergekit_options,
     pair_args,
@@ -31,12 +33,12 @@ def register(subparsers) -> None:
                               "merge_sweep_full.yaml beside it has 63). The plan (points, what is reused, the "
                               "estimated time) is printed before any work.")
     pair_args(s)
-    s.add_argument("--config", default=str(DEFAULT_SWEEP_CONFIG), help="sweep YAML (default: experiments/configs/merge_sweep.yaml)")
+    s.add_argument("--sweep", default=str(DEFAULT_SWEEP_CONFIG), metavar="YAML",
+                   help="the grid: a sweep YAML (default: experiments/configs/merge_sweep.yaml)")
     s.add_argument("--max-points", type=argtypes.positive_int,
                    help="run N points evenly spread over the grid (first and last included; deterministic)")
     mergekit_args(s)
-    eval_args(s)
-    s.add_argument("--force", action="store_true", help="redo finished points")
+    measure_args(s, out="runs/merge-sweep/<base>__<vlm>/<sweep name>", force="redo finished points")
     s.set_defaults(func=run_sweep)
 
 
@@ -165,11 +167,12 @@ def run_sweep(args) -> Summary | int:
     from sinkstudy.io import output_lock, remove_tree, write_json_atomic, write_text_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
 
-    sweep = load_sweep(args.config)  # every point valid before any work
+    check_pair_args(args, "merge-sweep")
+    sweep = load_sweep(args.sweep)  # every point valid before any work
     points = spread(sweep["points"], args.max_points)
     options = check_mergekit_options(mergekit_options(args))  # used by the mergekit points; the others run as they do
     check_measure_args(args)
-    out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.config).stem, "merge-sweep")
+    out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.sweep).stem, "merge-sweep")
     root = local_checkpoint(sweep["root"]) if sweep.get("root") else None
     seed = sweep.get("seed", args.seed)
     base = local_checkpoint(args.base)
@@ -197,7 +200,7 @@ def run_sweep(args) -> Summary | int:
             print(f"references measured in {format_duration(ref_seconds)}: estimated time {todo} × "
                   f"~{format_duration(ref_seconds / 2)} ≈ {format_duration(todo * ref_seconds / 2)} (merges not included)", flush=True)
         rows = []
-        for pt in tqdm(points, desc="merge sweep"):
+        for pt in tqdm(points, desc="merge sweep", disable=args.quiet):
             pdir = out / "points" / pt["name"]
             params = point_params(pt, root if takes_root(pt["method"]) else None)
             key = keys[pt["name"]]
@@ -205,7 +208,7 @@ def run_sweep(args) -> Summary | int:
             if row is None:
                 started = time.perf_counter()
                 model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model", seed=seed, force=args.force,
-                                               progress=False, mergekit_options=options if pt["method"] in MERGEKIT_METHODS else None)
+                                               progress=not args.quiet, mergekit_options=options if pt["method"] in MERGEKIT_METHODS else None)
                 row = {"name": pt["name"], "method": pt["method"], "params": {k: str(v) if k == "root" else v for k, v in params.items()},
                        **measure.summary(measure.measure(model_dir, pdir)),
                        "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key,
@@ -215,7 +218,7 @@ def run_sweep(args) -> Summary | int:
                     remove_tree(model_dir, within=out)  # results stay in measure.json; 7B checkpoints do not fit by dozens
             rows.append(row)
         write_json_atomic(out / "summary.json", {
-            "config": str(args.config), "points": rows,
+            "sweep": str(args.sweep), "points": rows,
             "provenance": provenance(seed=args.seed, base=pair["base"], vlm=pair["vlm"], tasks=measure.tasks, limit=args.limit,
                                      n_boot=args.n_boot),
         })
@@ -229,8 +232,8 @@ def run_sweep(args) -> Summary | int:
               f"(recovery vs distance to VLM LM): {', '.join(pareto_front(rows)) or 'empty'}"
               + (f"; best mean text recovery {best['name']} {text_recovery(best):.2f}" if best else ""))
     full = DEFAULT_SWEEP_CONFIG.parent / "merge_sweep_full.yaml"
-    nxt = ([cmd("sinkstudy", "merge-sweep", "--base", args.base, "--vlm", args.vlm, "--config", full, "--max-points", 2 * len(points))]
-           if Path(args.config).resolve() == DEFAULT_SWEEP_CONFIG.resolve() else [])
+    nxt = ([cmd("sinkstudy", "merge-sweep", "--base", args.base, "--vlm", args.vlm, "--sweep", full, "--max-points", 2 * len(points))]
+           if Path(args.sweep).resolve() == DEFAULT_SWEEP_CONFIG.resolve() else [])
     return Summary("merge-sweep", result, outputs=existing(out / "summary.md", out / "summary.json", out / "pareto.png"),
                    next=nxt + [cmd("sinkstudy", "merge", "--method", best["method"], "--base", args.base, "--vlm", args.vlm,
                                    *(x for k, v in best["params"].items() if k in ("weight", "density") for x in (f"--{k}", v)))]
@@ -264,15 +267,21 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["name"], f"{r['sink_strength']['value']:.3f}"]
-        cells += [f"{fmt_or_na(r['tasks'][t]['recovery'])} [{fmt_or_na(r['tasks'][t]['ci'][0])}, {fmt_or_na(r['tasks'][t]['ci'][1])}]" for t in tasks]
+        cells += [_cell(r["tasks"][t]) for t in tasks]
         cells.append(f"{r['weight_distance_to_vlm']:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
     if rows:
         s = rows[0]["sink_strength"]
-        lines.append(f"\nSink Strength: base {s['base']:.3f}, VLM LM {s['vlm']:.3f}. "
-                     "Recovery = (merged - VLM) / (base - VLM), 0 = none, 1 = back to base.")
+        lines.append(f"\nSink Strength: base {s['base']:.3f}, VLM LM {s['vlm']:.3f}. {RECOVERY_CONVENTION}.")
         lines.append(f"Pareto front (recovery vs distance to VLM LM): {', '.join(pareto_front(rows))}")
     return "\n".join(lines) + "\n"
+
+
+def _cell(t: dict[str, Any]) -> str:
+    """A task's recovery [CI] (the headline metric), or "no loss to recover"."""
+    if t.get("status", "recovery") != "recovery":
+        return t["status"]
+    return f"{fmt_or_na(t['recovery'])} [{fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])}]"
 
 
 def plot_pareto(rows: list[dict[str, Any]], path: Path) -> None:

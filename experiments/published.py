@@ -155,16 +155,17 @@ def paper_table(tables: PublishedTables | None = None, *, n_boot: int = 10_000, 
     }
 
 
-def beside(ours: Sequence[PairChange], tables: PublishedTables | None = None, **kw) -> dict[str, Any]:
-    """Our pairs beside the published six: ρ over the six alone and over the union, both conventions."""
+def beside(ours: Sequence[PairChange], tables: PublishedTables | None = None, *, union: bool = True, **kw) -> dict[str, Any]:
+    """Our pairs beside the published six: ρ over the six alone and over the union, both conventions
+    (`union` False: ours measured otherwise than the paper, so no ρ over the union; "union" is None)."""
     t = tables or load_published()
     published = [p.change() for p in t.six]
-    union = published + list(ours)
+    pairs = published + list(ours)
     bad = [c.name for c in ours if not (math.isfinite(c.sink_strength) and math.isfinite(c.delta_points) and math.isfinite(c.relative))]
     if bad:
         raise SinkstudyError(f"pair(s) {', '.join(bad)}: S, Δ and Δ / base must all be defined to join the published pairs")
-    return {"convention": CONVENTION_LINE, "pairs": [asdict(c) | {"relative": c.relative} for c in union],
-            "published": correlate(published, **kw).as_dict(), "union": correlate(union, **kw).as_dict(),
+    return {"convention": CONVENTION_LINE, "pairs": [asdict(c) | {"relative": c.relative} for c in pairs],
+            "published": correlate(published, **kw).as_dict(), "union": correlate(pairs, **kw).as_dict() if union else None,
             "reported": t.reported}
 
 
@@ -223,5 +224,6 @@ def format_beside(d: dict[str, Any]) -> str:
         ci = f" {_ci(r['delta_points_ci'])}" if r.get("delta_points_ci") else ""
         lines.append(f"{r['name'][:32]:<32} {r['source']:<10} {r['sink_strength']:>+6.2f} {_num(r['before_points'], '.2f'):>6} "
                      f"{r['delta_points']:>+7.2f} {_num(r['relative'], '+.3f'):>7}{ci}")
-    lines += ["", *rho_lines(d["published"], d["reported"], "published six:  "), *rho_lines(d["union"], None, "with ours:      ")]
+    lines += ["", *rho_lines(d["published"], d["reported"], "published six:  ")]
+    lines += rho_lines(d["union"], None, "with ours:      ") if d["union"] else ["with ours:      not recomputed (ours is not measured as the paper's)"]
     return "\n".join(lines)

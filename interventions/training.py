@@ -33,6 +33,7 @@ def train_causal_lm(
     progress: bool = True,
     desc: str = "train",
     callbacks: Sequence = (),
+    device: str | None = None,
 ) -> dict:
     """`steps` optimizer steps of next-token loss on every token of `texts` (one example per text,
     tokenised with the tokenizer's special tokens, cut to `seq_len`; batches reshuffled each epoch).
@@ -40,7 +41,8 @@ def train_causal_lm(
     `trainable(name, param)` picks the parameters that learn (default: all); the others stay
     bit-identical. Warm-up: `warmup_steps` (default steps // 20, at least 1). `callbacks`: HF
     `TrainerCallback`s (e.g. measure the model at chosen steps in `on_step_end`, which receives
-    `model`). Returns the loss curve and counts; the model is left in eval mode with its
+    `model`). `device`: where training runs (`interventions.adapt.trainer.check_device`). Returns the
+    loss curve and counts; the model is left in eval mode with its
     requires_grad flags as before.
     """
     from interventions.adapt import data
@@ -64,7 +66,9 @@ def train_causal_lm(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with tempfile.TemporaryDirectory(prefix="sinkstudy-train-") as work:
         stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data.collate(f, pad_id), work_dir=Path(work),
-                            tokenizer=tokenizer, trainable=trainable, callbacks=callbacks, progress=progress, desc=desc)
-    return {"steps": stats["steps"], "losses": stats["losses"], "final_loss": stats["final_loss"], "tokens": stats["tokens"],
+                            tokenizer=tokenizer, trainable=trainable, callbacks=callbacks, progress=progress, desc=desc,
+                            device=device)
+    return {"steps": stats["steps"], "losses": stats["losses"], "final_loss": stats["final_loss"],
+            "final_loss_steps": stats["final_loss_steps"], "mean_loss": stats["mean_loss"], "tokens": stats["tokens"],
             "trainable_params": stats["trainable_params"], "lr": lr, "seed": seed, "batch_size": batch_size, "seq_len": seq_len,
             "steps_per_second": stats["steps_per_second"]}

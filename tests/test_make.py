@@ -1,8 +1,9 @@
-"""Issue 17 item 3: Make variables that always apply. Every Makefile target is dry-run (`make -n`) with
-every variable set; each `sinkstudy` command a target runs is parsed by the real CLI parser, and
-every option among --limit/--tasks/--device/--dtype/--out/--force that the command takes must carry
-its variable's value. A command that evaluates (takes --limit) must take all six. `make eval` with
-no TASKS runs the offline tasks; hub tasks fail in one line when the hub is unreachable."""
+"""Issue 17 item 3, issue 21 item 1: Make variables that always apply. Every Makefile target is dry-run
+(`make -n`) with every variable set; each `sinkstudy` command a target runs is parsed by the real CLI
+parser, and every option among --limit/--tasks/--device/--dtype/--out/--force/--quiet/--base/--vlm
+that the command takes must carry its variable's value. A command that evaluates (takes --limit)
+must take the first seven. `make eval` with no TASKS runs the offline tasks; hub tasks fail in one
+line when the hub is unreachable."""
 
 import os
 import re
@@ -50,11 +51,11 @@ def values(tmp_path_factory):
         model.mkdir(parents=True)
         (model / "config.json").write_text("{}")
     return {"LIMIT": "7", "TASKS": "sinkstudy_gsm", "DEVICE": "cuda", "DTYPE": "bfloat16", "OUT": str(d / "out"), "FORCE": "1",
-            "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b"}
+            "QUIET": "1", "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b"}
 
 
 EXPECTED = {"--limit": ("limit", 7), "--tasks": ("tasks", "sinkstudy_gsm"), "--device": ("device", "cuda"),
-            "--dtype": ("dtype", "bfloat16"), "--force": ("force", True)}
+            "--dtype": ("dtype", "bfloat16"), "--force": ("force", True), "--quiet": ("quiet", True)}
 
 
 def test_every_variable_reaches_every_command_that_takes_its_flag(values):
@@ -74,7 +75,8 @@ def test_every_variable_reaches_every_command_that_takes_its_flag(values):
             takes = {opt for a in sub._actions for opt in a.option_strings}
             args = parser.parse_args(tokens)
             missing = []
-            for flag, (dest, value) in {**EXPECTED, "--out": ("out", values["OUT"])}.items():
+            for flag, (dest, value) in {**EXPECTED, "--out": ("out", values["OUT"]), "--base": ("base", values["BASE"]),
+                                        "--vlm": ("vlm", values["VLM"])}.items():
                 if flag in takes and getattr(args, dest) != value:
                     missing.append(flag)
             if target in OWNED_ELSEWHERE:
@@ -82,22 +84,34 @@ def test_every_variable_reaches_every_command_that_takes_its_flag(values):
             assert not missing, f"make {target}: {' '.join(missing)} not handed on: {shlex.join(tokens)}"
             if "--limit" in takes:
                 evaluating.add(target)
-                lacks = {"--limit", "--tasks", "--device", "--dtype", "--out", "--force"} - takes
+                lacks = {"--limit", "--tasks", "--device", "--dtype", "--out", "--force", "--quiet"} - takes
                 assert not lacks, f"sinkstudy {tokens[0]} evaluates but takes no {', '.join(sorted(lacks))}"
             checked += 1
     assert EVALUATING <= evaluating, f"not evaluating: {EVALUATING - evaluating}"
     assert checked >= len(EVALUATING)
 
 
+def test_make_adapt_hands_device_and_dtype_on(values):
+    """`make adapt DEVICE=cuda` used to drop the device: adapt trained wherever the Trainer chose."""
+    from experiments.cli import build_parser
+
+    for target in ("adapt", "protect"):
+        dry = _make("-n", target, "DEVICE=cuda", "DTYPE=bfloat16", f"BASE={values['BASE']}")
+        (line,) = [x for x in dry.stdout.replace("\\\n", " ").splitlines() if re.match(r"^\S*bin/sinkstudy ", x)]
+        args = build_parser().parse_args(shlex.split(line)[1:])
+        assert (args.device, args.dtype) == ("cuda", "bfloat16"), line
+
+
 def test_eval_without_tasks_is_offline_and_without_a_model_says_what_to_pass(values, tmp_path):
     from evals.tasks import SHIPPED_TASKS
     from experiments.cli import build_parser
+    from experiments.options import eval_tasks
 
     dry = _make("-n", "eval", "MODEL=m")
     (line,) = [x for x in dry.stdout.splitlines() if "sinkstudy" in x]
     assert "--tasks" not in line
     args = build_parser().parse_args(shlex.split(line)[1:])
-    assert args.tasks.split(",") == list(SHIPPED_TASKS)  # the CLI's default: the shipped offline sets
+    assert eval_tasks(args).split(",") == list(SHIPPED_TASKS)  # the CLI's default: the shipped offline sets
     # No MODEL= and no demo model: one line naming what to pass, and nothing run.
     for target in ("eval", "sink"):
         res = _make(target, f"RUN={tmp_path / 'none'}")
@@ -121,7 +135,7 @@ def test_hub_tasks_fail_in_one_line_before_any_work_when_the_hub_is_unreachable(
     assert main(["merge", "--method", "linear", "--base", "b", "--vlm", "v", "--tasks", "gsm8k_cot", "--out", str(out)]) == 2
     assert "gsm8k_cot load their data from the Hugging Face hub" in capsys.readouterr().err
     # A hub task given a local data file needs no hub; an unknown name is refused as such, not as a hub task.
-    from experiments.cmd_eval import check_hub_tasks
+    from experiments.options import check_hub_tasks
     from sinkstudy import SinkstudyError
 
     local = tmp_path / "ifeval.jsonl"

@@ -82,8 +82,9 @@ def test_paper_table_cli_prints_the_figures(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["correlation"]["points"]["spearman"] == pytest.approx(0.971, abs=5e-4)
     assert saved["provenance"]["seeds"] == {"bootstrap": 0}
-    assert main(["paper-table", "--n-boot", "0"]) == 2
-    assert "--n-boot must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["paper-table", "--n-boot", "0"])
+    assert exit_.value.code == 2 and "--n-boot: must be an integer >= 1" in capsys.readouterr().err
 
 
 def _save_run(path, passes, name, metric=METRIC, task="sinkstudy_ifeval"):
@@ -95,15 +96,20 @@ def _save_run(path, passes, name, metric=METRIC, task="sinkstudy_ifeval"):
 
 
 def test_compare_published_puts_the_pair_beside_the_six(tables, tmp_path, capsys):
-    before, after = [1] * 30 + [0] * 10, [1] * 22 + [0] * 18  # 75 -> 55 points: Δ = -20
-    a, b = _save_run(tmp_path / "a", before, "base"), _save_run(tmp_path / "b", after, "vlm")
+    # The paper's measurement: IFEval, all 541 prompts, no limit. 75 -> 55 points: Δ = -20.
+    before = [1] * 406 + [0] * 135
+    after = [1] * 298 + [0] * 243
+    a, b = (_save_run(tmp_path / n, passes, n, task="ifeval") for n, passes in (("a", before), ("b", after)))
     out = tmp_path / "cmp.json"
     assert main(["compare", a, b, "--published", "--sink-strength", "0.5", "--n-boot", "400", "--json", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "this pair (sinkstudy_ifeval)" in text and "with ours:" in text and "(paper +0.971)" in text
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "this pair (ifeval)" in text and "with ours:" in text and "(paper +0.971)" in text and "warning" not in captured.err
     got = json.loads(out.read_text())["published"]
-    assert got["pairs"][-1]["delta_points"] == pytest.approx(-20.0) and got["pairs"][-1]["relative"] == pytest.approx(-20 / 75)
-    union = [p.change() for p in tables.six] + [PairChange("ours", 0.5, -20.0, 75.0)]
+    d = 100 * (298 - 406) / 541
+    assert got["pairs"][-1]["delta_points"] == pytest.approx(d) and got["pairs"][-1]["relative"] == pytest.approx(d / (100 * 406 / 541))
+    assert got["not_comparable"] == []
+    union = [p.change() for p in tables.six] + [PairChange("ours", 0.5, d, 100 * 406 / 541)]
     ref = sink_correlation([c.sink_strength for c in union], [c.delta_points for c in union], [c.relative for c in union], n_boot=400)
     assert got["union"]["points"]["spearman"] == pytest.approx(ref.points.spearman)
     assert got["union"]["relative"]["spearman"] == pytest.approx(ref.relative.spearman)
@@ -113,6 +119,20 @@ def test_compare_published_puts_the_pair_beside_the_six(tables, tmp_path, capsys
     sink_json.write_text(json.dumps({"metric": "logodds", "value": 0.5}))
     assert main(["compare", a, b, "--published", "--sink-json", str(sink_json), "--n-boot", "400"]) == 0
     assert "with ours:" in capsys.readouterr().out
+
+
+def test_compare_published_leaves_rho_out_when_task_or_size_differ_from_the_papers(tmp_path, capsys):
+    """A 40-prompt offline score beside the paper's 541-prompt IFEval: shown, with a one-line warning, no ρ over the union."""
+    a = _save_run(tmp_path / "a", [1] * 30 + [0] * 10, "base")
+    b = _save_run(tmp_path / "b", [1] * 22 + [0] * 18, "vlm")
+    out = tmp_path / "cmp.json"
+    assert main(["compare", a, b, "--published", "--sink-strength", "0.5", "--n-boot", "200", "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    (warning,) = [line for line in captured.err.splitlines() if "warning" in line]
+    assert "task sinkstudy_ifeval, not ifeval" in warning and "40 prompts, not 541" in warning and "rho is not recomputed" in warning
+    assert "this pair (sinkstudy_ifeval)" in captured.out and "with ours:      not recomputed" in captured.out
+    got = json.loads(out.read_text())["published"]
+    assert got["union"] is None and got["published"]["n"] == 6 and len(got["not_comparable"]) == 2
 
 
 @pytest.mark.parametrize("extra, message", [

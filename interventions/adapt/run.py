@@ -127,6 +127,7 @@ def adapt(
     force: bool = False,
     progress: bool = True,
     callbacks: Sequence = (),
+    device: str | None = None,
 ) -> dict:
     """Run every stage of `config` on `base` (a path, hub id or loaded causal LM); returns the report.
 
@@ -134,10 +135,14 @@ def adapt(
     `qknorm` ({"init": ..., "alpha": ...}) injects QK-RMSNorm into the base first (calibrated on the
     trajectory's calibration texts). `hooks`: protection plug-ins (interventions.adapt.hooks), part of
     the run's identity. `callbacks`: extra `TrainerCallback`s that only observe (not part of it).
+    `device`: "cpu" or "cuda" (default: the GPU when there is one); how it runs, not part of the identity.
     """
     out = Path(out)
     model_dir = Path(model_dir) if model_dir else out / "model"
+    from interventions.adapt.trainer import check_device
+
     check_inputs(base, vision, config, hooks)
+    check_device(device)
     request = make_request(base, vision, config, hooks=hooks, qknorm=qknorm)
     main = _is_main()
     try:
@@ -155,10 +160,10 @@ def adapt(
             shutil.rmtree(out)
         write_json_atomic(out / REQUEST, request)
     fresh = status in ("new", "replace")  # nothing of an earlier run may be reused (also by other ranks)
-    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks), fresh)
+    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks), fresh, device)
 
 
-def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh) -> dict:
+def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh, device) -> dict:
     import torch
 
     from interventions.adapt import data as data_mod
@@ -208,7 +213,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
             stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
                                 tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps,
                                 calibration=probe.texts if sink_maps is not None else None, resume=not fresh,
-                                progress=progress and main, desc=f"adapt {stage.name}")
+                                progress=progress and main, desc=f"adapt {stage.name}", device=device)
             if main:
                 from safetensors.torch import save_model
 
@@ -279,8 +284,10 @@ def _is_main() -> bool:
 
 
 def run_summary(report: dict) -> dict[str, Any]:
-    """The few numbers a CLI prints: per stage steps, final loss, steps/s, tokens/s; trajectory ends."""
-    rows = [{k: s.get(k) for k in ("stage", "steps", "final_loss", "steps_per_second", "tokens_per_second", "trainable_params")}
+    """The few numbers a CLI prints: per stage steps, final loss (the mean over the last steps, and how
+    many) and the stage's mean loss, steps/s, tokens/s; trajectory ends."""
+    rows = [{k: s.get(k) for k in ("stage", "steps", "final_loss", "final_loss_steps", "mean_loss", "steps_per_second",
+                                   "tokens_per_second", "trainable_params")}
             for s in report["stages"]]
     traj = (report.get("trajectory") or {}).get("points") or []
     return {"stages": rows, "sink_strength": [traj[0]["sink_strength"], traj[-1]["sink_strength"]] if traj else None}

@@ -210,6 +210,7 @@ def train_stage(
     resume: bool = False,
     progress: bool = True,
     desc: str | None = None,
+    device: str | None = None,
 ) -> dict:
     """Train `model` in place for one stage; returns its statistics. The model is left in eval mode
     with every parameter's requires_grad as before.
@@ -218,7 +219,8 @@ def train_stage(
     continues from the newest Trainer checkpoint in `work_dir`, ending with the weights an
     uninterrupted run would have (same data order, RNG, optimizer and scheduler state). `hooks`
     whose `stages` leave this stage out are not called; `sink_maps` and `calibration` (the texts they
-    were measured on) reach the others' context.
+    were measured on) reach the others' context. `device`: "cpu" or "cuda" (`check_device`); None:
+    the GPU when there is one.
     """
     from interventions.adapt.build import language_model
 
@@ -246,7 +248,7 @@ def train_stage(
         trained = [p for p in model.parameters() if p.requires_grad]
         if not trained:
             raise SinkstudyError(f"stage {stage.name}: nothing left to train after the hooks' set-up")
-        args = _arguments(stage, config, work_dir, world)
+        args = _arguments(stage, config, work_dir, world, check_device(device))
         bar = _Progress(desc or f"adapt {stage.name}", progress)
         trainer = AdaptTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate_fn,
                                hooks=contexts, callbacks=[bar, _HookSteps(contexts), *callbacks])
@@ -271,8 +273,8 @@ def train_stage(
         "steps": state.global_step,
         "resumed_from": checkpoint,
         "losses": bar.losses,
-        "final_loss": sum(bar.losses[-10:]) / len(bar.losses[-10:]) if bar.losses else None,
-        "train_loss": out.training_loss,
+        **final_loss(bar.losses, state.global_step, config.log_every),
+        "mean_loss": out.training_loss,  # the stage's mean (Trainer's training_loss), not where it ended
         "tokens": tokens,
         "trainable_params": sum(p.numel() for p in trained),
         "trainable_groups": list(stage.trainable) if trainable is None else "custom filter",
@@ -287,13 +289,37 @@ def train_stage(
     }
 
 
+FINAL_WINDOW = (0.1, 10)  # final_loss: the mean over the last tenth of the steps, at least 1 and at most 10 steps
+
+
+def final_loss(losses: Sequence[float], steps: int, log_every: int) -> dict:
+    """{"final_loss": mean of the logged losses over the stage's last steps, "final_loss_steps": how
+    many steps that covers}: where training ended, not the stage's mean (`mean_loss`)."""
+    if not losses:
+        return {"final_loss": None, "final_loss_steps": 0}
+    window = max(1, min(FINAL_WINDOW[1], round(FINAL_WINDOW[0] * steps)))
+    entries = min(len(losses), max(1, -(-window // max(1, log_every))))
+    return {"final_loss": sum(losses[-entries:]) / entries, "final_loss_steps": min(steps, entries * max(1, log_every))}
+
+
 def _world_size() -> int:
     import os
 
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _arguments(stage: StageConfig, config: AdaptConfig, work_dir: Path, world: int) -> TrainingArguments:
+def check_device(device: str | None) -> str:
+    """Where training runs: "cpu" or "cuda" (None: cuda when available); one line for anything else."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise SinkstudyError(f"device {device!r}: training runs on cpu or cuda (choose the GPUs with CUDA_VISIBLE_DEVICES)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SinkstudyError("device cuda: no CUDA device is available here; train on the CPU (--device cpu)")
+    return device
+
+
+def _arguments(stage: StageConfig, config: AdaptConfig, work_dir: Path, world: int, device: str) -> TrainingArguments:
     steps = {"max_steps": stage.steps} if stage.steps else {"num_train_epochs": stage.epochs}
     save = {"save_strategy": "steps", "save_steps": stage.save_steps, "save_total_limit": 2} if stage.save_steps else {"save_strategy": "no"}
     extra = {}
@@ -324,7 +350,7 @@ def _arguments(stage: StageConfig, config: AdaptConfig, work_dir: Path, world: i
         remove_unused_columns=False,
         dataloader_num_workers=config.dataloader_workers,
         include_num_input_tokens_seen="non_padding",
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=device == "cpu",
         ddp_find_unused_parameters=True if world > 1 else None,
         **precision_flags(config.precision),
         **steps,
