@@ -5,6 +5,7 @@ measured by Sink Strength and strict evals against base and VLM LM (`Measure`, s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 from pathlib import Path
 from typing import Any
@@ -386,7 +387,7 @@ def run_merge(args) -> Summary | int:
     tag = "-".join([args.method] + [f"{k}{v}" for k, v in sorted(params.items()) if k in ("weight", "density", "eta", "select")])
     out = Path(args.out) if args.out else default_out(args.base, args.vlm, tag)
     vlm_lm, extracted = extracted_lm(args.base, args.vlm)
-    with output_lock(out):  # the merge and its measurements
+    with output_lock(out), _left_clean(out):  # the merge and its measurements
         model = apply_intervention(args.method, args.base, args.vlm, params, out / MODEL_DIR, seed=args.seed, force=args.force,
                                    mergekit_options=execution, progress=not args.quiet)
         print(f"wrote {model}")
@@ -415,12 +416,24 @@ def run_mitigate(args) -> Summary | int:
     _check_models(args.base, args.vlm)
     out = Path(args.out) if args.out else default_out(args.base, args.vlm, args.name)
     vlm_lm, extracted = extracted_lm(args.base, args.vlm)
-    with output_lock(out):
+    with output_lock(out), _left_clean(out):
         model = apply_intervention(args.name, args.base, args.vlm, params, out / MODEL_DIR, seed=args.seed, force=args.force,
                                    progress=not args.quiet)
         print(f"wrote {model}")
         measured = _measure_and_write(out, model, vlm_lm, args) if args.eval else None
     return _summary("mitigate", f"mitigation {args.name}", out, measured, args, vlm_lm if extracted else None)
+
+
+@contextlib.contextmanager
+def _left_clean(out: Path):
+    """A refused intervention leaves no empty OUT behind (OUT/model's lock made it)."""
+    fresh = not out.exists()
+    try:
+        yield
+    except Exception:
+        if fresh and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
 
 def _summary(command: str, what: str, out: Path, measured: dict[str, Any] | None, args, extracted: Path | None):

@@ -34,7 +34,7 @@ def _tree(path):
 
 def test_adapt_cli_end_to_end_reuse_and_refusal(models, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["adapt", "--base", str(models / "qwen2"), "--tiny-vision", "--data", "digits", "--config", str(models / "recipe.yaml"),
+    argv = ["adapt", "--base", str(models / "qwen2"), "--tiny-vision", "--train-data", "digits", "--recipe", str(models / "recipe.yaml"),
             "--out", str(out), "--quiet"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -46,21 +46,21 @@ def test_adapt_cli_end_to_end_reuse_and_refusal(models, tmp_path, capsys):
     before = _tree(out)
     assert main(argv) == 0  # finished: reused, nothing rewritten
     assert _tree(out) == before
-    assert main(argv[:-1] + ["--steps", "stage2=3", "--quiet"]) == 2  # another request into the same --out
+    assert main(argv[:-1] + ["--train-steps", "stage2=3", "--quiet"]) == 2  # another request into the same --out
     assert "different adaptation run" in capsys.readouterr().err and _tree(out) == before
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--data", "missing.json"], "data file not found"),
-    (["--data", "stage9=digits"], "no stage named 'stage9'"),
-    (["--data", "digits", "--vision", "/no/such/tower"], "does not exist"),
-    (["--data", "digits", "--qknorm", "ones"], "--qknorm ones"),
-    (["--data", "stage1=digits"], "stage stage2: no data"),
+    (["--train-data", "missing.json"], "data file not found"),
+    (["--train-data", "stage9=digits"], "no stage named 'stage9'"),
+    (["--train-data", "digits", "--vision", "/no/such/tower"], "does not exist"),
+    (["--train-data", "digits", "--qknorm", "ones"], "--qknorm ones"),
+    (["--train-data", "stage1=digits"], "stage stage2: no data"),
 ])
 def test_adapt_cli_bad_input_fails_in_one_line_before_any_work(models, tmp_path, capsys, extra, message):
     out = tmp_path / "run"
     side = [] if "--vision" in extra else ["--tiny-vision"]
-    rc = main(["adapt", "--base", str(models / "qwen2"), *side, "--config", str(models / "recipe.yaml"), "--out", str(out), *extra])
+    rc = main(["adapt", "--base", str(models / "qwen2"), *side, "--recipe", str(models / "recipe.yaml"), "--out", str(out), *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1 and not out.exists()
 
@@ -71,8 +71,8 @@ def test_donor_without_a_loadable_processor_is_refused_before_any_work(models, t
     save_tiny_vlm(tmp_path / "donor", "qwen2_5_vl")  # weights + tokenizer, no processor
     capsys.readouterr()
     out = tmp_path / "run"
-    rc = main(["adapt", "--base", str(models / "qwen2"), "--donor", str(tmp_path / "donor"), "--data", "digits",
-               "--config", str(models / "recipe.yaml"), "--out", str(out)])
+    rc = main(["adapt", "--base", str(models / "qwen2"), "--donor", str(tmp_path / "donor"), "--train-data", "digits",
+               "--recipe", str(models / "recipe.yaml"), "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "cannot load its processor" in err and len(err.splitlines()) == 1 and not out.exists()
 
@@ -94,7 +94,7 @@ def test_estimate_on_real_shape_configs(tmp_path, capsys):
     s1, s2 = e["stages"]
     assert s1["trainable_params"] == p["projector"] and s2["trainable_params"] == p["projector"] + p["lm"]
     assert s2["memory_gb"]["optimizer"] > 20 * s1["memory_gb"]["optimizer"] and s2["seconds_per_step"] > s1["seconds_per_step"]
-    rc = main(["adapt", "--base", str(tmp_path / "qwen2.5-3b"), "--vision", str(tmp_path / "clip-l-336"), "--data", "digits",
+    rc = main(["adapt", "--base", str(tmp_path / "qwen2.5-3b"), "--vision", str(tmp_path / "clip-l-336"), "--train-data", "digits",
                "--estimate", "--gpus", "8"])
     printed = capsys.readouterr().out
     assert rc == 0 and "8 x H200" in printed and "stage2" in printed and not (tmp_path / "runs").exists()
@@ -106,9 +106,9 @@ def test_text_only_adapt_cli(models, tmp_path):
                                                         {"role": "assistant", "content": " ".join(map(str, range(1, i + 2)))}]})
                                for i in range(12)))
     out = tmp_path / "text"
-    base = ["adapt", "--base", str(models / "qwen2"), "--text-only", "--data", str(chats), "--out", str(out), "--quiet"]
-    assert main(base + ["--config", str(models / "recipe.yaml")]) == 2  # its stage 1 trains a projector
-    assert main(base + ["--steps", "2"]) == 0  # the text recipe: one stage training the LM
+    base = ["adapt", "--base", str(models / "qwen2"), "--text-only", "--train-data", str(chats), "--out", str(out), "--quiet"]
+    assert main(base + ["--recipe", str(models / "recipe.yaml")]) == 2  # its stage 1 trains a projector
+    assert main(base + ["--train-steps", "2"]) == 0  # the text recipe: one stage training the LM
     cfg = json.loads((out / "model" / "config.json").read_text())
     assert cfg["model_type"] == "qwen2" and json.loads((out / "adapt.json").read_text())["build"]["kind"] == "text-only"
 
@@ -116,10 +116,10 @@ def test_text_only_adapt_cli(models, tmp_path):
 @pytest.mark.slow
 def test_qknorm_arms_through_the_same_adaptation(models, tmp_path, capsys):
     out = tmp_path / "arms"
-    rc = main(["qknorm", str(models / "qwen2"), "--adapt", str(models / "recipe.yaml"), "--init", "identity-gain,scale-preserving",
+    rc = main(["qknorm", str(models / "qwen2"), "--recipe", str(models / "recipe.yaml"), "--init", "identity-gain,scale-preserving",
                "--native", str(models / "qwen3"), "--tasks", "sinkstudy_ifeval", "--limit", "3", "--max-gen-toks", "8",
                "--system-instruction", "Answer briefly.", "--chat-template-kwargs", '{"enable_thinking": false}',
-               "--gen-kwargs", "do_sample=false", "--eval-batch-size", "2", "--out", str(out)])
+               "--gen-kwargs", "do_sample=false", "--batch-size", "2", "--out", str(out)])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     arms = report["arms"]

@@ -122,10 +122,10 @@ ROWS = [
                  "missing shard", None, id="merge-missing-shard"),
     # item 11: non-UTF-8 text files, named
     pytest.param(["run", "{study_latin1}", "--out", "{out}/run"], "latin1.yaml is not UTF-8", None, id="non-utf8-study"),
-    pytest.param([*SWEEP, "--config", "{latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-sweep-config"),
+    pytest.param([*SWEEP, "--sweep", "{latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-sweep-config"),
     pytest.param([*MERGE[:-1], "--method", "linear", "--captions", "{latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-captions"),
-    pytest.param(["sink", "{base}", "--texts", "{latin1}", "--out", "{out}/s"], "latin1.txt is not UTF-8", None, id="non-utf8-sink-texts"),
-    pytest.param(["mitigate", "--base", "{base}", "--vlm", "{vlm}", "--texts", "{latin1}", "--out", "{out}/m", "--no-eval"],
+    pytest.param(["sink", "{base}", "--calibration", "{latin1}", "--out", "{out}/s"], "latin1.txt is not UTF-8", None, id="non-utf8-sink-texts"),
+    pytest.param(["mitigate", "--base", "{base}", "--vlm", "{vlm}", "--calibration", "{latin1}", "--out", "{out}/m", "--no-eval"],
                  "latin1.txt is not UTF-8", None, id="non-utf8-mitigate-texts"),
     pytest.param([*EVAL, "--data", "sinkstudy_gsm={latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-eval-data"),
     # item 11: a full disk, mid-merge and before it
@@ -165,7 +165,7 @@ ROWS = [
     pytest.param([*MERGE, "--method", "slerp", "--root", "{base}"], "takes no --root", None, id="slerp-with-root"),
     # item 7: names that would leave the output directory
     pytest.param(["run", "{study_backbone}", "--out", "{out}/run"], "backbones[0].name", None, id="study-backbone-escape"),
-    pytest.param([*SWEEP, "--config", "{sweep_escape}"], "point name", None, id="sweep-point-escape"),
+    pytest.param([*SWEEP, "--sweep", "{sweep_escape}"], "point name", None, id="sweep-point-escape"),
     pytest.param(["run", "{study_collision}", "--out", "{out}/run"], "would both write", None, id="study-output-collision"),
     # item 12: a study config is validated completely when loaded
     pytest.param(["run", "{study_density}", "--out", "{out}/run"], "density", None, id="study-density-2"),

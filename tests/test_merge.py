@@ -523,7 +523,7 @@ def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(t
 
     def sweep(vlm, *extra):
         _FakeMeasure.calls = []
-        args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio[vlm]), "--config", str(config), "--out", str(out), *extra]
+        args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio[vlm]), "--sweep", str(config), "--out", str(out), *extra]
         return main(args)
 
     assert sweep("vlm") == 0 and _FakeMeasure.calls == ["linear-w0.2", "linear-w0.8"]
@@ -557,7 +557,7 @@ def test_sweep_prints_its_plan_before_any_work_and_runs_the_spread(trio, tmp_pat
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"grid": [{"method": "linear", "weight": [0.1, 0.3, 0.5, 0.7, 0.9]}]}))
     out = tmp_path / "sweep"
-    args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--config", str(config), "--out", str(out)]
+    args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--sweep", str(config), "--out", str(out)]
     _FakeMeasure.calls = []
     assert main([*args, "--max-points", "3"]) == 0
     assert events == ["plan", "work linear-w0.1", "work linear-w0.5", "work linear-w0.9"]
@@ -597,7 +597,7 @@ def test_sweep_mergekit_options_reach_the_mergekit_points_only(trio, tmp_path, m
     config.write_text(yaml.safe_dump({"points": [{"name": "lin", "method": "linear", "weight": 0.5},
                                                  {"name": "tsv", "method": "tsv", "alpha": 1.0}]}))
     out = tmp_path / "sweep"
-    assert main(["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--config", str(config),
+    assert main(["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--sweep", str(config),
                  "--out", str(out), "--lazy-unpickle"]) == 0
     lin = json.loads((out / "points" / "lin" / "model" / "intervention.json").read_text())
     assert lin["mergekit_options"] == {"cuda": False, "lazy_unpickle": True, "low_cpu_memory": False}

@@ -408,7 +408,7 @@ def test_adapt_command_takes_protections_with_settings(tmp_path, tokenizer, caps
     base.save_pretrained(tmp_path / "base")
     tokenizer.save_pretrained(tmp_path / "base")
     chats = _chats(tmp_path)
-    common = ["adapt", "--base", str(tmp_path / "base"), "--text-only", "--data", str(chats), "--steps", "2", "--quiet"]
+    common = ["adapt", "--base", str(tmp_path / "base"), "--text-only", "--train-data", str(chats), "--train-steps", "2", "--quiet"]
     assert main([*common, "--protect", "sink_head_freeze", "--protect-param", "heads=[[0, 1]]",
                  "--protect-param", "keys=false", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out

@@ -195,7 +195,7 @@ def test_cli_end_to_end_on_tiny_qwen2(tokenizer, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     # The flags of `make qknorm BASE=... OUT=... TRAIN_STEPS=2 ARGS="..."`.
     argv = ["qknorm", str(base), "--init", "scale-preserving", "--train-steps", "2", "--out", str(out),
-            "--limit", "2", "--max-gen-toks", "8", "--calibration", str(calib), "--train-texts", str(calib), "--batch-size", "2"]
+            "--limit", "2", "--max-gen-toks", "8", "--calibration", str(calib), "--train-texts", str(calib), "--train-batch-size", "2"]
     assert main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["arm"] == "injected" and report["checkpoint_format"] == "qwen3-sibling"

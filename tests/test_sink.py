@@ -210,7 +210,7 @@ def test_cli_writes_json_png_and_refuses_overwrite(tiny_model_dir, tmp_path, cap
     out = tmp_path / "out"
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(t.replace("\n", " ") for t in TEXTS) + "\n")
-    assert main(["sink", str(tiny_model_dir), "--texts", str(texts), "--metric", "ratio@0.2", "--out", str(out)]) == 0
+    assert main(["sink", str(tiny_model_dir), "--calibration", str(texts), "--metric", "ratio@0.2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "mass_mean" in printed and "Sink Strength [ratio@0.2]" in printed
     result = json.loads((out / "sink.json").read_text())
@@ -225,7 +225,7 @@ def test_cli_writes_json_png_and_refuses_overwrite(tiny_model_dir, tmp_path, cap
     assert (out / "sink.json").read_bytes() == before
 
     missing = tmp_path / "fresh"
-    assert main(["sink", str(tiny_model_dir), "--texts", str(tmp_path / "nope.json"), "--out", str(missing)]) == 2
+    assert main(["sink", str(tiny_model_dir), "--calibration", str(tmp_path / "nope.json"), "--out", str(missing)]) == 2
     assert "texts file not found" in capsys.readouterr().err and not missing.exists()
     assert main(["sink", str(tiny_model_dir), "--metric", "bogus", "--out", str(missing)]) == 2
     assert "known: logodds, mass" in capsys.readouterr().err
@@ -237,7 +237,7 @@ def test_cli_default_logodds_on_shipped_prompts(tiny_model_dir, tmp_path, capsys
     from experiments.cli import main
 
     out = tmp_path / "paper"
-    assert main(["sink", str(tiny_model_dir), "--out", str(out), "--batch-size", "4"]) == 0
+    assert main(["sink", str(tiny_model_dir), "--out", str(out), "--sink-batch-size", "4"]) == 0
     result = json.loads((out / "sink.json").read_text())
     assert result["metric"] == "logodds" and result["maps"]["settings"]["calibration"] == "ifeval15"
     assert len(result["maps"]["text_ids"]) == 15 and result["details"]["params"]["last_layers"] == 10

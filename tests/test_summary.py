@@ -50,11 +50,12 @@ def test_merge_mitigate_pair_and_sink_end_with_a_summary(pair, tmp_path, capsys)
     assert main(["merge", "--method", "linear", "--base", b, "--vlm", v, "--out", str(tmp_path / "m"), "--no-eval"]) == 0
     s = _closing(capsys, "merge")
     assert s["result"].startswith("linear merge (weight 0.5): written, not measured (--no-eval)")
-    assert s["outputs"] == [tmp_path / "m"] and s["next"][0] == f"sinkstudy eval {tmp_path / 'm'}"
+    # The model folder holds the model (and its card); the measurements would sit beside it.
+    assert s["outputs"] == [tmp_path / "m" / "model"] and s["next"][0] == f"sinkstudy eval {tmp_path / 'm' / 'model'}"
 
     assert main(["mitigate", "head_restore", "--top-k", "1", "--base", b, "--vlm", v, "--out", str(tmp_path / "h"), "--no-eval"]) == 0
     s = _closing(capsys, "mitigate")
-    assert "mitigation head_restore" in s["result"] and s["outputs"] == [tmp_path / "h"]
+    assert "mitigation head_restore" in s["result"] and s["outputs"] == [tmp_path / "h" / "model"]
 
     assert main(["pair", "diff", "--base", b, "--vlm", v, "--json", str(tmp_path / "d.json")]) == 0
     s = _closing(capsys, "pair diff")
@@ -84,7 +85,7 @@ def test_sweep_paper_table_and_clean_end_with_a_summary(pair, tmp_path, monkeypa
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"grid": [{"method": "linear", "weight": [0.2, 0.8]}]}))
     out = tmp_path / "sweep"
-    assert main(["merge-sweep", "--base", str(pair["base"]), "--vlm", str(pair["vlm"]), "--config", str(config), "--out", str(out)]) == 0
+    assert main(["merge-sweep", "--base", str(pair["base"]), "--vlm", str(pair["vlm"]), "--sweep", str(config), "--out", str(out)]) == 0
     s = _closing(capsys, "merge-sweep")
     assert s["result"].startswith("2 point(s), 0 reused; Pareto front") and "best mean text recovery linear-w0.2 0.50" in s["result"]
     assert s["outputs"] == [out / "summary.md", out / "summary.json", out / "pareto.png"]
@@ -109,8 +110,10 @@ def test_eval_and_compare_end_with_a_summary(pair, tmp_path, capsys):
     run = tmp_path / "eval"
     assert main(["eval", str(pair["base"]), "--tasks", "sinkstudy_gsm", "--limit", "2", "--max-gen-toks", "4", "--out", str(run)]) == 0
     s = _closing(capsys, "eval")
-    score = json.loads((run / "results.json").read_text())["scores"]["sinkstudy_gsm"]["exact_match,flexible-extract"]
-    assert s["result"] == f"{pair['base']}: sinkstudy_gsm exact_match,flexible-extract {score:.4f} (first 2 prompts per task)"
+    scores = json.loads((run / "results.json").read_text())["scores"]["sinkstudy_gsm"]
+    strict, flexible = scores["exact_match,strict-match"], scores["exact_match,flexible-extract"]
+    assert s["result"] == (f"{pair['base']}: sinkstudy_gsm exact_match,strict-match {strict:.4f} / exact_match,flexible-extract "
+                           f"{flexible:.4f} (first 2 prompts per task)")  # GSM headlines both graders
     assert s["outputs"] == [run] and s["next"] == [f"sinkstudy compare OTHER_RUN {run}"]
     assert main(["compare", str(run), str(run), "--n-boot", "50"]) == 0
     s = _closing(capsys, "compare")
