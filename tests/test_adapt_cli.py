@@ -37,8 +37,12 @@ def test_adapt_cli_end_to_end_reuse_and_refusal(models, tmp_path, capsys):
     argv = ["adapt", "--base", str(models / "qwen2"), "--tiny-vision", "--train-data", "digits", "--recipe", str(models / "recipe.yaml"),
             "--out", str(out), "--quiet"]
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "stage1" in printed and "stage2" in printed and "Sink Strength of the LM" in printed
+    # --quiet: no progress bar at all, the libraries' included (transformers' "Loading weights" / "Writing model shards")
+    assert "it/s]" not in captured.err and "Loading weights" not in captured.err and "Writing model shards" not in captured.err
+    assert "final loss" in printed and "mean loss" in printed
     report = json.loads((out / "adapt.json").read_text())
     assert [s["steps"] for s in report["stages"]] == [2, 2]
     assert [p["step"] for p in report["trajectory"]["points"]] == [0, 1, 2, 3, 4]

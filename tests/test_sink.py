@@ -220,13 +220,16 @@ def test_cli_writes_json_png_and_refuses_overwrite(tiny_model_dir, tmp_path, cap
     assert (out / "sink_map.png").read_bytes()[:4] == b"\x89PNG"
     before = (out / "sink.json").read_bytes()
 
+    # The same run again reuses what is there (as `sinkstudy eval` does); another run is refused in one line.
+    assert main(["sink", str(tiny_model_dir), "--calibration", str(texts), "--metric", "ratio@0.2", "--out", str(out)]) == 0
+    assert "reusing finished sink run" in capsys.readouterr().out and (out / "sink.json").read_bytes() == before
     assert main(["sink", str(tiny_model_dir), "--out", str(out)]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "holds a different sink run; pass --force" in capsys.readouterr().err
     assert (out / "sink.json").read_bytes() == before
 
     missing = tmp_path / "fresh"
     assert main(["sink", str(tiny_model_dir), "--calibration", str(tmp_path / "nope.json"), "--out", str(missing)]) == 2
-    assert "texts file not found" in capsys.readouterr().err and not missing.exists()
+    assert "file not found" in capsys.readouterr().err and not missing.exists()
     assert main(["sink", str(tiny_model_dir), "--metric", "bogus", "--out", str(missing)]) == 2
     assert "known: logodds, mass" in capsys.readouterr().err
     assert main(["sink", str(tiny_model_dir), "--metric", "mass", "--last-layers", "3", "--out", str(missing)]) == 2
