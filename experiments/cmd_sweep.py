@@ -241,7 +241,7 @@ def run_sweep(args) -> Summary | int:
 
 
 def text_recovery(row: dict[str, Any]) -> float:
-    """Mean recovery over the tasks (NaN-free tasks only)."""
+    """Mean recovery over the tasks that have one (a loss to recover, a defined ratio); NaN: none has."""
     vals = [t["recovery"] for t in row["tasks"].values() if t["recovery"] is not None]
     return sum(vals) / len(vals) if vals else float("nan")
 
@@ -284,14 +284,16 @@ def _cell(t: dict[str, Any]) -> str:
     return f"{fmt_or_na(t['recovery'])} [{fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])}]"
 
 
-def plot_pareto(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+def plot_pareto(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:
+    """Text recovery (mean over the tasks with a loss) against each VL-side proxy, the Pareto front
+    outlined; a point without any loss to recover is left out and counted in the title. Returns what
+    it drew (points and axis ranges)."""
+    import math
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from evals.sink.plot import axis_facts, pyplot
     from sinkstudy.io import save_figure_atomic
 
+    plt = pyplot()
     with_ppl = any(r.get("caption_nll") for r in rows)
     fig, axes = plt.subplots(1, 2 if with_ppl else 1, figsize=(11 if with_ppl else 6, 4.5), squeeze=False)
     methods = sorted({r["method"] for r in rows})
@@ -299,22 +301,30 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path) -> None:
     proxies = [("weight_distance_to_vlm", "weight distance to VLM LM (0 = VLM, 1 = base)")]
     if with_ppl:
         proxies.append(("caption_nll", "caption NLL, text-only (lower = closer to VLM)"))
+    drawn = []
     for ax, (key, label) in zip(axes[0], proxies):
         front = set(pareto_front(rows, key))
         for r in rows:
-            x = _proxy(r, key)
-            if x is None:
+            x, y = _proxy(r, key), text_recovery(r)
+            if x is None or not math.isfinite(y):
                 continue
-            ax.scatter(x, text_recovery(r), color=colors[r["method"]], edgecolor="black" if r["name"] in front else "none",
-                       s=40, label=r["method"])
+            ax.scatter(x, y, color=colors[r["method"]], edgecolor="black" if r["name"] in front else "none", s=40, label=r["method"])
+            drawn.append({"proxy": key, "name": r["name"], "x": x, "y": y})
         handles, labels = ax.get_legend_handles_labels()
-        uniq = dict(zip(labels, handles))
-        ax.legend(uniq.values(), uniq.keys(), fontsize=8)
+        if handles:
+            uniq = dict(zip(labels, handles))
+            ax.legend(uniq.values(), uniq.keys(), fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no loss to recover on any task", ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.axhline(0, color="grey", lw=0.5)
         ax.axhline(1, color="grey", lw=0.5, ls="--")
         ax.set_xlabel(label)
-        ax.set_ylabel("text recovery (mean over tasks)")
-    fig.suptitle("Merges: text recovery vs VL-side proxy (outlined: Pareto front)")
+        ax.set_ylabel("text recovery (mean over tasks with a loss)")
+    without = sum(1 for r in rows if not math.isfinite(text_recovery(r)))
+    fig.suptitle("Merges: text recovery vs VL-side proxy (outlined: Pareto front)"
+                 + (f"; {without} point(s) without a loss to recover left out" if without else ""), fontsize=10)
     fig.tight_layout()
+    facts = {"points": drawn, "axes": [axis_facts(ax) for ax in axes[0]]}
     save_figure_atomic(fig, path, dpi=120)
     plt.close(fig)
+    return facts

@@ -1,10 +1,11 @@
 """The study report's figures, from summary.json (matplotlib Agg; PNG + SVG side by side under OUT/plots).
 
 Every function returns None when the summary holds nothing to draw, else a record: `path` (the PNG,
-relative to the report), `svg`, and what was drawn (colour ranges, points, lines, titles), so the
-report links both files and tests check that each figure follows the data it claims. Convention:
-Δ = VLM LM − base in points (negative = capability lost), Δ/base relative; recovery = (intervened −
-VLM LM) / (base − VLM LM).
+relative to the report), `svg`, and what was drawn (colour and axis ranges, points, lines, titles),
+so the report links both files and tests check that each figure follows the data it claims.
+Convention: Δ = VLM LM − base in points (negative = capability lost), Δ/base relative; recovery =
+(intervened − VLM LM) / (base − VLM LM), stated only where the pair lost capability significantly.
+Colours: blue marks a measured value, grey what has no number; no colour means "good" or "bad".
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evals.sink.plot import pyplot, save_png_svg
+from evals.sink.plot import axis_facts, pyplot, save_png_svg
 
-# Recovery axes stop here: a CI over a loss within noise can span ±50 (a ratio of noise); clipped ends get an arrow.
+# Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
 RECOVERY_AXIS = (-1.5, 2.5)
+COLOUR = "tab:blue"  # a measured value; grey: no number
 
 
 def missing(x) -> bool:
@@ -26,6 +28,7 @@ def missing(x) -> bool:
 
 
 def _save(fig, out: Path, name: str, **facts) -> dict[str, Any]:
+    facts["axes"] = [axis_facts(ax) for ax in fig.axes if ax.get_label() != "<colorbar>"]
     png, svg = save_png_svg(fig, out / "plots" / name)
     return {"path": os.path.relpath(png, out), "svg": os.path.relpath(svg, out), **facts}
 
@@ -117,45 +120,61 @@ def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- recovery
 
 def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
-    """Recovery per (pair, intervention) on `task` as a dot with its CI (0 = VLM LM, 1 = base);
-    hollow grey where the pair's own loss is within noise (a ratio of noise)."""
+    """Recovery per (pair, intervention) on `task` as a dot with its CI (0 = VLM LM, 1 = base), in one
+    colour; where the pair lost nothing significant, the words "no loss to recover" and no number.
+    Whatever lies beyond the axis is marked: a CI end by an arrow at the edge, an estimate by an
+    arrow-head in place of its dot with its value written beside it."""
     rows = []
     for p, entry in summary["pairs"].items():
         lost = significant_loss(entry["degradation"][task])
         for name, per_task in entry["interventions"].items():
             r = per_task[task]["recovery"]
             lo, hi = r["ci"] if r.get("ci") else (None, None)
-            rows.append({"label": f"{p} / {name}", "value": r["recovery"], "lo": lo, "hi": hi, "lost": lost})
+            status = r.get("status") or ("recovery" if lost else "no loss to recover")
+            rows.append({"label": f"{p} / {name}", "value": r["recovery"] if status == "recovery" else None,
+                         "lo": lo, "hi": hi, "status": status})
     if not rows:
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.32 * len(rows) + 1.4)))
     # The axis spans the data (0 and 1 always shown), never beyond RECOVERY_AXIS.
-    ends = [x for r in rows for x in (r["value"], r["lo"], r["hi"]) if not missing(x)]
+    ends = [x for r in rows if r["status"] == "recovery" for x in (r["value"], r["lo"], r["hi"]) if not missing(x)]
     lo_ax, hi_ax = max(RECOVERY_AXIS[0], min([0.0, *ends])), min(RECOVERY_AXIS[1], max([1.0, *ends]))
+    pad = 0.05 * (hi_ax - lo_ax)
     for y, r in enumerate(rows):
-        colour = "tab:green" if r["lost"] else "grey"
-        if missing(r["value"]):  # base and VLM scored the same: recovery is undefined
+        r["marks"] = []
+        if r["status"] != "recovery":
+            ax.text(0.5, y, r["status"], ha="center", va="center", fontsize=7, color="grey")
+            continue
+        if missing(r["value"]):  # base and VLM scored the same in every resample: recovery is undefined
             ax.text(0.5, y, "undefined (base = VLM LM)", ha="center", va="center", fontsize=7, color="grey")
             continue
         if not missing(r["lo"]) and not missing(r["hi"]):
             a, b = max(r["lo"], lo_ax), min(r["hi"], hi_ax)
-            ax.plot([a, b], [y, y], color=colour, lw=1.6)
+            ax.plot([a, b], [y, y], color=COLOUR, lw=1.6)
             for end, clipped, marker in ((a, r["lo"] < lo_ax, "<"), (b, r["hi"] > hi_ax, ">")):
-                if clipped:
-                    ax.plot([end], [y], marker=marker, color=colour, ms=5)
+                if clipped:  # drawn beyond the axis edge, so an estimate there never hides it
+                    ax.plot([end - pad / 2 if marker == "<" else end + pad / 2], [y], marker=marker, color=COLOUR, ms=5,
+                            clip_on=False)
+                    r["marks"].append(f"ci {marker}")
         x = min(max(r["value"], lo_ax), hi_ax)
-        ax.plot([x], [y], "o", ms=6, color=colour, markerfacecolor=colour if r["lost"] else "white")
+        if x != r["value"]:  # the estimate itself lies beyond the axis: an arrow-head and its value
+            ax.plot([x], [y], marker="<" if x == lo_ax else ">", ms=8, color=COLOUR)
+            ax.annotate(f"{r['value']:.2f}", (x, y), textcoords="offset points", xytext=(8 if x == lo_ax else -8, 5),
+                        ha="left" if x == lo_ax else "right", fontsize=7, color=COLOUR)
+            r["marks"].append("estimate")
+        else:
+            ax.plot([x], [y], "o", ms=6, color=COLOUR)
     ax.axvline(0, color="black", lw=0.8)
     ax.axvline(1, color="black", lw=0.8, ls="--")
-    pad = 0.05 * (hi_ax - lo_ax)
     ax.set_xlim(lo_ax - pad, hi_ax + pad)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r["label"] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(f"share of the {task} loss recovered, 95% CI (0 = VLM LM, 1 = base)")
-    ax.set_title("green: the pair lost capability (Δ CI < 0); hollow grey: no significant loss (a ratio of noise);\n"
-                 f"arrows: CI beyond the axis ({RECOVERY_AXIS[0]:g} to {RECOVERY_AXIS[1]:g} at most)", fontsize=7)
+    ax.set_title("recovery where the pair lost capability (Δ CI < 0); \"no loss to recover\": nothing to divide;\n"
+                 f"arrows: beyond the axis ({RECOVERY_AXIS[0]:g} to {RECOVERY_AXIS[1]:g} at most), with the estimate's value",
+                 fontsize=7)
     return _save(fig, out, f"recovery_{task}.png", rows=rows, axis=(lo_ax, hi_ax))
 
 
@@ -200,8 +219,9 @@ def adaptation_trajectory(summary: dict, pair: str, out: Path) -> dict[str, Any]
     if not lines:
         return None
     f = out / "plots" / f"protect_trajectory_{pair}.png"
-    png = plot_trajectories(lines, f, title=f"{pair}: Sink Strength (and scores) of the LM during adaptation, per arm", svg=True)
-    return {"path": os.path.relpath(png, out), "svg": os.path.relpath(png.with_suffix(".svg"), out), "lines": lines}
+    drawn = plot_trajectories(lines, f, title=f"{pair}: Sink Strength (and scores) of the LM during adaptation, per arm", svg=True)
+    return {"path": os.path.relpath(drawn["path"], out), "svg": os.path.relpath(drawn["svg"], out), "lines": lines,
+            "axes": drawn["axes"]}
 
 
 # --------------------------------------------------------------------------- the demo's backbones

@@ -1,11 +1,13 @@
-"""Sink figures from SinkMaps, scaled to the data and to the metric, as PNG + SVG.
+"""Sink figures from SinkMaps, on scales with a fixed meaning, as PNG + SVG.
 
 Per (layer, head) a map shows the statistic the chosen Sink Strength reads: for `logodds` the
-median log-odds of attention on the head's argmax key (diverging colours centred on 0, symmetric
-range from the data), for every other metric the mean attention on the sink position (0..1, the
-colour range set to the data's own min..max and written on the figure). Several maps in one figure
-share one colour range. Each plot returns what it drew (colour ranges, per-layer values) so callers
-and tests can check that a figure follows its data.
+median log-odds of attention on the head's argmax key (diverging colours centred on 0, one
+symmetric range ±B shared by every map of a figure, B from the data and written on it), for every
+other metric the mean attention on the sink position on its whole range 0..1 (so noise never looks
+dramatic). A shift panel (B − A) is drawn in the same units: ±1 for mass, the maps' ±B for
+log-odds (larger shifts clipped, marked on the colour bar). Each plot returns what it drew (colour
+ranges, axis ranges, per-layer values) so callers and tests can check that a figure follows its data.
+No axis uses matplotlib's offset notation (`pyplot` turns it off for every figure of the package).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from evals.sink.maps import SinkMaps
 
 LOGODDS = "logodds"
-ANNOTATE_CELLS = 64  # maps with at most this many (layer, head) cells carry their values as text
+ANNOTATE_CELLS = 128  # maps with at most this many (layer, head) cells carry their values as text
 
 
 def head_values(maps: SinkMaps, metric: str = "mass") -> tuple[torch.Tensor, str, str]:
@@ -55,19 +57,24 @@ def _finite(values: list[torch.Tensor]) -> torch.Tensor:
     return flat[torch.isfinite(flat)]
 
 
+MASS_RANGE = (0.0, 1.0)
+
+
 def colour_range(values: list[torch.Tensor], diverging: bool) -> tuple[float, float]:
-    """One shared colour range for these maps: ±max|x| when diverging, else the data's min..max
-    (clipped to 0..1 for masses, widened a little where all values are equal)."""
+    """One shared colour range for these maps: ±max|x| when diverging (log-odds; at least ±1e-6),
+    else the mass's whole range 0..1."""
+    if not diverging:
+        return MASS_RANGE
     flat = _finite(values)
-    if not flat.numel():
-        return (-1.0, 1.0) if diverging else (0.0, 1.0)
-    if diverging:
-        bound = max(float(flat.abs().max()), 1e-6)
-        return -bound, bound
-    lo, hi = float(flat.min()), float(flat.max())
-    if hi - lo < 1e-6:
-        lo, hi = max(0.0, lo - 0.01), min(1.0, hi + 0.01)
-    return lo, hi
+    bound = max(float(flat.abs().max()), 1e-6) if flat.numel() else 1.0
+    return -bound, bound
+
+
+def axis_facts(ax) -> dict[str, Any]:
+    """An axis's ranges and the offset text matplotlib shows (always empty here), after drawing."""
+    ax.figure.canvas.draw()
+    return {"xlim": tuple(float(x) for x in ax.get_xlim()), "ylim": tuple(float(y) for y in ax.get_ylim()),
+            "offset": [ax.xaxis.get_offset_text().get_text(), ax.yaxis.get_offset_text().get_text()]}
 
 
 def pyplot():
@@ -76,6 +83,8 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Numbers read as they are: no "1e−8 −6e−4" in an axis corner (offset or multiplier) for S ≈ −0.0006.
+    plt.rcParams.update({"axes.formatter.useoffset": False, "axes.formatter.limits": (-8, 8)})
     return plt
 
 
@@ -99,18 +108,27 @@ def _heatmaps(panels: list[dict[str, Any]], title: str, note: str):
     for ax, p in zip(axes[0], panels):
         im = ax.imshow(p["data"].T.numpy(), aspect="auto", origin="lower", cmap=p["cmap"], vmin=p["vmin"], vmax=p["vmax"],
                        interpolation="nearest")
+        p["clipped"] = _clipped(p)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer")
         ax.set_ylabel("head")
         ax.set_title(p["label"], fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, extend=p["clipped"])
         if p["data"].numel() <= ANNOTATE_CELLS:  # a miniature's few heads: the values themselves, as well as colours
             for (layer, head), v in np.ndenumerate(p["data"].numpy()):
                 ax.text(layer, head, "" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=6, color=_ink(v, p))
     fig.suptitle(title, fontsize=10)
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgrey")
     return fig
+
+
+def _clipped(panel: dict[str, Any]) -> str:
+    """matplotlib's colour-bar `extend`: which ends the data pass (drawn as arrows on the bar)."""
+    flat = _finite([panel["data"]])
+    low = bool(flat.numel()) and float(flat.min()) < panel["vmin"] - 1e-12
+    high = bool(flat.numel()) and float(flat.max()) > panel["vmax"] + 1e-12
+    return {(False, False): "neither", (True, False): "min", (False, True): "max", (True, True): "both"}[(low, high)]
 
 
 def _ink(v: float, panel: dict[str, Any]) -> str:
@@ -130,18 +148,21 @@ def _panel(data: torch.Tensor, label: str, cmap: str, rng: tuple[float, float]) 
 
 
 def _range_note(kind: str, rng: tuple[float, float], values: list[torch.Tensor], shift: tuple[float, float] | None = None) -> str:
+    flat = _finite(values)
+    data = f"; values {float(flat.min()):.2f} to {float(flat.max()):.2f}" if flat.numel() else ""
     if kind == LOGODDS:
-        flat = _finite(values)
-        data = f"; values {float(flat.min()):.2f} to {float(flat.max()):.2f}" if flat.numel() else ""
-        note = f"log-odds colour range ±{rng[1]:.2f} (symmetric about 0, from the data; > 0: most attention on one key{data})"
+        note = (f"log-odds colour range ±{rng[1]:.2f}, shared by the maps (symmetric about 0; > 0: most attention on one key"
+                f"{data})")
     else:
-        note = f"mass colour range {rng[0]:.3f} to {rng[1]:.3f} of 0..1 (the data's own range)"
-    return note + (f"; shift colour range ±{shift[1]:.3f} (from the data)" if shift else "")
+        note = f"mass colour range 0 to 1 (the whole range{data})"
+    if shift:
+        note += f"; shift colour range ±{shift[1]:.2f} ({'the maps’ range' if kind == LOGODDS else 'the whole range'}; beyond: arrows)"
+    return note
 
 
 def _facts(panels: list[dict[str, Any]], paths: list[Path], note: str) -> dict[str, Any]:
     return {"paths": paths, "note": note,
-            "panels": [{"label": p["label"], "vmin": p["vmin"], "vmax": p["vmax"], "cmap": p["cmap"],
+            "panels": [{"label": p["label"], "vmin": p["vmin"], "vmax": p["vmax"], "cmap": p["cmap"], "clipped": p["clipped"],
                         "data_min": float(_finite([p["data"]]).min()) if _finite([p["data"]]).numel() else math.nan,
                         "data_max": float(_finite([p["data"]]).max()) if _finite([p["data"]]).numel() else math.nan}
                        for p in panels]}
@@ -159,14 +180,14 @@ def plot_sink_map(maps: SinkMaps, path: str | os.PathLike, *, metric: str = "mas
 
 def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike, *, metric: str = "mass",
                     title: str | None = None, names: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Three panels on shared scales: A's map, B's map (one colour range for both) and B − A
-    (diverging, symmetric range from the data); returns what it drew."""
+    """Three panels in one unit: A's map, B's map (one colour range for both) and B − A (diverging:
+    ±1 for mass, the maps' ±B for log-odds); returns what it drew."""
     (a, label, kind), (b, _, kind_b) = head_values(maps_a, metric), head_values(maps_b, metric)
     if kind_b != kind:  # one of the two stored no per-query log-odds: compare like with like
         (a, label, kind), (b, _, _) = head_values(maps_a, "mass"), head_values(maps_b, "mass")
         label += " (no per-query log-odds stored)"
     rng = colour_range([a, b], diverging=kind == LOGODDS)
-    shift = colour_range([b - a], diverging=True)
+    shift = rng if kind == LOGODDS else (-MASS_RANGE[1], MASS_RANGE[1])  # a shift in the maps' own units
     name_a, name_b = names or (_name(maps_a, "A"), _name(maps_b, "B"))
     cmap = "RdBu_r" if kind == LOGODDS else "viridis"
     panels = [_panel(a, f"{name_a}: {label}", cmap, rng), _panel(b, name_b, cmap, rng),
@@ -197,6 +218,9 @@ def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *,
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
+    if not logodds:
+        ax.set_ylim(*MASS_RANGE)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
-    return {"paths": save_png_svg(fig, path), "lines": lines, "ylabel": ylabel}
+    axes = axis_facts(ax)
+    return {"paths": save_png_svg(fig, path), "lines": lines, "ylabel": ylabel, "axes": axes}

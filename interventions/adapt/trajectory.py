@@ -101,16 +101,14 @@ def read_points(path) -> list[dict]:
 
 
 def plot_trajectories(arms: dict[str, list[dict]], path, *, title: str = "Sink Strength during adaptation",
-                      svg: bool = False) -> Path:
+                      svg: bool = False) -> dict[str, Any]:
     """S (and each strict score, where measured) vs global step, one line per arm; stage starts dashed.
-    With `svg`, an .svg beside the PNG as well."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    With `svg`, an .svg beside the PNG as well. Returns {"path", "svg" (or None), "axes": each panel's
+    ranges} (numbers on the axes as they are: no offset notation)."""
+    from evals.sink.plot import axis_facts, pyplot
     from sinkstudy.io import save_figure_atomic
 
+    plt = pyplot()
     tasks = sorted({t for pts in arms.values() for p in pts for t in (p.get("scores") or {})})
     fig, axes = plt.subplots(1, 1 + len(tasks), figsize=(5 * (1 + len(tasks)), 3.6), squeeze=False)
     for arm, pts in arms.items():
@@ -128,11 +126,11 @@ def plot_trajectories(arms: dict[str, list[dict]], path, *, title: str = "Sink S
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    facts = [axis_facts(ax) for ax in axes[0]]
     out = save_figure_atomic(fig, path, dpi=120)
-    if svg:
-        save_figure_atomic(fig, Path(path).with_suffix(".svg"))
+    second = save_figure_atomic(fig, Path(path).with_suffix(".svg")) if svg else None
     plt.close(fig)
-    return out
+    return {"path": out, "svg": second, "axes": facts}
 
 
 def _num(x):
