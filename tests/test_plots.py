@@ -36,20 +36,19 @@ def test_sink_map_mass_uses_the_whole_range_and_log_odds_a_symmetric_stated_one(
     assert (tmp_path / "lo.png").stat().st_size > 1000 and (tmp_path / "lo.svg").is_file()
 
 
-def test_sink_shift_panels_share_one_unit_and_mark_what_they_clip(tmp_path):
+def test_sink_shift_maps_share_one_range_and_the_shift_states_its_own(tmp_path):
     from evals.sink import plot_sink_shift
 
     base = _maps([[0.9, 0.2], [0.5, 0.1]], [[2.0, -1.0], [0.5, -3.0]], "base")
-    vlm = _maps([[0.1, 0.2], [0.5, 0.6]], [[-2.5, -1.0], [0.5, 1.5]], "vlm")
+    vlm = _maps([[0.88, 0.2], [0.5, 0.13]], [[1.9, -1.0], [0.5, -3.05]], "vlm")
     lo = plot_sink_shift(base, vlm, tmp_path / "lo.png", metric="logodds", names=("base", "VLM LM"))
     left, right, shift = lo["panels"]
-    assert left["vmin"] == right["vmin"] == shift["vmin"] == pytest.approx(-3.0)
-    assert left["vmax"] == right["vmax"] == shift["vmax"] == pytest.approx(3.0)
-    assert shift["data_min"] == pytest.approx(-4.5) and shift["clipped"] == "both"  # −4.5 and +4.5: past ±3, arrows on the bar
+    assert left["vmin"] == right["vmin"] == pytest.approx(-3.05) and left["vmax"] == right["vmax"] == pytest.approx(3.05)
+    assert (shift["vmin"], shift["vmax"]) == (pytest.approx(-0.1), pytest.approx(0.1)) and "±0.1" in shift["label"]
     mass = plot_sink_shift(base, vlm, tmp_path / "mass.png", metric="mass")
     left, right, shift = mass["panels"]
     assert (left["vmin"], left["vmax"]) == (right["vmin"], right["vmax"]) == (0.0, 1.0)
-    assert (shift["vmin"], shift["vmax"]) == (-1.0, 1.0) and shift["clipped"] == "neither"
+    assert shift["vmax"] == pytest.approx(0.03) and "±0.03" in shift["label"] and shift["clipped"] == "neither"
 
 
 def test_layer_profiles_of_mass_span_zero_to_one_without_offsets(tmp_path):

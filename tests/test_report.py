@@ -268,19 +268,19 @@ def test_sink_maps_colour_ranges_follow_the_values_and_the_metric(maps_dir, tmp_
 
     mass = plot_sink_shift(a, b, tmp_path / "mass.png", metric="mass")
     both = torch.cat([a.mass.flatten(), b.mass.flatten()])
-    assert mass["panels"][0]["vmin"] == pytest.approx(float(both.min())) and mass["panels"][1]["vmax"] == pytest.approx(float(both.max()))
-    assert 0 <= float(both.min()) and float(both.max()) <= 1 and mass["panels"][0]["cmap"] == "viridis"
-    assert f"{float(both.min()):.3f} to {float(both.max()):.3f} of 0..1" in mass["note"]
-    # Halve B's mass: the shared range and the shift's range move with the values.
+    # Masses on their whole range 0..1, whatever the data (an auto range made noise look dramatic).
+    assert (mass["panels"][0]["vmin"], mass["panels"][1]["vmax"]) == (0.0, 1.0) and mass["panels"][0]["cmap"] == "viridis"
+    assert mass["panels"][0]["data_max"] == pytest.approx(float(a.mass.max())) and "mass colour range 0 to 1" in mass["note"]
+    # Halve B's mass: the maps keep 0..1, the shift's own range moves with the values.
     b.mass = b.mass / 2
     halved = plot_sink_shift(a, b, tmp_path / "mass2.png", metric="mass")
     both = torch.cat([a.mass.flatten(), b.mass.flatten()])
-    assert halved["panels"][0]["vmin"] == pytest.approx(float(both.min()))
+    assert halved["panels"][0]["vmin"] == 0.0
     assert halved["panels"][2]["vmax"] == pytest.approx(float((b.mass - a.mass).abs().max()))
     # Maps stored without per-query log-odds (a large model's JSON): both panels fall back to mass, and say so.
     b.logodds = None
     fallback = plot_sink_shift(a, b, tmp_path / "fallback.png", metric="logodds")
-    assert fallback["panels"][0]["cmap"] == "viridis" and fallback["panels"][0]["vmin"] == pytest.approx(float(both.min()))
+    assert fallback["panels"][0]["cmap"] == "viridis" and fallback["panels"][0]["vmin"] == 0.0
     assert fallback["panels"][0]["label"].endswith("(no per-query log-odds stored)")
 
 
@@ -326,10 +326,11 @@ def test_recovery_is_a_dot_and_ci_per_pair_and_intervention(report):
     assert len(rows) == 3 * 4
     r = report.summary["pairs"]["p2"]["interventions"]["linear"]["sinkstudy_ifeval"]["recovery"]
     assert (rows["p2 / linear"]["value"], rows["p2 / linear"]["lo"], rows["p2 / linear"]["hi"]) == (r["recovery"], *r["ci"])
-    assert rows["p2 / linear"]["lost"] and rows["p2 / linear"]["value"] == pytest.approx(0.5)  # regained 10 of 20
+    assert rows["p2 / linear"]["status"] == "recovery" and rows["p2 / linear"]["value"] == pytest.approx(0.5)  # regained 10 of 20
     assert rows["p2 / replay"]["value"] == pytest.approx(1.0) and rows["p2 / head_restore"]["value"] == pytest.approx(0.0)
     # The axis spans the data and 0..1: here every CI lies within 0..1.
-    assert fig["axis"] == (pytest.approx(min(0.0, *(r["lo"] for r in rows.values()))), pytest.approx(max(1.0, *(r["hi"] for r in rows.values()))))
+    stated = [r for r in rows.values() if r["status"] == "recovery"]
+    assert fig["axis"] == (pytest.approx(min(0.0, *(r["lo"] for r in stated))), pytest.approx(max(1.0, *(r["hi"] for r in stated))))
     empty = {**report.summary, "pairs": {p: {**e, "interventions": {}} for p, e in report.summary["pairs"].items()}}
     assert plots.recovery(empty, "sinkstudy_ifeval", report.out) is None
 

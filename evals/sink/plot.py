@@ -4,8 +4,8 @@ Per (layer, head) a map shows the statistic the chosen Sink Strength reads: for 
 median log-odds of attention on the head's argmax key (diverging colours centred on 0, one
 symmetric range ±B shared by every map of a figure, B from the data and written on it), for every
 other metric the mean attention on the sink position on its whole range 0..1 (so noise never looks
-dramatic). A shift panel (B − A) is drawn in the same units: ±1 for mass, the maps' ±B for
-log-odds (larger shifts clipped, marked on the colour bar). Each plot returns what it drew (colour
+dramatic). A shift panel (B − A) has its own symmetric range from the data, written in its title so
+a small shift is never read on the maps' scale. Each plot returns what it drew (colour
 ranges, axis ranges, per-layer values) so callers and tests can check that a figure follows its data.
 No axis uses matplotlib's offset notation (`pyplot` turns it off for every figure of the package).
 """
@@ -156,7 +156,7 @@ def _range_note(kind: str, rng: tuple[float, float], values: list[torch.Tensor],
     else:
         note = f"mass colour range 0 to 1 (the whole range{data})"
     if shift:
-        note += f"; shift colour range ±{shift[1]:.2f} ({'the maps’ range' if kind == LOGODDS else 'the whole range'}; beyond: arrows)"
+        note += f"; shift colour range ±{shift[1]:.3g} (its own, from the data)"
     return note
 
 
@@ -180,18 +180,18 @@ def plot_sink_map(maps: SinkMaps, path: str | os.PathLike, *, metric: str = "mas
 
 def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike, *, metric: str = "mass",
                     title: str | None = None, names: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Three panels in one unit: A's map, B's map (one colour range for both) and B − A (diverging:
-    ±1 for mass, the maps' ±B for log-odds); returns what it drew."""
+    """Three panels: A's map, B's map (one colour range for both) and B − A (diverging, its own
+    symmetric range from the data, stated in its title); returns what it drew."""
     (a, label, kind), (b, _, kind_b) = head_values(maps_a, metric), head_values(maps_b, metric)
     if kind_b != kind:  # one of the two stored no per-query log-odds: compare like with like
         (a, label, kind), (b, _, _) = head_values(maps_a, "mass"), head_values(maps_b, "mass")
         label += " (no per-query log-odds stored)"
     rng = colour_range([a, b], diverging=kind == LOGODDS)
-    shift = rng if kind == LOGODDS else (-MASS_RANGE[1], MASS_RANGE[1])  # a shift in the maps' own units
+    shift = colour_range([b - a], diverging=True)
     name_a, name_b = names or (_name(maps_a, "A"), _name(maps_b, "B"))
     cmap = "RdBu_r" if kind == LOGODDS else "viridis"
     panels = [_panel(a, f"{name_a}: {label}", cmap, rng), _panel(b, name_b, cmap, rng),
-              _panel(b - a, f"{name_b} − {name_a}", "PuOr_r", shift)]
+              _panel(b - a, f"{name_b} − {name_a} (colour range ±{shift[1]:.2g})", "PuOr_r", shift)]
     note = _range_note(kind, rng, [a, b], shift)
     fig = _heatmaps(panels, title or "sink shift", note)
     return _facts(panels, save_png_svg(fig, path), note)
