@@ -414,11 +414,13 @@ def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | No
 
 
 def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, settings: dict, extra: dict | None = None) -> None:
-    """`intervention.json`: what was done to which checkpoints, with provenance."""
-    from sinkstudy.io import write_json_atomic
+    """`intervention.json`: what was done to which checkpoints, with provenance; and the model card
+    `README.md` (`model_card`), in place of mergekit's (titled with its temporary folder's name)."""
+    from sinkstudy.io import write_json_atomic, write_text_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
 
     models = {"base": str(base), "vlm": str(vlm), "vlm_lm": str(vlm_lm)} | ({"root": str(root)} if root else {})
+    write_text_atomic(out / "README.md", model_card(method, models, settings, seed))
     write_json_atomic(out / RESULT_JSON, {
         "intervention": method,
         "settings": settings,
@@ -429,6 +431,29 @@ def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, setti
         ),
         **(extra or {}),
     })
+
+
+def model_card(method: str, models: dict[str, str], settings: dict, seed) -> str:
+    """A model card titled with the method and its inputs, listing the settings and where the VLM's
+    language model came from (it may sit in the cache)."""
+    import yaml
+
+    name = lambda p: Path(str(p).rstrip("/")).name or str(p)  # noqa: E731
+    shown = {k: v for k, v in settings.items() if v is not None}
+    title = f"{method} of {name(models['base'])} and the language model of {name(models['vlm'])}"
+    lines = ["---", yaml.safe_dump({"library_name": "transformers", "tags": ["sinkstudy", method]}, sort_keys=False).strip(), "---",
+             f"# {title}", "",
+             f"Made by sinkstudy's `{method}`" + (f" ({', '.join(f'{k} {v}' for k, v in shown.items())})" if shown else "")
+             + f", seed {seed}, from:", "",
+             f"- base LLM (config, tokenizer and chat template): `{models['base']}`",
+             f"- VLM: `{models['vlm']}`"]
+    if models["vlm_lm"] != models["vlm"]:
+        lines.append(f"- the VLM's language model, extracted in the base's architecture: `{models['vlm_lm']}`")
+    if models.get("root"):
+        lines.append(f"- common ancestor (task vectors from it): `{models['root']}`")
+    lines += ["", f"Settings, inputs' fingerprints and versions: `{RESULT_JSON}`"
+              + (f"; mergekit's configuration: `{MERGEKIT_YAML}`." if method in MERGEKIT_METHODS else "."), ""]
+    return "\n".join(lines)
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")

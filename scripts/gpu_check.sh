@@ -13,9 +13,9 @@
 # 4. mergekit: one TIES merge with `sinkstudy merge --cuda` beside the same merge on the CPU.
 # One table at the end. Exit status 1 when a check failed (a skipped check says why).
 #
-# Python: on the lent GPU machine (no network), the wheels of .whl/ (scripts/gpu_wheels.sh, carried by the
-# device tool: docs/adapt.md) are installed into /tmp/site and the machine's python3 (its CUDA torch) runs
-# everything (scripts/gpu_site.sh). Elsewhere: $PYTHON if set (it needs sinkstudy's dependencies and a CUDA
+# Python: on a GPU machine without network, the wheels of .whl/ (built where PyPI is reachable with
+# scripts/gpu_wheels.sh and copied over with the checkout: docs/adapt.md) are installed into /tmp/site without
+# an index and the machine's python3 (its CUDA torch) runs everything (scripts/gpu_site.sh). Elsewhere: $PYTHON if set (it needs sinkstudy's dependencies and a CUDA
 # torch); else .venv-gpu, made here with --system-site-packages so a CUDA torch already installed is
 # reused, then `pip install -e .` (offline: WHEELS=DIR holding the wheels). vLLM: used where importable,
 # else installed into .venv-vllm (vLLM pins its own torch and transformers) where there is a network;
@@ -104,7 +104,7 @@ if [ "$SMOKE" = 1 ]; then
 elif "$PY" -c "import vllm" 2>/dev/null; then
     VPY=$PY
 elif [ "$GPU_WHEELS" = 1 ]; then
-    row "vllm eval" skip "vllm is not importable and .whl/ cannot carry it (it pins its own torch); no network to install it" 0
+    row "vllm eval" skip "vllm is not importable and .whl/ cannot hold it (it pins its own torch); no network to install it" 0
     if timeout 180 "$PY" "${EVAL[@]}" --device cuda --batch-size 8 --out "$OUT/eval_hf" --cache-dir "$OUT/cache_hf" > "$OUT/eval.log" 2>&1; then
         row "hf eval" ok "sinkstudy_ifeval x40 on CUDA, bf16, batch 8 (the HF side of the vLLM comparison)" $((SECONDS - t))
     else

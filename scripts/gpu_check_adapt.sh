@@ -10,10 +10,11 @@
 #
 #     bash scripts/gpu_check_adapt.sh            # ~3-5 min on an H200
 #
-# On the lent GPU machine (no network) the wheels of .whl/ (scripts/gpu_wheels.sh, carried by the device
-# tool: docs/adapt.md) are installed into /tmp/site for the machine's python3 and its CUDA torch
-# (scripts/gpu_site.sh). Elsewhere it uses the current python if it already has torch (CUDA) + the
-# project's dependencies; otherwise it creates .venv-gpu and installs the project there (needs PyPI).
+# On a GPU machine without network: build the wheels where PyPI is reachable (scripts/gpu_wheels.sh),
+# copy the checkout with .whl/ over and run this there; it installs .whl/ into /tmp/site without an
+# index for the machine's python3 and its CUDA torch (scripts/gpu_site.sh; docs/adapt.md). Elsewhere it
+# uses the current python if it already has torch (CUDA) + the project's dependencies; otherwise it
+# creates .venv-gpu and installs the project there (needs PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_site.sh

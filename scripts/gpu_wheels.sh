@@ -1,32 +1,38 @@
 #!/usr/bin/env bash
-# Wheels for the lent GPU machine, which has no network (/work/.library/device/README.md, KINDS.md).
+# Wheels for a GPU machine without network access: build them here, where PyPI is reachable, copy
+# them over with the checkout, and the GPU checks install them there with `pip install --no-index`.
 #
-#   scripts/gpu_wheels.sh [DEST]          (default DEST: .whl, git-ignored; run HERE, where PyPI is reachable)
+#   scripts/gpu_wheels.sh [PACKAGES] [DEST]
 #
-# Its python3 (3.12) has torch 2.11 + CUDA and many packages, but not mergekit, lm-eval, datasets, nltk,
-# langdetect, immutabledict, ... and its transformers (5.17) is older than sinkstudy needs (>= 5.23, see
-# pyproject.toml). This resolves sinkstudy's dependencies for CPython 3.12 on
-# manylinux x86-64 (pip's resolver, metadata only), at the versions installed in this checkout's venv
-# (what the tests pass with), and downloads into DEST the wheel of every package the machine lacks or
-# holds in a version that does not satisfy the resolved requirements. Never torch and its CUDA
-# libraries (the machine's own are used). A package with no wheel on PyPI is built here from its
-# sdist, and only if it is pure Python (py3-none-any). DEST is emptied first: one version of each.
+# PACKAGES: what the GPU machine's python3 already has, written there with
+#     { python3 -V; python3 -m pip list --format=freeze; } > gpu-packages.txt
+# and copied here (default: scripts/gpu_packages.example.txt, a machine with Python 3.12, a CUDA
+# torch 2.11 and transformers 5.17). DEST: where the wheels go (default .whl, ignored by git; emptied
+# first, so it holds one version of each package).
 #
-# On the machine, scripts/gpu_check.sh and scripts/gpu_check_adapt.sh install DEST themselves:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-#   export PYTHONPATH=$PWD:/tmp/site
-# The device-tool calls, one per script (docs/adapt.md, "On the lent GPU machine"):
-#   run(command="bash scripts/gpu_check.sh /tmp/gpu_check", carry=[".whl"], timeout_s=600)
-#   run(command="bash scripts/gpu_check_adapt.sh", carry=[".whl"], timeout_s=600)
+# This resolves sinkstudy's dependencies for that Python on manylinux x86-64 (pip's resolver, metadata
+# only), at the versions installed in this checkout's venv (what the tests pass with), and downloads
+# into DEST the wheel of every package the machine lacks or holds in a version that does not satisfy
+# them. Never torch and its CUDA libraries: the machine's own are used. A package with no wheel on
+# PyPI is built here from its sdist, and only if it is pure Python (py3-none-any). A package listed
+# without a version is taken as it is; the script prints what it must satisfy.
+#
+# Then, with the checkout and DEST copied to the GPU machine, run there
+#     bash scripts/gpu_check.sh          # or scripts/gpu_check_adapt.sh
+# Both install DEST first (scripts/gpu_site.sh):
+#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+#     export PYTHONPATH=$PWD:/tmp/site
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEST=${1:-.whl}
+PACKAGES=${1:-scripts/gpu_packages.example.txt}
+DEST=${2:-.whl}
+[ -f "$PACKAGES" ] || { echo "gpu_wheels: no package list $PACKAGES (write it on the GPU machine: see the top of this script)" >&2; exit 2; }
 if [ -z "${PYTHON:-}" ]; then
     PYTHON=python3
     [ -x .venv/bin/python ] && PYTHON=.venv/bin/python
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-exec "$PYTHON" - "$DEST" <<'EOF'
+exec "$PYTHON" - "$PACKAGES" "$DEST" <<'EOF'
 import atexit
 import importlib.metadata as md
 import json
@@ -44,31 +50,34 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-DEST = Path(sys.argv[1])
-TARGET = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none",
+PACKAGES, DEST = Path(sys.argv[1]), Path(sys.argv[2])
+
+
+def read_packages(path: Path) -> tuple[str, dict[str, str | None]]:
+    """(the machine's Python as X.Y, {package: version or None}) from `python3 -V` + `pip list --format=freeze` output."""
+    python, found = None, {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"Python (\d+\.\d+)(\.\d+)?", line)
+        if m:
+            python = m.group(1)
+            continue
+        name, _, version = line.partition("==")
+        found[canonicalize_name(name.split(" @ ")[0].strip())] = version.strip() or None
+    if python is None:
+        sys.exit(f"gpu_wheels: {path} does not say the machine's Python (its first line: the output of `python3 -V`)")
+    return python, found
+
+
+PYTHON_VERSION, THERE = read_packages(PACKAGES)
+ABI = "cp" + PYTHON_VERSION.replace(".", "")
+TARGET = ["--python-version", PYTHON_VERSION, "--implementation", "cp", "--abi", ABI, "--abi", "abi3", "--abi", "none",
           *[a for n in ("manylinux_2_28", "manylinux_2_27", "manylinux_2_17", "manylinux2014", "manylinux1")
             for a in ("--platform", f"{n}_x86_64")], "--only-binary=:all:"]
-# The machine's python3: versions read there (KINDS.md, 2026-11), then every other package it holds.
-DEVICE_VERSIONS = {"accelerate": "1.15.0", "huggingface-hub": "1.33.0", "numpy": "2.5.2", "safetensors": "0.8.0",
-                   "tokenizers": "0.23.2", "torch": "2.11.0", "transformers": "5.17.0", "triton": "3.6.0",
-                   "torchvision": "0.26.0", "sentencepiece": "0.2.2", "tiktoken": "0.14.0"}
-DEVICE_PACKAGES = set(DEVICE_VERSIONS) | set("""
-absl-py aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi charset-normalizer
-chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit
-cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic
-frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx humanize hypothesis idna imageio iniconfig
-interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning
-lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson
-ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
-numba-cuda numpyro nvidia-ml-py onnx onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum
-opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker
-prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks
-pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
-pytorch-lightning pyyaml regex requests rich sacrebleu scikit-build-core scikit-image scikit-learn scipy seaborn
-sentence-transformers setuptools shellingham simplejson six sortedcontainers statsmodels sympy tabulate tensorboard
-tensorboard-data-server tensorstore threadpoolctl tifffile timm toolz torchaudio torchdiffeq torch-geometric
-torchmetrics tqdm treescope typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt
-xarray xxhash yarl zipp""".split())  # nvidia-* / cuda-* libraries: NEVER below
+if "torch" not in THERE or THERE["torch"] is None:
+    sys.exit(f"gpu_wheels: {PACKAGES} lists no torch version: install a CUDA torch on the GPU machine first")
 NEVER = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$")  # the machine's CUDA stack stays
 
 
@@ -103,7 +112,7 @@ def stub_wheel(name: str, version: str) -> Path:
 
 
 constraints = {n: f"{n}=={v}" for n, v in local.items()}
-constraints["torch"] = f"torch @ {stub_wheel('torch', DEVICE_VERSIONS['torch']).as_uri()}"
+constraints["torch"] = f"torch @ {stub_wheel('torch', THERE['torch'].split('+')[0]).as_uri()}"
 (work / "constraints.txt").write_text("".join(f"{c}\n" for _, c in sorted(constraints.items())))
 (work / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
 
@@ -120,20 +129,20 @@ for attempt in range(20):
     name = canonicalize_name(m.group(1)) if m else None
     spec = f"{name}=={local[name]}" if name in local else name
     if name is None or pip("download", "--no-deps", "--quiet", *TARGET, "-d", str(work / "probe"), spec).returncode == 0:
-        sys.exit(f"gpu_wheels: pip could not resolve the dependencies for python 3.12:\n{errors}")
-    print(f"gpu_wheels: {spec} has no wheel for python 3.12; building it from its sdist", file=sys.stderr)
+        sys.exit(f"gpu_wheels: pip could not resolve the dependencies for python {PYTHON_VERSION}:\n{errors}")
+    print(f"gpu_wheels: {spec} has no wheel for python {PYTHON_VERSION}; building it from its sdist", file=sys.stderr)
     w = pip("wheel", "--no-deps", "--quiet", "--no-binary", name, "-w", str(built), spec)
     wheels = sorted(built.glob(f"{name.replace('-', '_')}-*.whl"), key=lambda p: p.name.lower()) or \
         [p for p in built.glob("*.whl") if canonicalize_name(p.name.split("-")[0]) == name]
     if w.returncode != 0 or not wheels:
         sys.exit(f"gpu_wheels: cannot build {spec}: {(w.stderr.strip().splitlines() or ['?'])[-1]}")
     if not all(p.name.endswith("-none-any.whl") for p in wheels):
-        sys.exit(f"gpu_wheels: {spec} has no python 3.12 manylinux wheel and is not pure Python: {wheels[0].name}")
+        sys.exit(f"gpu_wheels: {spec} has no python {PYTHON_VERSION} manylinux wheel and is not pure Python: {wheels[0].name}")
 else:
     sys.exit("gpu_wheels: too many packages without wheels")
 
 report = json.loads((work / "report.json").read_text())["install"]
-env = default_environment() | {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+env = default_environment() | {"python_version": PYTHON_VERSION, "python_full_version": f"{PYTHON_VERSION}.0", "sys_platform": "linux",
                                "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython"}
 resolved = {canonicalize_name(i["metadata"]["name"]): i for i in report}
 # Every requirement the resolved set puts on each package (for the machine's known versions).
@@ -152,14 +161,14 @@ for text in requirements:
 carry, kept = [], []
 for name, item in sorted(resolved.items()):
     version = item["metadata"]["version"]
-    there = DEVICE_VERSIONS.get(name)
+    there = THERE.get(name)
     if NEVER.match(name):
         kept.append(f"{name} (the machine's {there or 'own'})")
-    elif name in DEVICE_PACKAGES and (there is None or Version(there) in needs.get(name, SpecifierSet())):
-        # a version not read there is trusted: say what it must satisfy, for when an import fails there
+    elif name in THERE and (there is None or Version(there.split("+")[0]) in needs.get(name, SpecifierSet())):
+        # listed without a version: taken as it is; say what it must satisfy, for when an import fails there
         unchecked = f"; must be {needs[name]}" if there is None and str(needs.get(name, "")) else ""
         kept.append(f"{name} (the machine's {there or 'own'}{unchecked})")
-    elif name in DEVICE_PACKAGES:
+    elif name in THERE:
         carry.append((name, version, f"the machine has {there}, needs {needs[name]}"))
     else:
         carry.append((name, version, "missing there"))
@@ -178,12 +187,10 @@ for n, _, _ in carry:
         shutil.copy2(local_wheels[n], DEST / local_wheels[n].name)
 
 names = [canonicalize_name(p.name.split("-")[0]) for p in DEST.glob("*.whl")]
-assert len(names) == len(set(names)) == len(carry), "one wheel per carried package"
+assert len(names) == len(set(names)) == len(carry), "one wheel per package to install"
 total = sum(p.stat().st_size for p in DEST.glob("*.whl"))
 for n, v, why in carry:
-    print(f"carry  {n}=={v}  ({why})")
+    print(f"wheel  {n}=={v}  ({why})")
 print(f"kept on the machine: {', '.join(kept)}")
-print(f"{len(carry)} wheels, {total / 2**20:.1f} MiB in {DEST} (the device tool carries at most 64 MiB with the tree)")
-if total > 48 * 2**20:
-    sys.exit("gpu_wheels: over 48 MiB: the working tree and the wheels may not fit one call")
+print(f"{len(carry)} wheels, {total / 2**20:.1f} MiB in {DEST}: copy it to the GPU machine with the checkout")
 EOF

@@ -310,7 +310,11 @@ def test_cli_merge_and_mitigate_list(trio, tmp_path, capsys):
     out = tmp_path / "cli"
     assert main(["merge", "--method", "task_arithmetic", "--weight", "0.25", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]),
                  "--out", str(out), "--no-eval", "--select", "mlp"]) == 0
-    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out)
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out / "model")  # the model in OUT/model, measurements beside
+    card = (out / "model" / "README.md").read_text()
+    title = next(line for line in card.splitlines() if line.startswith("# "))
+    assert title == "# task_arithmetic of base and the language model of vlm" and ".tmp" not in card
+    assert "weight 0.25" in card and "select mlp" in card
     torch.testing.assert_close(m[UP], b[UP] + 0.25 * (v[UP] - b[UP]), rtol=0, atol=1e-6)
     assert torch.equal(m[Q], b[Q])
     assert main(["mitigate", "--list"]) == 0
