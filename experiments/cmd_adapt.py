@@ -76,6 +76,8 @@ def build_request(args):
 
     if not args.base:
         raise SinkstudyError("adapt needs --base (the base causal LM: hub id or local path)")
+    if not (args.vision or args.donor or args.tiny_vision or args.text_only):
+        raise SinkstudyError("adapt needs a vision side: --vision ID|PATH, --donor ID|PATH, --tiny-vision or --text-only")
     config = load_config(args.recipe) if args.recipe else text_recipe() if args.text_only else paper_recipe()
     names = [s.name for s in config.stages]
     for stage, specs in parse_stage_values(args.train_data, names, "train-data").items():

@@ -157,8 +157,9 @@ def add_recipe_option(p, help: str) -> None:
 
 
 def add_vision_options(p, *, required: bool) -> None:
-    """The vision side of an adaptation: one of --vision / --donor (/ --tiny-vision / --text-only for `adapt`)."""
-    side = p.add_mutually_exclusive_group(required=required) if required else p
+    """The vision side of an adaptation: one of --vision / --donor (/ --tiny-vision / --text-only for
+    `adapt`, where one is required: checked after parsing, so that `--protect list` works alone)."""
+    side = p.add_mutually_exclusive_group() if required else p
     side.add_argument("--vision", metavar="ID|PATH", help="fresh LLaVA: a CLIP or SigLIP tower + a new 2-layer GELU projector"
                                                           + ("" if required else " (default: a tiny local tower)"))
     side.add_argument("--donor", metavar="ID|PATH", help="an existing VLM (Qwen2/2.5-VL, LLaVA) whose tower + projector to keep")

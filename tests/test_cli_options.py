@@ -89,7 +89,7 @@ def test_training_options_are_named_as_such():
     assert flags(parsers["qknorm"])["--batch-size"].dest == flags(parsers["eval"])["--batch-size"].dest
 
 
-@pytest.mark.parametrize("argv", [["mitigate", "--list"], ["adapt", "--protect", "list", "--tiny-vision"]])
+@pytest.mark.parametrize("argv", [["mitigate", "--list"], ["adapt", "--protect", "list"]])
 def test_listing_needs_no_models(argv, capsys):
     """`mitigate --list` and `adapt --protect list` work alone, as listings should."""
     from experiments.cli import main
@@ -98,10 +98,12 @@ def test_listing_needs_no_models(argv, capsys):
     assert "head_restore" in capsys.readouterr().out if argv[0] == "mitigate" else True
 
 
-@pytest.mark.parametrize("command", ["merge --method linear", "mitigate", "merge-sweep", "adapt --tiny-vision"])
-def test_pair_commands_refuse_a_missing_model_in_one_line(command, capsys):
+@pytest.mark.parametrize("command, needs", [("merge --method linear", "needs --base and --vlm"), ("mitigate --vlm V", "needs --base"),
+                                            ("merge-sweep", "needs --base"), ("pair diff --base B", "needs --vlm"),
+                                            ("adapt --tiny-vision", "needs --base"), ("adapt --base B", "needs a vision side")])
+def test_required_inputs_are_refused_in_one_line(command, needs, capsys):
     from experiments.cli import main
 
     assert main(command.split()) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs --base" in err
+    assert err.count("\n") == 1 and needs in err, err

@@ -241,7 +241,7 @@ def test_the_docs_show_commands_at_all():
     ("sinkstudy pair", "`sinkstudy pair` needs a sub-command: extract, diff"),
     ("sinkstudy eval M --tasks ifeval --no-such-flag", "`sinkstudy eval` has no option --no-such-flag"),
     ("sinkstudy merge --method ties --base B --vlm V [--eval/--no-evaluation]", "`sinkstudy merge` has no option --no-evaluation"),
-    ("sinkstudy sink M [--method fast|slow]", "`sinkstudy sink --method` takes fast, eager, not slow"),
+    ("sinkstudy sink M [--capture fast|slow]", "`sinkstudy sink --capture` takes fast, eager, not slow"),
     ("sinkstudy eval M --tasks ifeval --batch-size 0", "batch"),
     ("sinkstudy eval --tasks ifeval", "required"),
 ])
