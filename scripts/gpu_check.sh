@@ -2,7 +2,7 @@
 # sinkstudy's GPU check (issue 16.6): the paths CI cannot run, on one CUDA GPU, from a clean checkout.
 # About 8 minutes of checks on one H200 (set-up and installs are timed apart); never a test dependency.
 #
-#   scripts/gpu_check.sh [OUT]            (default OUT: runs/gpu_check; logs and JSON land there)
+#   scripts/gpu_check.sh [RESULTS]            (default RESULTS: runs/gpu_check; logs and JSON land there)
 #
 # 1. sink pass: fast (SDPA + chunked log-sum-exp) vs eager output_attentions on a random-init
 #    Qwen3-8B-shape model, bf16, T = 512 / 2048 / 4096: time and peak-memory ratios eager / fast.
@@ -26,11 +26,11 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_site.sh
 SMOKE=${GPU_CHECK_SMOKE:-0}
-OUT=${1:-runs/gpu_check}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: "$PWD/$OUT" below must not nest /tmp/... in the checkout
+RESULTS=${1:-runs/gpu_check}
+mkdir -p "$RESULTS" && RESULTS=$(cd "$RESULTS" && pwd)  # absolute: "$PWD/$RESULTS" below must not nest /tmp/... in the checkout
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-export SINKSTUDY_CACHE="$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-ROWS="$OUT/rows.tsv"
+export SINKSTUDY_CACHE="$RESULTS/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+ROWS="$RESULTS/rows.tsv"
 printf 'check\tstatus\tfigures\tseconds\n' > "$ROWS"
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$ROWS"; }
 pip_args=(-q ${WHEELS:+--no-index --find-links "$WHEELS"})
@@ -47,7 +47,7 @@ else
     [ -x "$VENV/bin/python" ] || python3 -m venv --system-site-packages "$VENV"
     PY=$VENV/bin/python
     if ! "$PY" -c "import sinkstudy, lm_eval, mergekit, evals.lmeval" 2>/dev/null; then
-        "$PY" -m pip install "${pip_args[@]}" -e . > "$OUT/setup.log" 2>&1 || { echo "set-up failed: see $OUT/setup.log"; exit 1; }
+        "$PY" -m pip install "${pip_args[@]}" -e . > "$RESULTS/setup.log" 2>&1 || { echo "set-up failed: see $RESULTS/setup.log"; exit 1; }
     fi
     touch "$VENV/.installed"  # the Makefile's install stamp: make targets below use this venv as it is
 fi
@@ -65,8 +65,8 @@ T_CHECKS=$SECONDS
 t=$SECONDS
 SINK=(--lengths 512 2048 4096)
 [ "$SMOKE" = 1 ] && SINK=(--lengths 64 128 --device cpu --small)
-if timeout 300 "$PY" scripts/gpu_check.py sink "${SINK[@]}" > "$OUT/sink.json" 2> "$OUT/sink.log"; then
-    "$PY" - "$OUT/sink.json" >> "$ROWS" <<'EOF'
+if timeout 300 "$PY" scripts/gpu_check.py sink "${SINK[@]}" > "$RESULTS/sink.json" 2> "$RESULTS/sink.log"; then
+    "$PY" - "$RESULTS/sink.json" >> "$ROWS" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d["rows"]:
@@ -74,60 +74,60 @@ for r in d["rows"]:
     print(f"sink pass T={r['T']}\tok\teager/fast time x{r['time_ratio']:.1f} ({e['seconds']:.2f}/{f['seconds']:.2f} s), "
           f"peak memory x{r['memory_ratio']:.1f} ({e['peak_gib']:.1f}/{f['peak_gib']:.2f} GiB); weights {d['weights_gib']:.1f} GiB\t-")
 EOF
-    row "sink pass (all T)" ok "$(field "$OUT/sink.json" shape), bf16" $((SECONDS - t))
+    row "sink pass (all T)" ok "$(field "$RESULTS/sink.json" shape), bf16" $((SECONDS - t))
 else
-    row "sink pass" fail "$(last_line "$OUT/sink.log")" $((SECONDS - t))
+    row "sink pass" fail "$(last_line "$RESULTS/sink.log")" $((SECONDS - t))
 fi
 
 # ------------------------------------------------------------------------------------------- 2. extraction
 t=$SECONDS
 if [ "$SMOKE" = 1 ]; then
     row "streaming extraction" skip "smoke run: the bench builds a >= 1B-parameter VLM" 0
-elif timeout 240 "$PY" -m interventions.pairs.bench > "$OUT/extract.log" 2>&1; then  # = make bench-extract
-    row "streaming extraction" ok "$(last_line "$OUT/extract.log")" $((SECONDS - t))
+elif timeout 240 "$PY" -m interventions.pairs.bench > "$RESULTS/extract.log" 2>&1; then  # = make bench-extract
+    row "streaming extraction" ok "$(last_line "$RESULTS/extract.log")" $((SECONDS - t))
 else
-    row "streaming extraction" fail "$(last_line "$OUT/extract.log")" $((SECONDS - t))
+    row "streaming extraction" fail "$(last_line "$RESULTS/extract.log")" $((SECONDS - t))
 fi
 
 # ------------------------------------------------------------------------------------------- 3. vLLM eval
 t=$SECONDS
-EVAL=(-m experiments.cli eval "$OUT/tiny" --tasks sinkstudy_ifeval --limit 40 --max-gen-toks 64 --dtype bfloat16)
-"$PY" scripts/gpu_check.py tiny "$OUT/tiny" --hidden 256 --layers 2 > "$OUT/tiny.json" 2>> "$OUT/eval.log"
+EVAL=(-m experiments.cli eval "$RESULTS/tiny" --tasks sinkstudy_ifeval --limit 40 --max-gen-toks 64 --dtype bfloat16)
+"$PY" scripts/gpu_check.py tiny "$RESULTS/tiny" --hidden 256 --layers 2 > "$RESULTS/tiny.json" 2>> "$RESULTS/eval.log"
 VPY=""
 if [ "$SMOKE" = 1 ]; then
-    if timeout 300 "$PY" "${EVAL[@]}" --limit 4 --max-gen-toks 8 --device cpu --out "$OUT/eval_hf" --cache-dir "$OUT/cache_hf" \
-            > "$OUT/eval.log" 2>&1; then
+    if timeout 300 "$PY" "${EVAL[@]}" --limit 4 --max-gen-toks 8 --device cpu --out "$RESULTS/eval_hf" --cache-dir "$RESULTS/cache_hf" \
+            > "$RESULTS/eval.log" 2>&1; then
         row "hf eval" ok "smoke run: sinkstudy_ifeval x4 on the CPU (vLLM needs a GPU)" $((SECONDS - t))
     else
-        row "hf eval" fail "$(last_line "$OUT/eval.log")" $((SECONDS - t))
+        row "hf eval" fail "$(last_line "$RESULTS/eval.log")" $((SECONDS - t))
     fi
 elif "$PY" -c "import vllm" 2>/dev/null; then
     VPY=$PY
 elif [ "$GPU_WHEELS" = 1 ]; then
     row "vllm eval" skip "vllm is not importable and .whl/ cannot hold it (it pins its own torch); no network to install it" 0
-    if timeout 180 "$PY" "${EVAL[@]}" --device cuda --batch-size 8 --out "$OUT/eval_hf" --cache-dir "$OUT/cache_hf" > "$OUT/eval.log" 2>&1; then
+    if timeout 180 "$PY" "${EVAL[@]}" --device cuda --batch-size 8 --out "$RESULTS/eval_hf" --cache-dir "$RESULTS/cache_hf" > "$RESULTS/eval.log" 2>&1; then
         row "hf eval" ok "sinkstudy_ifeval x40 on CUDA, bf16, batch 8 (the HF side of the vLLM comparison)" $((SECONDS - t))
     else
-        row "hf eval" fail "$(last_line "$OUT/eval.log")" $((SECONDS - t))
+        row "hf eval" fail "$(last_line "$RESULTS/eval.log")" $((SECONDS - t))
     fi
 else
     ti=$SECONDS
     if { [ -x .venv-vllm/bin/python ] || python3 -m venv .venv-vllm; } \
-        && timeout 420 .venv-vllm/bin/python -m pip install "${pip_args[@]}" -e ".[vllm]" > "$OUT/vllm_install.log" 2>&1 \
+        && timeout 420 .venv-vllm/bin/python -m pip install "${pip_args[@]}" -e ".[vllm]" > "$RESULTS/vllm_install.log" 2>&1 \
         && .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
         VPY=.venv-vllm/bin/python
         row "vllm install" ok "$(.venv-vllm/bin/python -c 'import vllm; print("vllm", vllm.__version__)')" $((SECONDS - ti))
     else
-        row "vllm eval" skip "vllm is not importable and could not be installed here: $(last_line "$OUT/vllm_install.log")" $((SECONDS - ti))
+        row "vllm eval" skip "vllm is not importable and could not be installed here: $(last_line "$RESULTS/vllm_install.log")" $((SECONDS - ti))
     fi
     t=$SECONDS
 fi
 if [ -n "$VPY" ]; then
-    if timeout 300 "$VPY" "${EVAL[@]}" --backend vllm --batch-size auto --out "$OUT/eval_vllm" --cache-dir "$OUT/cache_vllm" \
-            --backend-args gpu_memory_utilization=0.3,max_model_len=2048,enforce_eager=true >> "$OUT/eval.log" 2>&1 \
-        && timeout 180 "$PY" "${EVAL[@]}" --device cuda --batch-size 8 --out "$OUT/eval_hf" --cache-dir "$OUT/cache_hf" >> "$OUT/eval.log" 2>&1 \
-        && "$PY" scripts/gpu_check.py same-outputs "$OUT/eval_vllm" "$OUT/eval_hf" > "$OUT/eval.json"; then
-        fig=$("$PY" - "$OUT/eval.json" <<'EOF'
+    if timeout 300 "$VPY" "${EVAL[@]}" --backend vllm --batch-size auto --out "$RESULTS/eval_vllm" --cache-dir "$RESULTS/cache_vllm" \
+            --backend-args gpu_memory_utilization=0.3,max_model_len=2048,enforce_eager=true >> "$RESULTS/eval.log" 2>&1 \
+        && timeout 180 "$PY" "${EVAL[@]}" --device cuda --batch-size 8 --out "$RESULTS/eval_hf" --cache-dir "$RESULTS/cache_hf" >> "$RESULTS/eval.log" 2>&1 \
+        && "$PY" scripts/gpu_check.py same-outputs "$RESULTS/eval_vllm" "$RESULTS/eval_hf" > "$RESULTS/eval.json"; then
+        fig=$("$PY" - "$RESULTS/eval.json" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 m = "prompt_level_strict_acc,none"
@@ -137,34 +137,34 @@ EOF
 )
         row "vllm eval" ok "$fig" $((SECONDS - t))
     else
-        row "vllm eval" fail "$(last_line "$OUT/eval.log")" $((SECONDS - t))
+        row "vllm eval" fail "$(last_line "$RESULTS/eval.log")" $((SECONDS - t))
     fi
 fi
 
 # ------------------------------------------------------------------------------------------- 4. merge --cuda
 t=$SECONDS
-MERGE=(-m experiments.cli merge --method ties --density 0.2 --base "$OUT/mbase" --vlm "$OUT/mvlm" --no-eval --force)
+MERGE=(-m experiments.cli merge --method ties --density 0.2 --base "$RESULTS/mbase" --vlm "$RESULTS/mvlm" --no-eval --force)
 SHAPE=(--hidden 1024 --layers 12)
 [ "$SMOKE" = 1 ] && SHAPE=(--hidden 128 --layers 2)
-if ! { "$PY" scripts/gpu_check.py tiny "$OUT/mbase" "${SHAPE[@]}" --seed 1 > /dev/null 2> "$OUT/merge.log" \
-       && "$PY" scripts/gpu_check.py tiny "$OUT/mvlm" "${SHAPE[@]}" --seed 2 > /dev/null 2>> "$OUT/merge.log"; }; then
-    row "merge --cuda" fail "could not build the pair: $(last_line "$OUT/merge.log")" $((SECONDS - t))
+if ! { "$PY" scripts/gpu_check.py tiny "$RESULTS/mbase" "${SHAPE[@]}" --seed 1 > /dev/null 2> "$RESULTS/merge.log" \
+       && "$PY" scripts/gpu_check.py tiny "$RESULTS/mvlm" "${SHAPE[@]}" --seed 2 > /dev/null 2>> "$RESULTS/merge.log"; }; then
+    row "merge --cuda" fail "could not build the pair: $(last_line "$RESULTS/merge.log")" $((SECONDS - t))
 else
     tc=$SECONDS
-    ok_cpu=0; timeout 240 "$PY" "${MERGE[@]}" --out "$OUT/merge_cpu" >> "$OUT/merge.log" 2>&1 && ok_cpu=1
+    ok_cpu=0; timeout 240 "$PY" "${MERGE[@]}" --out "$RESULTS/merge_cpu" >> "$RESULTS/merge.log" 2>&1 && ok_cpu=1
     cpu_s=$((SECONDS - tc)); tg=$SECONDS
     if [ "$SMOKE" = 1 ]; then
         if [ $ok_cpu = 1 ]; then row "merge (CPU)" ok "smoke run: TIES d=0.2 in ${cpu_s}s (--cuda needs a GPU)" $((SECONDS - t))
-        else row "merge (CPU)" fail "$(last_line "$OUT/merge.log")" $((SECONDS - t)); fi
-    elif timeout 180 "$PY" "${MERGE[@]}" --cuda --out "$OUT/merge_cuda" >> "$OUT/merge.log" 2>&1; then
+        else row "merge (CPU)" fail "$(last_line "$RESULTS/merge.log")" $((SECONDS - t)); fi
+    elif timeout 180 "$PY" "${MERGE[@]}" --cuda --out "$RESULTS/merge_cuda" >> "$RESULTS/merge.log" 2>&1; then
         gpu_s=$((SECONDS - tg))
-        if [ $ok_cpu = 1 ] && "$PY" scripts/gpu_check.py same-weights "$OUT/merge_cpu" "$OUT/merge_cuda" > "$OUT/merge.json"; then
-            row "merge --cuda" ok "TIES d=0.2, 200M-param pair: CUDA ${gpu_s}s vs CPU ${cpu_s}s; max |CUDA - CPU| $(field "$OUT/merge.json" max_abs_diff)" $((SECONDS - t))
+        if [ $ok_cpu = 1 ] && "$PY" scripts/gpu_check.py same-weights "$RESULTS/merge_cpu" "$RESULTS/merge_cuda" > "$RESULTS/merge.json"; then
+            row "merge --cuda" ok "TIES d=0.2, 200M-param pair: CUDA ${gpu_s}s vs CPU ${cpu_s}s; max |CUDA - CPU| $(field "$RESULTS/merge.json" max_abs_diff)" $((SECONDS - t))
         else
-            row "merge --cuda" ok "TIES d=0.2 on CUDA in ${gpu_s}s (the CPU merge to compare with failed: see $OUT/merge.log)" $((SECONDS - t))
+            row "merge --cuda" ok "TIES d=0.2 on CUDA in ${gpu_s}s (the CPU merge to compare with failed: see $RESULTS/merge.log)" $((SECONDS - t))
         fi
     else
-        row "merge --cuda" fail "$(last_line "$OUT/merge.log")" $((SECONDS - t))
+        row "merge --cuda" fail "$(last_line "$RESULTS/merge.log")" $((SECONDS - t))
     fi
 fi
 
@@ -172,5 +172,5 @@ fi
 row "checks (without set-up)" "-" "" $((SECONDS - T_CHECKS))
 echo
 column -t -s $'\t' "$ROWS" 2>/dev/null || cat "$ROWS"
-echo "(logs and JSON: $OUT)"
+echo "(logs and JSON: $RESULTS)"
 ! cut -f2 "$ROWS" | grep -qx fail

@@ -158,7 +158,7 @@ for text in requirements:
     req = Requirement(text)
     needs[canonicalize_name(req.name)] = needs.get(canonicalize_name(req.name), SpecifierSet()) & req.specifier
 
-carry, kept = [], []
+install, kept = [], []
 for name, item in sorted(resolved.items()):
     version = item["metadata"]["version"]
     there = THERE.get(name)
@@ -169,28 +169,28 @@ for name, item in sorted(resolved.items()):
         unchecked = f"; must be {needs[name]}" if there is None and str(needs.get(name, "")) else ""
         kept.append(f"{name} (the machine's {there or 'own'}{unchecked})")
     elif name in THERE:
-        carry.append((name, version, f"the machine has {there}, needs {needs[name]}"))
+        install.append((name, version, f"the machine has {there}, needs {needs[name]}"))
     else:
-        carry.append((name, version, "missing there"))
+        install.append((name, version, "missing there"))
 
 if DEST.exists():
     shutil.rmtree(DEST)
 DEST.mkdir(parents=True)
 local_wheels = {canonicalize_name(p.name.split("-")[0]): p for p in built.glob("*.whl")}
-to_download = [f"{n}=={v}" for n, v, _ in carry if n not in local_wheels]
+to_download = [f"{n}=={v}" for n, v, _ in install if n not in local_wheels]
 if to_download:
     r = pip("download", "--no-deps", "--quiet", *TARGET, "-d", str(DEST), *to_download)
     if r.returncode != 0:
         sys.exit(f"gpu_wheels: download failed:\n{r.stderr.strip()}")
-for n, _, _ in carry:
+for n, _, _ in install:
     if n in local_wheels:
         shutil.copy2(local_wheels[n], DEST / local_wheels[n].name)
 
 names = [canonicalize_name(p.name.split("-")[0]) for p in DEST.glob("*.whl")]
-assert len(names) == len(set(names)) == len(carry), "one wheel per package to install"
+assert len(names) == len(set(names)) == len(install), "one wheel per package to install"
 total = sum(p.stat().st_size for p in DEST.glob("*.whl"))
-for n, v, why in carry:
+for n, v, why in install:
     print(f"wheel  {n}=={v}  ({why})")
 print(f"kept on the machine: {', '.join(kept)}")
-print(f"{len(carry)} wheels, {total / 2**20:.1f} MiB in {DEST}: copy it to the GPU machine with the checkout")
+print(f"{len(install)} wheels, {total / 2**20:.1f} MiB in {DEST}: copy it to the GPU machine with the checkout")
 EOF
