@@ -1,0 +1,163 @@
+"""Issue 21 items 2, 3 and 5, as a user meets them: numbers named for what they are (no recovery
+without a loss, GSM by both graders, final vs mean loss), data identity visible (a run on other
+data says so; `compare` names the --data that would make two runs comparable), and outputs where a
+user looks (a merge's folder is a run `compare` reads; the extracted VLM LM is named; `eval` writes
+to a default --out and reuses it as `sink` does)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from evals.lmeval import EvalRun
+
+STRICT, FLEX = "exact_match,strict-match", "exact_match,flexible-extract"
+
+
+def _run(path: Path, passes: dict, task="sinkstudy_gsm", data_file=None, sha="shipped") -> Path:
+    """An eval run of `task` with per-metric passes, recording where its prompts came from."""
+    from evals.tasks import SHIPPED_TASKS, load_task_yaml
+    from sinkstudy.provenance import file_sha256
+
+    n = len(next(iter(passes.values())))
+    samples = [{"doc_id": i, "doc_hash": f"{sha}-{i}", "prompt": f"p{i}", "output": "", "target": "", "extracted": {},
+                "metrics": {m: bool(v[i]) for m, v in passes.items()}} for i in range(n)]
+    default = next(iter(load_task_yaml(SHIPPED_TASKS[task])["dataset_kwargs"]["data_files"].values())) if task in SHIPPED_TASKS else None
+    used = data_file or default
+    prov = {"tasks": {task: {"task": task, "version": 1, "data_sha256": file_sha256(used) if used else None}},
+            "data_files": {task: used}}
+    EvalRun(scores={task: {m: float(np.mean(v)) for m, v in passes.items()}}, samples={task: samples}, settings={}, fingerprint=path.name,
+            model_name=path.name, tasks=[task], provenance=prov).save(path)
+    return path
+
+
+# --------------------------------------------------------------------------- numbers
+
+def test_recovery_is_a_number_only_where_there_is_a_loss_to_recover():
+    """`merge --method ties --limit 2` printed "recovery 1.00" where the VLM had *gained* (0.0 -> 0.5)."""
+    from evals.stats import NO_LOSS, recovery
+
+    base, vlm, merged = np.array([0, 0] * 20), np.array([1, 0] * 20), np.array([0, 0] * 20)
+    gained = recovery(base, vlm, merged, n_boot=500)
+    assert gained.recovery is None and gained.ci == (None, None) and gained.status == NO_LOSS == "no loss to recover"
+    assert gained.loss_points == pytest.approx(50.0) and gained.loss_points_ci[0] > 0
+    assert json.loads(json.dumps(gained.as_dict()))["recovery"] is None  # in every JSON: null, with the status beside it
+    lost = recovery(vlm, base, np.array([1, 0] * 10 + [0, 0] * 10), n_boot=500)  # base 50 -> VLM 0, merged 25
+    assert lost.status == "recovery" and lost.recovery == pytest.approx(0.5) and lost.loss_points_ci[1] < 0
+
+
+def test_merge_lines_say_no_loss_to_recover_and_name_gsm_by_both_graders():
+    from experiments.cmd_merge import _summary, recovery_text
+
+    row = {"metric": FLEX, "base": 0.0, "vlm": 0.5, "score": 0.0, "recovery": None, "ci": [None, None], "status": "no loss to recover",
+           "loss_points": 50.0, "loss_points_ci": [20.0, 80.0], "n": 2}
+    assert recovery_text(row) == "no loss to recover (Δ VLM LM − base +50.0 points [+20.0, +80.0])"
+    strict = {**row, "metric": STRICT, "status": "recovery", "recovery": 0.25, "ci": [0.1, 0.4]}
+    measured = {"sink_strength": {"value": 1.0, "base": 1.2, "vlm": 0.4}, "tasks": {"sinkstudy_gsm": {**row, "also": {STRICT: strict}}}}
+
+    class Args:
+        base, vlm = "b", "v"
+
+    result = _summary("merge", "ties merge", Path("/nonexistent"), measured, Args, None).result
+    assert "sinkstudy_gsm exact_match,flexible-extract no loss to recover" in result
+    assert "sinkstudy_gsm exact_match,strict-match recovery 0.25 [0.10, 0.40]" in result and "recovery 1.00" not in result
+
+
+def test_eval_headline_names_both_gsm_graders_and_other_data(tmp_path):
+    from experiments.cmd_eval import data_sources, headline
+
+    shipped = EvalRun.load(_run(tmp_path / "a", {STRICT: [1, 0, 0, 0], FLEX: [1, 1, 0, 0]}))
+    assert headline(shipped) == "sinkstudy_gsm exact_match,strict-match 0.2500 / exact_match,flexible-extract 0.5000"
+    assert data_sources(shipped) == {}
+    mine = tmp_path / "heldout_gsm.jsonl"
+    mine.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    other = EvalRun.load(_run(tmp_path / "b", {STRICT: [1, 0], FLEX: [1, 0]}, data_file=str(mine), sha="mine"))
+    assert data_sources(other) == {"sinkstudy_gsm": str(mine)}
+    assert headline(other).startswith("sinkstudy_gsm [data heldout_gsm.jsonl] exact_match,strict-match 0.5000")
+
+
+def test_final_loss_is_the_mean_of_the_last_steps():
+    from interventions.adapt.trainer import final_loss
+
+    losses = [float(x) for x in range(100, 0, -1)]  # one logged loss per step, falling
+    got = final_loss(losses, 100, 1)
+    assert got == {"final_loss": pytest.approx(np.mean(losses[-10:])), "final_loss_steps": 10}
+    assert got["final_loss"] < np.mean(losses)  # not the stage's mean
+    assert final_loss(losses[:10], 10, 1) == {"final_loss": 91.0, "final_loss_steps": 1}
+    assert final_loss([5.0, 4.0, 3.0], 40, 20) == {"final_loss": 3.0, "final_loss_steps": 20}  # logged every 20 steps
+    assert final_loss([], 0, 1) == {"final_loss": None, "final_loss_steps": 0}
+
+
+# --------------------------------------------------------------------------- data identity
+
+def test_compare_of_two_datasets_names_the_data_that_would_make_them_comparable(tmp_path, capsys):
+    """The demo's held-out sinkstudy_ifeval against a plain eval's shipped set used to fail as "not the same data"."""
+    from experiments.cli import main
+
+    held = tmp_path / "heldout.jsonl"
+    held.write_text("{}\n")
+    demo = _run(tmp_path / "demo_base", {"prompt_level_strict_acc,none": [1, 0, 1]}, task="sinkstudy_ifeval",
+                data_file=str(held), sha="held")
+    plain = _run(tmp_path / "plain_vlm", {"prompt_level_strict_acc,none": [1, 0, 0]}, task="sinkstudy_ifeval")
+    assert main(["compare", str(demo), str(plain), "--n-boot", "50"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"A was evaluated on {held}, B on the task's default data" in err
+    assert f"rerun B with --data sinkstudy_ifeval={held}" in err
+
+
+# --------------------------------------------------------------------------- outputs
+
+def test_compare_reads_a_merge_output_folder(tmp_path, capsys):
+    from experiments.cli import main
+
+    base = _run(tmp_path / "base_eval", {STRICT: [1, 1, 0, 0], FLEX: [1, 1, 1, 0]})
+    merge_out = tmp_path / "merge"
+    _run(merge_out / "eval", {STRICT: [1, 0, 0, 0], FLEX: [1, 1, 0, 0]})
+    (merge_out / "model").mkdir()
+    assert main(["compare", str(base), str(merge_out), "--n-boot", "50"]) == 0
+    assert f"B = {merge_out / 'eval'}" in capsys.readouterr().out
+    assert main(["compare", str(base), str(tmp_path / "model_only"), "--n-boot", "50"]) == 2
+    assert "is not an eval run: no results.json" in capsys.readouterr().err
+
+
+def test_merge_of_a_vlm_names_its_extracted_language_model(tmp_path, tokenizer, monkeypatch, capsys):
+    from vlm_factories import save_tiny_vlm, tiny_base
+
+    from experiments.cli import main
+
+    monkeypatch.setenv("SINKSTUDY_CACHE", str(tmp_path / "cache"))
+    base = tmp_path / "base"
+    tiny_base("qwen2").save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer, dtype=torch.bfloat16)
+    out = tmp_path / "m"
+    assert main(["merge", "--method", "linear", "--base", str(base), "--vlm", str(vlm), "--out", str(out), "--no-eval", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    (lm,) = list((tmp_path / "cache" / "vlm_lm").iterdir())
+    assert f"the VLM's language model (in the base's architecture): {lm}" in printed
+    outputs = next(line for line in printed.splitlines() if line.startswith("   outputs:"))
+    assert str(lm) in outputs and str(out / "model") in outputs
+    assert f"the VLM's language model, extracted in the base's architecture: `{lm}`" in (out / "model" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_eval_writes_to_its_default_out_and_reuses_it(tmp_path, tokenizer, monkeypatch, capsys):
+    """`eval` without --out used to write nothing; now it shares `sink`'s rule: runs/<command>/<model>, reused."""
+    from experiments.cli import main
+    from sinkstudy.tiny import tiny_causal_lm
+
+    model = tmp_path / "tiny-llama"
+    tiny_causal_lm("llama").save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    monkeypatch.chdir(tmp_path)
+    argv = ["eval", str(model), "--tasks", "sinkstudy_gsm", "--limit", "1", "--max-gen-toks", "4", "--no-chat-template",
+            "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    assert main(argv) == 0
+    default = tmp_path / "runs" / "eval" / "tiny-llama"
+    assert (default / "results.json").is_file() and f"eval run written to {Path('runs/eval/tiny-llama')}" in capsys.readouterr().out
+    before = (default / "results.json").read_bytes()
+    assert main(argv) == 0 and (default / "results.json").read_bytes() == before  # the same run: reused
+    assert main([*argv[:-1], "--max-gen-toks", "5"]) == 2  # another run into it: one line, as `sink` refuses
+    assert "holds a different eval run; pass --force" in capsys.readouterr().err
