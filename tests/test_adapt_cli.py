@@ -45,6 +45,9 @@ def test_adapt_cli_end_to_end_reuse_and_refusal(models, tmp_path, capsys):
     assert "final loss" in printed and "mean loss" in printed
     report = json.loads((out / "adapt.json").read_text())
     assert [s["steps"] for s in report["stages"]] == [2, 2]
+    for s in report["stages"]:  # final_loss: where the stage ended (its last step of 2); mean_loss: the stage's mean
+        assert s["final_loss_steps"] == 1 and s["final_loss"] == pytest.approx(s["losses"][-1])
+        assert s["mean_loss"] == pytest.approx(sum(s["losses"]) / len(s["losses"]), rel=1e-4)
     assert [p["step"] for p in report["trajectory"]["points"]] == [0, 1, 2, 3, 4]
     assert (out / "model" / "config.json").is_file() and (out / "model" / "processor_config.json").is_file()
     before = _tree(out)

@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -193,9 +192,11 @@ def test_merge_measurements_in_a_dir_key_on_model_captions_content_and_code(ckpt
     monkeypatch.setattr(Measure, "_sink", lambda self, path, *a: sinks.append(Path(path).name) or
                         {"sink_strength": 0.0, "sink_metric": "logodds", "caption_nll": 1.0, "captions": str(captions)})
     monkeypatch.setattr("evals.lmeval.run_eval", lambda *a, **k: None)
-    args = SimpleNamespace(tasks="sinkstudy_gsm", captions=str(captions), limit=2, batch_size=2, max_gen_toks=4, n_boot=100, seed=0,
-                           chat_template_kwargs=None, system_instruction=None, gen_kwargs=None, num_fewshot=None,
-                           confirm_run_unsafe_code=False, dtype="float32", device=None)
+    from experiments.cli import build_parser
+
+    args = build_parser().parse_args(["merge", "--method", "linear", "--base", "b", "--vlm", "v", "--tasks", "sinkstudy_gsm",
+                                      "--captions", str(captions), "--limit", "2", "--batch-size", "2", "--max-gen-toks", "4",
+                                      "--n-boot", "100"])
     ref = tmp_path / "reference"
     Measure(str(ckpt), vlm, args, ref).ref
     Measure(str(ckpt), vlm, args, ref).ref

@@ -211,7 +211,7 @@ def test_merge_and_qknorm_take_the_protocol_flags():
                  ["merge-sweep", "--base", "b", "--vlm", "v"], ["qknorm", "b"]):
         args = parser.parse_args([*argv, "--chat-template-kwargs", "enable_thinking=false", "--system-instruction", "S",
                                   "--gen-kwargs", "temperature=0", "--num-fewshot", "0"])
-        from experiments.cmd_eval import protocol_kwargs
+        from experiments.options import protocol_kwargs
 
         assert protocol_kwargs(args) == {"chat_template_kwargs": {"enable_thinking": False}, "system_instruction": "S",
                                          "gen_kwargs": {"temperature": 0}, "num_fewshot": 0, "confirm_run_unsafe_code": False}
