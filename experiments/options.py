@@ -9,6 +9,8 @@ heavy, so `--help` stays instant.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from experiments import argtypes
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -195,10 +197,8 @@ def add_output_options(p, *, out: str, force: str = "replace an existing --out t
         g.add_argument("--cache-dir", default=None, metavar="DIR", help="per-task eval cache (default $SINKSTUDY_CACHE/evals)")
 
 
-def default_out(command: str, *names) -> "Path":
+def default_out(command: str, *names) -> Path:
     """runs/<command>/<name>[-<name>...]: where a command writes without --out (names slugified)."""
-    from pathlib import Path
-
     from sinkstudy.io import slugify
 
     parts = [slugify(Path(str(n).rstrip("/")).name or str(n)) for n in names if n]
