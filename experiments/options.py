@@ -35,7 +35,7 @@ def add_model_options(p, *, device: str | None = "cpu", dtype: str = "float32", 
 
 # --------------------------------------------------------------------------- evals
 
-def add_task_option(p, *, default: str = f"{DEFAULT_TASKS} (offline; hub tasks are opt-in)") -> None:
+def add_task_option(p, *, default: str = f"{DEFAULT_TASKS}, offline; hub tasks are opt-in") -> None:
     p.add_argument("--tasks", default=None, metavar="TASK,...", help=f"comma-separated lm-eval tasks (default: {default})")
 
 

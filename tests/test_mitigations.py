@@ -158,7 +158,7 @@ def test_cli_mitigate_top_k_and_params(pair, tmp_path):
     texts.write_text("The quick brown fox jumps over the lazy dog.\nRespond in exactly three sentences.\n")
     assert main(["mitigate", "head_restore", "--base", str(pair["base"]), "--vlm", str(pair["vlm"]), "--out", str(out),
                  "--top-k", "1", "--param", "scope=attn", "--calibration", str(texts), "--no-eval"]) == 0
-    result = json.loads((out / "intervention.json").read_text())
+    result = json.loads((out / "model" / "intervention.json").read_text())
     assert result["settings"]["scope"] == "attn" and result["settings"]["top_k"] == 1
     assert len(result["report"]["heads"]) <= 1 and result["request"]["params"]["texts"] == str(texts)
     assert main(["mitigate", "head_restore", "--base", str(pair["base"]), "--vlm", str(pair["vlm"]), "--out", str(tmp_path / "x"),

@@ -72,7 +72,7 @@ def test_a_second_writer_fails_at_once_naming_the_other_pid(pair, tmp_path, caps
         assert not out.exists()
     finally:
         holder.communicate("", timeout=60)
-    assert main(merge) == 0 and (out / "model.safetensors").is_file()  # the lock went with its holder
+    assert main(merge) == 0 and (out / "model" / "model.safetensors").is_file()  # the lock went with its holder
     assert not list(tmp_path.glob(".*"))  # no lock file or temporary left
 
 

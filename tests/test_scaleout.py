@@ -31,12 +31,13 @@ def test_lazy_unpickle_merge_is_identical_and_recorded(pair, tmp_path, capsys):
     common = ["merge", "--method", "linear", "--weight", "0.3", "--base", str(base), "--vlm", str(vlm), "--no-eval"]
     assert cli_main([*common, "--out", str(tmp_path / "plain")]) == 0
     assert cli_main([*common, "--out", str(tmp_path / "lazy"), "--lazy-unpickle"]) == 0
-    a, b = load_file(str(tmp_path / "plain" / "model.safetensors")), load_file(str(tmp_path / "lazy" / "model.safetensors"))
+    plain_dir, lazy_dir = tmp_path / "plain" / "model", tmp_path / "lazy" / "model"
+    a, b = load_file(str(plain_dir / "model.safetensors")), load_file(str(lazy_dir / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    info = json.loads((tmp_path / "lazy" / "intervention.json").read_text())
+    info = json.loads((lazy_dir / "intervention.json").read_text())
     assert info["mergekit_options"] == {"cuda": False, "lazy_unpickle": True, "low_cpu_memory": False}
     # how mergekit ran is not part of what was asked: the plain merge's request is the same
-    plain = json.loads((tmp_path / "plain" / "intervention.json").read_text())
+    plain = json.loads((plain_dir / "intervention.json").read_text())
     assert plain["request"] == info["request"]
 
 
