@@ -145,11 +145,11 @@ def test_deletions_stay_inside_the_run_directory(pair, tmp_path, monkeypatch, ca
         remove_tree(link, within=run)
     remove_tree(run / "models" / "x", within=run)
     assert outside.is_dir() and not (run / "models" / "x").exists()
-    # --force never replaces a directory that holds the working directory.
-    work = tmp_path / "work" / "here"
+    # --force never replaces a directory that holds the working directory (the model goes to OUT/model).
+    work = tmp_path / "work" / "model"
     work.mkdir(parents=True)
     (work / "keep.txt").write_text("mine")
     monkeypatch.chdir(work)
     assert main(["merge", "--method", "linear", "--base", str(pair["base"]), "--vlm", str(pair["vlm"]),
-                 "--out", "../../work", "--force", "--no-eval"]) == 2
+                 "--out", "..", "--force", "--no-eval"]) == 2
     assert "refusing to delete" in capsys.readouterr().err and (work / "keep.txt").read_text() == "mine"
