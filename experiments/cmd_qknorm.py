@@ -1,10 +1,10 @@
 """`sinkstudy qknorm BASE`: inject QK-RMSNorm -> (recovery training | VL adaptation) -> sink + strict evals.
 
-Without --adapt: the injected model (optionally recovery-trained on text) is compared with the
+Without --recipe: the injected model (optionally recovery-trained on text) is compared with the
 original BASE on the same calibration texts and eval prompts. With `--native-ok` a backbone that
 already has QK-norm goes through the same recipe as the "native" arm instead of being refused.
 
-With --adapt CONFIG (the paper's negative result, end to end): arms `control` (BASE, no injection),
+With --recipe YAML (the paper's negative result, end to end): arms `control` (BASE, no injection),
 `injected-<init>` for each --init mode and, with --native NATIVE_BASE (or when BASE itself has
 QK-norm), `native`, all through the SAME adaptation (`interventions.adapt`: same tower init, data
 order, seed and steps), then Sink Strength and strict evals of each arm's extracted language model,
@@ -17,7 +17,6 @@ import argparse
 
 from experiments.summary import Summary, cmd, existing
 
-DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
 DEMO_TRAIN_RECORDS = 2000
 # Copies of interventions.qknorm's tuples (a test keeps them equal): importing it pulls in torch.
 INIT_MODES = ("identity-gain", "scale-preserving", "blend")
