@@ -44,6 +44,8 @@ DEFAULT_TASKS = ("ifeval", "gsm8k_cot", "bbh_cot_fewshot")
 HEADLINE_METRICS = {
     "ifeval": "prompt_level_strict_acc,none",
     "sinkstudy_ifeval": "prompt_level_strict_acc,none",
+    "sinkstudy_ifeval_large": "prompt_level_strict_acc,none",
+    "sinkstudy_ifbench": "prompt_level_strict_acc,none",
     "gsm8k_cot": "exact_match,flexible-extract",
     "sinkstudy_gsm": "exact_match,flexible-extract",
     "bbh_cot_fewshot": "exact_match,get-answer",
