@@ -81,6 +81,16 @@ QUESTIONS = [
     "Is a short walk after dinner good for you?",
     "Can you grow basil on a windowsill?",
     "Should libraries stay open late on weekdays?",
+    "Is it worth learning to touch-type?",
+    "Can a small balcony garden feed a family?",
+    "Is tea better than coffee in the afternoon?",
+    "Should every town have a public swimming pool?",
+    "Can dogs tell when their owners are sad?",
+    "Is it rude to read a book at a family dinner?",
+    "Would you enjoy living on a houseboat?",
+    "Is winter the best season for hiking?",
+    "Should homework be banned for young children?",
+    "Can music help you concentrate?",
 ]
 FIRST_WORDS = ["today", "however", "first", "finally", "sometimes", "yesterday", "often", "there"]
 END_PHRASES = ["Any other questions?", "Is there anything else I can help with?", "Thank you for reading.", "That is all."]
@@ -153,29 +163,35 @@ def generate() -> list[dict]:
     checkers, conflicts = _registry()
     families = sorted(checkers)
     rng = random.Random(SEED)
-    rows = []
+    rows, seen = [], set()
     for i in range(N_PROMPTS):
         first = families[i % len(families)]  # every family leads N_PROMPTS / len(families) prompts
-        n = 1 if first in ("detectable_format:constrained_response",) else rng.choices(N_INSTRUCTIONS, N_WEIGHTS)[0]
-        chosen = [first]
-        while len(chosen) < n:
-            free = [f for f in families if not any(f in conflicts[c] or c in conflicts[f] for c in chosen)]
-            if not free:
-                break
-            chosen.append(rng.choice(free))
-        # repeat_prompt repeats everything before it: it goes last
-        chosen.sort(key=lambda f: f == "combination:repeat_prompt")
-        if first == "detectable_format:constrained_response":
-            request, topic = rng.choice(QUESTIONS), []
-        else:
-            request, topic = rng.choice(REQUESTS)
-        parts, kwargs = [request], []
-        for iid in chosen:
-            kw = {"prompt_to_repeat": " ".join(parts)} if iid == "combination:repeat_prompt" else _kwargs(iid, rng, topic)
-            parts.append(_describe(checkers, iid, kw))
-            kwargs.append(kw)
-        rows.append({"key": FIRST_KEY + i, "prompt": " ".join(parts), "instruction_id_list": chosen, "kwargs": kwargs})
+        row = _draw(rng, checkers, conflicts, families, first)
+        while row["prompt"] in seen:  # every prompt distinct: draw again
+            row = _draw(rng, checkers, conflicts, families, first)
+        seen.add(row["prompt"])
+        rows.append({"key": FIRST_KEY + i, **row})
     return rows
+
+
+def _draw(rng: random.Random, checkers, conflicts, families: list[str], first: str) -> dict:
+    """One prompt led by instruction family `first`."""
+    alone = first == "detectable_format:constrained_response"  # IFEval: it conflicts with every other instruction
+    n = 1 if alone else rng.choices(N_INSTRUCTIONS, N_WEIGHTS)[0]
+    chosen = [first]
+    while len(chosen) < n:
+        free = [f for f in families if not any(f in conflicts[c] or c in conflicts[f] for c in chosen)]
+        if not free:
+            break
+        chosen.append(rng.choice(free))
+    chosen.sort(key=lambda f: f == "combination:repeat_prompt")  # it repeats everything before it: last
+    request, topic = (rng.choice(QUESTIONS), []) if alone else rng.choice(REQUESTS)
+    parts, kwargs = [request], []
+    for iid in chosen:
+        kw = {"prompt_to_repeat": " ".join(parts)} if iid == "combination:repeat_prompt" else _kwargs(iid, rng, topic)
+        parts.append(_describe(checkers, iid, kw))
+        kwargs.append(kw)
+    return {"prompt": " ".join(parts), "instruction_id_list": chosen, "kwargs": kwargs}
 
 
 def render(rows: list[dict]) -> str:
