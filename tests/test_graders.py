@@ -346,3 +346,14 @@ def test_ifbench_grades_with_its_own_verifiers_offline(ifbench, monkeypatch):
         passed += got["prompt_level_strict_acc"]
     assert 0 < passed < 60  # the sample model follows some instructions, not all
     assert cfg["process_results"](docs[0], [""])["prompt_level_strict_acc"] is False  # an empty answer follows nothing
+
+
+def test_a_task_whose_data_package_is_missing_fails_in_one_line(tmp_path):
+    from sinkstudy import SinkstudyError
+
+    yaml_file = tmp_path / "t.yaml"
+    yaml_file.write_text("task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    train: pkg:no_such_pkg_here/data.jsonl\n"
+                         "output_type: generate_until\ntest_split: train\ndoc_to_text: prompt\ndoc_to_target: 0\n")
+    with pytest.raises(SinkstudyError, match=r"^task t: data file pkg:no_such_pkg_here/data.jsonl: the package 'no_such_pkg_here' "
+                                             r"is not installed$"):
+        load_task_yaml(yaml_file)

@@ -93,7 +93,8 @@ QUESTIONS = [
     "Can music help you concentrate?",
 ]
 FIRST_WORDS = ["today", "however", "first", "finally", "sometimes", "yesterday", "often", "there"]
-END_PHRASES = ["Any other questions?", "Is there anything else I can help with?", "Thank you for reading.", "That is all."]
+# Questions, as IFEval's own: the checker's text puts a period after the phrase.
+END_PHRASES = ["Any other questions?", "Is there anything else I can help with?", "Does that answer your question?", "What do you think?"]
 LANGUAGES = ["fr", "es", "de", "it", "pt"]
 
 
