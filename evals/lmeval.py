@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from sinkstudy import SinkstudyError, __version__
+from sinkstudy.checkpoint import is_local_model, local_model_path
 from sinkstudy.io import (atomic_output_dir, cache_root, check_output_dir, json_default, output_lock, read_json, read_text,
                           write_json_atomic, write_text_atomic)
 from sinkstudy.provenance import code_version, model_fingerprint, package_versions, provenance
@@ -43,6 +44,8 @@ DEFAULT_TASKS = ("ifeval", "gsm8k_cot", "bbh_cot_fewshot")
 HEADLINE_METRICS = {
     "ifeval": "prompt_level_strict_acc,none",
     "sinkstudy_ifeval": "prompt_level_strict_acc,none",
+    "sinkstudy_ifeval_large": "prompt_level_strict_acc,none",
+    "sinkstudy_ifbench": "prompt_level_strict_acc,none",
     "gsm8k_cot": "exact_match,flexible-extract",
     "sinkstudy_gsm": "exact_match,flexible-extract",
     "bbh_cot_fewshot": "exact_match,get-answer",
@@ -231,7 +234,7 @@ def run_eval(
     model_name = os.fspath(model) if is_path else getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
     if backend == "vllm" and not is_path:
         raise SinkstudyError("the vllm backend loads weights itself: pass a checkpoint path or hub id, not a loaded model")
-    if is_path and not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+    if is_path and not is_local_model(model) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise SinkstudyError(f"model {model_name} is not a local path and the hub is offline (HF_HUB_OFFLINE=1)")
     if is_path and tokenizer is None:
         tokenizer = _load_tokenizer(model)
@@ -535,7 +538,8 @@ def _build_lm(model, tokenizer, settings, distributed=None):
     if settings["backend"] == "vllm":
         from lm_eval.models.vllm_causallms import VLLM
 
-        args = {"pretrained": os.fspath(model), "tokenizer": getattr(tokenizer, "name_or_path", None) or os.fspath(model),
+        model = local_model_path(model)  # a .gguf file or a registered real LLM's name: its converted checkpoint
+        args = {"pretrained": model, "tokenizer": getattr(tokenizer, "name_or_path", None) or model,
                 "batch_size": settings["batch_size"], "seed": settings["seed"], "dtype": settings["dtype"],
                 "chat_template_args": dict(settings["chat_template_kwargs"]), **settings["backend_args"]}
         return VLLM(**args)

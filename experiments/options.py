@@ -121,7 +121,7 @@ def check_hub_tasks(tasks, data_files=None) -> None:
         reason = hub_unreachable()
         if reason:
             raise SinkstudyError(f"task(s) {', '.join(remote)} load their data from the Hugging Face hub, which is unreachable "
-                                 f"({reason}); use the offline tasks {', '.join(SHIPPED_TASKS)} (the default) "
+                                 f"({reason}); use the shipped offline tasks ({', '.join(SHIPPED_TASKS)}) "
                                  "or give a local file with --data TASK=FILE")
 
 

@@ -824,7 +824,7 @@ def _build_blocks(study, out: Path) -> list[tuple]:
     backbones = ("Tokenizer: byte-level BPE trained on the corpus. Every backbone is a config entry (a sinkgrow recipe: family, shape, steps, lr, weight decay, data mix; "
                  "docs/sinks.md) pretrained from scratch on that corpus through the engine's text path." if trained else
                  "The backbone is a real pretrained LLM (its converted checkpoint, with its family's chat template; "
-                 "experiments/demo/real.py), not trained on the corpus; the corpus gives its held-out evals and stage 2's text chats.")
+                 "sinkstudy/real_models.py), not trained on the corpus; the corpus gives its held-out evals and stage 2's text chats.")
     b = [("h", 2, "How the miniature pairs were built" if trained else "How the pair was built"),
          ("p", f"Corpus: {corpus['train_records']} procedurally generated records ({corpus['kinds']['chat']} chats with strict-format "
                f"instructions, arithmetic and plain requests; {corpus['kinds']['plain']} plain stories); held-out evals: "

