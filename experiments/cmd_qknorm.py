@@ -13,6 +13,7 @@ side by side with paired CIs against the original base and against the control a
 
 from __future__ import annotations
 
+from experiments.fmt import brief as _f
 from experiments.summary import Summary, cmd, existing
 
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
@@ -270,7 +271,3 @@ def format_table(report: dict) -> str:
         lines += ["", f"strict evals: original vs {arm} ({evaluated}); Δ = {arm} − original in points (negative: {arm} lost capability)",
                   paired_table([Comparison(**c) for c in report["evals"]["paired"]], names=("original", arm))]
     return "\n".join(lines)
-
-
-def _f(x) -> str:
-    return "-" if x is None else f"{x:.4g}"
