@@ -263,6 +263,11 @@ def file_blocks(r: StudyResults, out: Path, figures: list[dict]) -> list[tuple]:
     return [("h", 2, "Files"), ("links", links)]
 
 
+def verdicts(summary: dict) -> list[str]:
+    """The report's first screen: one verdict line per study question `summary` holds (`experiments.verdicts`)."""
+    return v.verdicts(StudyResults.of(summary))
+
+
 def build_blocks(summary: dict, out: Path) -> list[tuple]:
     """The whole document, from the summary (figures written under `out`/plots)."""
     from experiments.report_build import build_blocks as how_built

@@ -83,22 +83,10 @@ def study_files(tmp_path_factory, tokenizer):
 
 
 def _run(root, out):
-    from experiments.runner import Runner, run_study
+    from experiments.runner import run_study
     from experiments.study import load_study
 
-    log = []
-    original = Runner.run
-
-    def spy(self, step_id, *a, **kw):
-        result = original(self, step_id, *a, **kw)
-        log.append(self.log[-1] if self.log and self.log[-1]["step"] == step_id else {"step": step_id, "reused": None})
-        return result
-
-    Runner.run = spy
-    try:
-        run_study(load_study(root / "study.yaml", out=out), progress=False)
-    finally:
-        Runner.run = original
+    log = run_study(load_study(root / "study.yaml", out=out), progress=False)["log"]
     return {e["step"]: e["reused"] for e in log}
 
 
