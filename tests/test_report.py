@@ -343,3 +343,21 @@ def test_adaptation_trajectories_and_pareto_come_from_the_arms(report):
     models = report.summary["pairs"]["p1"]["models"]
     assert got[("p1", "replay")] == (0.35, pytest.approx(100 * models["replay"]["scores"]["sinkstudy_ifeval"][HEADLINE_METRICS["sinkstudy_ifeval"]]))
     assert got[("p1", "control")][1] == pytest.approx(100 * (40 - 12) / N)
+
+
+def test_sinkstudy_report_rerenders_a_run_from_its_summary_alone(report, tmp_path, capsys):
+    """`sinkstudy report RUN_DIR`: the same report.md, report.html and figures from RUN_DIR/summary.json, with no
+    step record or config in RUN_DIR; a directory without a summary is refused in one line."""
+    from experiments.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(report.summary))
+    assert main(["report", str(run)]) == 0
+    assert (run / "report.md").read_text() == report.md and (run / "report.html").read_text() == report.html
+    pngs = re.findall(r'<img src="([^"]+)"', report.html)
+    assert pngs and all((run / png).read_bytes()[:4] == b"\x89PNG" for png in pngs)
+    assert sorted(p.name for p in run.iterdir()) == ["plots", "report.html", "report.md", "summary.json"]
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
