@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,8 @@ from experiments.schema import (StudyConfigError, boolean, checked, deep_merge, 
                                 mapping, parse, relative_file, slug)
 from sinkstudy import SinkstudyError
 
-TOP_KEYS = {"name", "out", "seed", "keep_models", "build", "pairs", "sink", "evals", "interventions", "model", "protocol", "report",
-            "plugins", "adapt"}
 MODEL_ROLES = ("base", "vlm", "root")
-PAIR_KEYS = {"name", *MODEL_ROLES, *(f"{r}_revision" for r in MODEL_ROLES), "revision", "native_qk_norm", "params_b",
-             "published", "notes"}
 PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "source"}
-INTERVENTION_KEYS = {"name", "method", "params", "notes"}
 
 
 # --------------------------------------------------------------------------- sections
@@ -197,6 +192,11 @@ class Study:
     def arms_of(self, pair: str) -> list[Arm]:
         """The adaptation arms that run on `pair` (the control arm first); none without an adapt section."""
         return [] if self.adapt is None else [a for a in self.adapt.arms if a.pairs is None or pair in a.pairs]
+
+
+TOP_KEYS = {f.name for f in fields(Study)} - {"path", "raw"}
+PAIR_KEYS = {f.name for f in fields(Pair)} | {f"{r}_revision" for r in MODEL_ROLES}  # <role>_revision: a form of `revision`
+INTERVENTION_KEYS = {f.name for f in fields(Intervention)}
 
 
 def model_dir(out: str | os.PathLike, *parts: str) -> Path:
