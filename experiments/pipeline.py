@@ -159,7 +159,7 @@ def plan_study(study) -> StudyPlan:
     for pair in study.pairs:
         pp = PairPlan(study, out.plan, pair, study.build.makes(pair.name) if study.build is not None else [])
         arms = protection.adapt_steps(pp) if study.adapt is not None else {}  # the control arm makes the pair's VLM
-        pp.extract(vlm_deps=[arms[c] for c in arms if c == protection.CONTROL_ARM])
+        pp.extract(vlm_deps=[arms[protection.CONTROL_ARM]] if arms else [])
         pp.measure("base", pair.base, pp.deps[:1])
         pp.measure("vlm", str(pp.lm_dir), [f"{pair.name}/extract"], made_by=f"{pair.name}/extract")
         for iv in study.interventions:

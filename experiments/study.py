@@ -24,22 +24,7 @@ MODEL_ROLES = ("base", "vlm", "root")
 PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "source"}
 
 
-# --------------------------------------------------------------------------- sections
-
-@dataclass
-class Sink:
-    """`sink:` how Sink Strength is measured (docs/sink.md)."""
-
-    metric: str = "logodds"
-    texts: Any = None  # a shipped calibration set's name or a file; None: the metric's own
-    params: dict = checked(factory=dict, check=lambda v, w: _must_map(v, w))
-    options: dict = checked(factory=dict, check=lambda v, w: _must_map(v, w))
-
-    def check(self, where: str) -> None:
-        from evals.sink.metrics import get_metric
-
-        guarded(get_metric, where, self.metric)
-
+# --------------------------------------------------------------------------- field checks
 
 def _must_map(value, where: str) -> dict:
     if not isinstance(value, dict):
@@ -85,6 +70,23 @@ def _confidence(value, where: str) -> float:
     if not isinstance(value, float) or not 0 < value < 1:
         fail(where, f"must be a number in (0, 1), got {value!r}")
     return value
+
+
+# --------------------------------------------------------------------------- sections
+
+@dataclass
+class Sink:
+    """`sink:` how Sink Strength is measured (docs/sink.md)."""
+
+    metric: str = "logodds"
+    texts: Any = None  # a shipped calibration set's name or a file; None: the metric's own
+    params: dict = checked(factory=dict, check=_must_map)
+    options: dict = checked(factory=dict, check=_must_map)
+
+    def check(self, where: str) -> None:
+        from evals.sink.metrics import get_metric
+
+        guarded(get_metric, where, self.metric)
 
 
 @dataclass

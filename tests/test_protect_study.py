@@ -151,10 +151,10 @@ def test_adapt_section_errors_are_one_line(study_files, tmp_path):
 
 
 def test_the_plan_lists_the_arms_steps_with_their_dependencies(study_files, tmp_path):
-    from experiments.runner import plan_study
+    from experiments.runner import plan_records
     from experiments.study import load_study
 
-    steps = {s["id"]: s for s in plan_study(load_study(study_files / "study.yaml", out=tmp_path / "out"))}
+    steps = {s["id"]: s for s in plan_records(load_study(study_files / "study.yaml", out=tmp_path / "out"))}
     assert {f"p/adapt/{a}" for a in ARMS} | {"p/adapt/damp-extract", "p/vlskill/freeze", "p/eval/damp"} <= set(steps)
     assert all(steps[f"p/adapt/{a}"]["level"] == 1 for a in ARMS)
     assert steps["p/extract"]["after"] == ["p/adapt/control"]  # the control's VLM is the pair's VLM
