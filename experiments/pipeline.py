@@ -1,6 +1,7 @@
 """A study as a plan: the typed config in, a `StudyPlan` out (the steps, and which of them measure
-which model). Making the plan reads and runs nothing (`experiments.graph`); it fails in one line when
-two of its steps would write one output.
+which model). Making the plan runs nothing and reads no weights (only the config of a base whose QK-norm
+the study does not state, for a QK-norm intervention); it fails in one line when two of its steps would
+write one output (`experiments.graph`).
 
 Steps, in plan order: the steps the study's build section hands over (the demo's `Build.steps`: no
 other code here knows the demo), then per pair P: its adaptation arms' training (`P/adapt/A`, the
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import bodies
+from experiments import bodies, protection
 from experiments.graph import Plan, Step
 from experiments.methods import INJECTION, POSTHOC, QKNORM_DEFAULTS, kind
 from experiments.study import model_dir
@@ -151,8 +152,6 @@ def _needs_sink_maps(method: str) -> bool:
 
 def plan_study(study) -> StudyPlan:
     """Every step of `study` in dependency order, checked (`experiments.graph.Plan`), and what each measures."""
-    from experiments import protection
-
     out = StudyPlan(study, Plan())
     if study.build is not None:
         out.plan.extend(study.build.steps(study.out, asdict(study.sink)))
