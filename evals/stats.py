@@ -16,7 +16,8 @@ recovery) are computed inside each replicate. Replicates where a ratio is undefi
 denominator) are dropped from its CI and their share is reported. McNemar's exact test
 (scipy.stats.binomtest on the discordant counts) needs per-prompt binary outcomes, or the counts.
 Across pairs: Spearman / Pearson with CIs from resampling pairs, and a leave-one-pair-out linear
-predictor (scipy.stats.linregress).
+predictor (scipy.stats.linregress). Each result is a dataclass whose `as_dict` is what summaries store
+and whose `from_dict` reads it back; `ci_side` says which side of 0 an interval lies on.
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ _CHUNK = 1_000  # replicates per vectorised batch: bounds memory at n_docs * _CH
 _COMPARABLE_SETTINGS = ("limit", "batch_size", "apply_chat_template", "max_gen_toks", "num_fewshot", "seed")
 CONVENTION = "Δ = after − before in points (score × 100; negative = capability lost); relative = Δ / before"
 POINTS = 100.0
+
+
+def ci_side(ci) -> int:
+    """Which side of 0 a confidence interval lies on: +1 above, -1 below, 0 when it includes 0 or is undefined
+    (missing, or an end that is None / NaN). Every verdict on a sign reads it here."""
+    if not ci or any(v is None or not np.isfinite(v) for v in ci):
+        return 0
+    return 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
+
+
+def _tuples(cls, d: Mapping[str, Any]):
+    """A statistics record from its `as_dict` form (JSON turns its CI tuples into lists)."""
+    from dataclasses import fields
+
+    return cls(**{f.name: tuple(d[f.name]) if f.name.endswith("ci") and d.get(f.name) is not None else d[f.name]
+                  for f in fields(cls) if f.name in d})
 
 
 @dataclass
@@ -61,6 +78,10 @@ class Comparison:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Comparison":
+        return _tuples(cls, d)
 
 
 NO_LOSS = "no loss to recover"
@@ -90,6 +111,10 @@ class Recovery:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Recovery":
+        return _tuples(cls, d)
+
 
 @dataclass
 class Correlation:
@@ -107,6 +132,10 @@ class Correlation:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Correlation":
+        return _tuples(cls, d)
+
 
 @dataclass
 class SinkCorrelation:
@@ -121,6 +150,11 @@ class SinkCorrelation:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SinkCorrelation":
+        return cls(n=d["n"], points=Correlation.from_dict(d["points"]), relative=Correlation.from_dict(d["relative"]),
+                   confidence=d["confidence"], n_boot=d["n_boot"], convention=d.get("convention", CONVENTION))
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from experiments.fmt import brief as _f
 from experiments.summary import Summary, cmd
 
 
@@ -209,7 +210,3 @@ def format_summary(report: dict) -> str:
     if s["sink_strength"]:
         lines.append(f"Sink Strength of the LM: {_f(s['sink_strength'][0])} before -> {_f(s['sink_strength'][1])} after")
     return "\n".join(lines)
-
-
-def _f(x) -> str:
-    return "-" if x is None else f"{x:.4g}"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import argtypes, options
+from experiments.fmt import ci_text, finite_or_none, num
 from experiments.summary import Summary, cmd, existing
 
 # CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
@@ -207,8 +208,8 @@ RECOVERY_CONVENTION = ("recovery = (intervened − VLM LM) / (base − VLM LM): 
 
 
 def _recovery_row(r) -> dict[str, Any]:
-    return {"metric": r.metric, "base": r.base, "vlm": r.vlm, "score": r.intervened, "recovery": _finite(r.recovery),
-            "ci": [_finite(c) for c in r.ci], "status": r.status, "loss_points": r.loss_points,
+    return {"metric": r.metric, "base": r.base, "vlm": r.vlm, "score": r.intervened, "recovery": finite_or_none(r.recovery),
+            "ci": [finite_or_none(c) for c in r.ci], "status": r.status, "loss_points": r.loss_points,
             "loss_points_ci": list(r.loss_points_ci), "n": r.n}
 
 
@@ -236,16 +237,6 @@ def reusable_json(path: Path | None, key: str) -> dict[str, Any] | None:
 def _device_type(device: str | None) -> str:
     """What of a device changes numbers: its type (cuda:0 and cuda:1 give the same results)."""
     return str(device or "cpu").split(":")[0]
-
-
-def _finite(x):
-    import math
-
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-def fmt_or_na(x, spec: str = ".2f") -> str:
-    return "n/a" if x is None else format(x, spec)
 
 
 def _read_captions(path: str) -> list[str]:
@@ -305,7 +296,7 @@ def recovery_text(row: dict[str, Any]) -> str:
     if row.get("status", "recovery") != "recovery":
         lo, hi = row["loss_points_ci"]
         return f"{row['status']} (Δ VLM LM − base {row['loss_points']:+.1f} points [{lo:+.1f}, {hi:+.1f}])"
-    return f"recovery {fmt_or_na(row['recovery'])} [{fmt_or_na(row['ci'][0])}, {fmt_or_na(row['ci'][1])}]"
+    return f"recovery {num(row['recovery'], '.2f')} {ci_text(row['ci'], '.2f', '[n/a, n/a]')}"
 
 
 def _measure_and_write(out: Path, model: Path, vlm_lm: Path, args) -> dict[str, Any]:

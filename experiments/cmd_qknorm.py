@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from experiments.fmt import brief as _f
 from experiments.summary import Summary, cmd, existing
 
 DEMO_TRAIN_RECORDS = 2000
@@ -298,7 +299,3 @@ def format_table(report: dict) -> str:
         lines += ["", f"strict evals: original vs {arm} ({evaluated}); Δ = {arm} − original in points (negative: {arm} lost capability)",
                   paired_table([Comparison(**c) for c in report["evals"]["paired"]], names=("original", arm))]
     return "\n".join(lines)
-
-
-def _f(x) -> str:
-    return "-" if x is None else f"{x:.4g}"

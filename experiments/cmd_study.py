@@ -1,10 +1,12 @@
-"""`sinkstudy run CONFIG [--jobs N]`, `sinkstudy demo [--out DIR] [--quick | --real] [--jobs N]`, `sinkstudy paper [--dry-run] [--limit N]`."""
+"""`sinkstudy run CONFIG [--jobs N]`, `sinkstudy demo [--out DIR] [--quick | --real] [--jobs N]`, `sinkstudy paper [--dry-run] [--limit N]`,
+`sinkstudy report RUN_DIR`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from experiments import options
 from experiments.summary import Summary, cmd, existing
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -49,6 +51,13 @@ def register(subparsers) -> None:
     _eval_overrides(p)
     p.set_defaults(func=cmd_paper)
 
+    p = subparsers.add_parser("report", help="re-render a run's report.md / report.html / plots from its summary.json",
+                              description="Write RUN_DIR/report.md, report.html and plots/ again from RUN_DIR/summary.json alone "
+                              "(no step is run or read): after a change of the report's code, or to render a copied run.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a study's output directory (holding summary.json)")
+    options.add_progress_options(p)
+    p.set_defaults(func=cmd_report)
+
 
 def _common(p) -> None:
     from experiments import options
@@ -89,7 +98,7 @@ def _overrides(args) -> dict | None:
 def _check_hub(study) -> None:
     from experiments.cmd_eval import check_hub_tasks
 
-    check_hub_tasks(study.evals["tasks"], study.evals.get("data_files"))
+    check_hub_tasks(study.evals.tasks, study.evals.data_files)
 
 
 def _run(study, args, jobs: int = 1) -> int:
@@ -115,7 +124,8 @@ def cmd_run(args) -> Summary | int:
     import shlex
 
     from experiments.argtypes import load_plugin_options
-    from experiments.runner import format_steps, plan_study, run_step
+    from experiments.graph import format_records
+    from experiments.runner import plan_records, run_step
     from experiments.study import load_study
 
     load_plugin_options(args)  # before the config: its interventions and arms may name a plug-in's
@@ -125,8 +135,8 @@ def cmd_run(args) -> Summary | int:
                + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
                          if (v := getattr(args, k)) is not None))
     if args.plan:
-        steps = plan_study(study, command)
-        print(json.dumps(steps, indent=1) if args.plan == "json" else format_steps(steps, study, command))
+        steps = plan_records(study, command)
+        print(json.dumps(steps, indent=1) if args.plan == "json" else format_records(steps, study.name, command))
         return 0
     _check_hub(study)
     if args.step:
@@ -171,3 +181,16 @@ def cmd_paper(args) -> Summary | int:
     check_can_run(study, args.limit)
     _check_hub(study)
     return _run(study, args)
+
+
+def cmd_report(args) -> Summary:
+    from experiments.report import write_report
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_json
+
+    run = Path(args.run_dir)
+    if not (run / "summary.json").is_file():
+        raise SinkstudyError(f"{run} holds no summary.json: run the study first (sinkstudy run CONFIG)")
+    report = write_report(read_json(run / "summary.json"), run)
+    return Summary("report", f"{report} re-rendered from {run / 'summary.json'}",
+                   outputs=existing(report, report.with_suffix(".html"), run / "plots"))

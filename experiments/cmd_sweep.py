@@ -14,7 +14,6 @@ from experiments.cmd_merge import (
     check_pair_args,
     default_out,
     digest,
-    fmt_or_na,
     measure_args,
     mergekit_args,
     mergekit_options,
@@ -22,6 +21,7 @@ from experiments.cmd_merge import (
     reusable_json,
     weight_distance,
 )
+from experiments.fmt import ci_text, num
 from experiments.summary import Summary, cmd, existing, format_duration
 
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent / "configs" / "merge_sweep.yaml"
@@ -281,7 +281,7 @@ def _cell(t: dict[str, Any]) -> str:
     """A task's recovery [CI] (the headline metric), or "no loss to recover"."""
     if t.get("status", "recovery") != "recovery":
         return t["status"]
-    return f"{fmt_or_na(t['recovery'])} [{fmt_or_na(t['ci'][0])}, {fmt_or_na(t['ci'][1])}]"
+    return f"{num(t['recovery'], '.2f')} {ci_text(t['ci'], '.2f', '[n/a, n/a]')}"
 
 
 def plot_pareto(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:

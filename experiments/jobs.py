@@ -1,10 +1,10 @@
 """Run a study's steps on several local worker processes (`sinkstudy demo`, `sinkstudy run --jobs N`).
 
-The study's plan (`experiments.runner.plan_study`) says which steps each step runs after; each
+The study's plan (`experiments.pipeline.plan_study`) says which steps each step runs after; each
 worker runs one step at a time through `runner.run_step`, the same path as a scheduler's
 `--step` jobs (each step keyed, locked and recorded on its own), so a parallel run leaves exactly
 what a sequential one leaves. Steps start in plan order as soon as the steps they read have
-finished. Afterwards the calling process walks the study once more, reusing every step, and
+finished. Afterwards the calling process runs the plan once more, reusing every step, and
 writes the summary and report.
 
 Workers are spawned (not forked: the parent may hold torch's thread pool) with `threads` intra-op
@@ -48,17 +48,18 @@ def _run_one(study, step_id: str, force: bool) -> dict:
     return {"step": step_id, "reused": done["reused"], "seconds": done["seconds"]}
 
 
-def execute_plan(study, *, jobs: int, force: bool = False, progress: bool = True, threads: int = 1) -> list[dict]:
-    """Run every step of the study's plan on `jobs` worker processes; returns the log of steps
-    (step, reused, seconds). The caller holds the study's output lock."""
+def execute_plan(plan, *, jobs: int, force: bool = False, progress: bool = True, threads: int = 1) -> list[dict]:
+    """Run every step of `plan` (an `experiments.pipeline.StudyPlan`) on `jobs` worker processes; returns the
+    log of steps (step, reused, seconds). The caller holds the study's output lock."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    from experiments.runner import StepClock, plan_study, step_priors
+    from experiments.clock import StepClock
+    from experiments.runner import step_priors
 
-    steps = plan_study(study)
-    order = [s["id"] for s in steps]
-    waiting = {s["id"]: set(s["after"]) for s in steps}
+    study = plan.study
+    order = plan.plan.ids
+    waiting = {s.id: set(s.deps) for s in plan.plan}
     clock = StepClock(order, jobs=jobs, priors=step_priors(study)) if progress else None
     log_dir = Path(study.out) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -96,12 +97,14 @@ def execute_plan(study, *, jobs: int, force: bool = False, progress: bool = True
 def run_study_parallel(study, *, jobs: int, force: bool = False, progress: bool = True, threads: int = 1) -> dict:
     """`experiments.runner.run_study` with the steps run on `jobs` worker processes."""
     from evals.protocol import check_backend
+    from experiments.pipeline import plan_study
     from experiments.runner import collect_study
     from sinkstudy.io import output_lock
 
-    check_backend(study.evals["backend"])
+    check_backend(study.evals.backend)
     t0 = time.perf_counter()
+    plan = plan_study(study)  # a plan that does not hold together fails here, before anything is written
     with output_lock(study.out):
-        executed = execute_plan(study, jobs=jobs, force=force, progress=progress, threads=threads)
-        res = collect_study(study, progress=False, executed=executed)
+        executed = execute_plan(plan, jobs=jobs, force=force, progress=progress, threads=threads)
+        res = collect_study(plan, progress=False, executed=executed)
     return {**res, "seconds": round(time.perf_counter() - t0, 1)}

@@ -12,6 +12,7 @@ model-card figures), in bf16 (2 bytes per parameter):
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from sinkstudy import SinkstudyError
@@ -26,13 +27,15 @@ def plan(study) -> dict[str, Any]:
     pairs = []
     disk_outputs, written, peak_extra = 0.0, 0, 0.0
     largest_lm = largest_vlm = 0.0
+    from experiments.methods import INJECTION, kind
+
     for p in study.pairs:
-        pb = p.get("params_b") or {}
-        for key, size in ((p["base"], pb.get("base")), (p["vlm"], pb.get("vlm")), (p.get("root"), pb.get("base"))):
+        pb = p.params_b or {}
+        for key, size in ((p.base, pb.get("base")), (p.vlm, pb.get("vlm")), (p.root, pb.get("base"))):
             if key:
                 models[key] = size if size is not None else models.get(key)
         # extracted VLM LM + one checkpoint per intervention (QK-norm only where the base lacks it)
-        outputs = 1 + sum(1 for i in study.interventions if i["method"] != "qknorm" or not p.get("native_qk_norm"))
+        outputs = 1 + sum(1 for i in study.interventions if kind(i.method) != INJECTION or not p.native_qk_norm)
         written += outputs
         base_b = pb.get("base")
         if base_b:  # without keep_models only the extracted LM stays, plus one intervention at a time
@@ -40,20 +43,20 @@ def plan(study) -> dict[str, Any]:
             peak_extra = max(peak_extra, 0 if study.keep_models else base_b * BYTES_PER_PARAM)
             largest_lm = max(largest_lm, base_b)
         largest_vlm = max(largest_vlm, pb.get("vlm") or 0.0)
-        pairs.append({"name": p["name"], "base": p["base"], "vlm": p["vlm"], "root": p.get("root"),
-                      "native_qk_norm": p.get("native_qk_norm"), "params_b": pb, "published": p.get("published") or {}})
+        pairs.append({"name": p.name, "base": p.base, "vlm": p.vlm, "root": p.root,
+                      "native_qk_norm": p.native_qk_norm, "params_b": pb, "published": p.published or {}})
     disk_models = sum((v or 0.0) * BYTES_PER_PARAM for v in models.values())
     unknown = sorted(k for k, v in models.items() if v is None)
     return {
         "name": study.name,
         "protocol": study.protocol,
         "pairs": pairs,
-        "tasks": {k: study.evals[k] for k in ("num_fewshot", "apply_chat_template", "chat_template_kwargs", "system_instruction",
-                                              "gen_kwargs", "limit", "max_gen_toks", "batch_size", "backend", "backend_args")}
-                 | {"names": study.evals["tasks"]},
-        "sink": study.sink,
-        "interventions": study.interventions,
-        "model": study.model,
+        "tasks": {k: getattr(study.evals, k) for k in ("num_fewshot", "apply_chat_template", "chat_template_kwargs", "system_instruction",
+                                                       "gen_kwargs", "limit", "max_gen_toks", "batch_size", "backend", "backend_args")}
+                 | {"names": study.evals.tasks},
+        "sink": asdict(study.sink),
+        "interventions": [asdict(i) for i in study.interventions],
+        "model": asdict(study.model),
         "estimates": {
             "download_gb": disk_models,  # billions of parameters x bytes = GB
             "outputs_gb": disk_outputs,
@@ -120,5 +123,5 @@ def check_can_run(study, limit) -> None:
         gb = plan(study)["estimates"]["gpu_gb"]
         raise SinkstudyError(f"the paper study needs a CUDA GPU (about {gb:.0f} GB for the largest model) and none is available; "
                              "`sinkstudy paper --dry-run` prints the plan, `--limit N` runs N prompts per task on CPU")
-    if study.model["device"] not in (None, "cpu"):
-        study.model["device"] = "cpu"
+    if study.model.device not in (None, "cpu"):
+        study.model.device = "cpu"

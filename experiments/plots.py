@@ -10,21 +10,17 @@ Colours: blue marks a measured value, grey what has no number; no colour means "
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from evals.sink.plot import axis_facts, pyplot, save_png_svg
+from evals.stats import ci_side
+from experiments.fmt import missing
 
 # Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
 RECOVERY_AXIS = (-1.5, 2.5)
 COLOUR = "tab:blue"  # a measured value; grey: no number
-
-
-def missing(x) -> bool:
-    """None or NaN: a value the summary could not define (e.g. Δ/base over a zero base score)."""
-    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 def _save(fig, out: Path, name: str, **facts) -> dict[str, Any]:
@@ -35,8 +31,7 @@ def _save(fig, out: Path, name: str, **facts) -> dict[str, Any]:
 
 def significant_loss(d: dict) -> bool:
     """The base -> VLM Δ's CI lies below 0 (a loss): there is something to recover."""
-    hi = d["delta_points_ci"][1] if d.get("delta_points_ci") else None
-    return not missing(hi) and hi < 0
+    return ci_side(d.get("delta_points_ci")) < 0
 
 
 def _rho_text(c: dict | None, what: str, n_pairs: int) -> str:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from experiments.fmt import ci_text, num
 from sinkstudy import SinkstudyError
 
 PUBLISHED = Path(__file__).parent / "data" / "published_choi2026.yaml"
@@ -172,22 +173,14 @@ def beside(ours: Sequence[PairChange], tables: PublishedTables | None = None, *,
 # --------------------------------------------------------------------------- text
 
 
-def _num(x, spec: str = "+.2f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
-def _ci(ci, spec: str = "+.2f") -> str:
-    return "[n/a]" if not ci or any(v is None or not math.isfinite(v) for v in ci) else f"[{format(ci[0], spec)}, {format(ci[1], spec)}]"
-
-
 def rho_lines(corr: dict[str, Any], reported: dict[str, float] | None = None, label: str = "") -> list[str]:
     """Two lines: ρ and r on Δ points and on Δ / base with their CIs, the paper's figure beside each."""
     lines = []
     for key, what, paper in (("points", "Δ points", "spearman_points"), ("relative", "Δ / base", "spearman_relative")):
         c = corr[key]
         ref = f" (paper {reported[paper]:+.3f})" if reported else ""
-        lines.append(f"{label}Spearman ρ(S, {what:<8}) = {_num(c['spearman'], '+.3f')} {_ci(c['spearman_ci'], '+.3f')}{ref}; "
-                     f"Pearson r = {_num(c['pearson'], '+.3f')} {_ci(c['pearson_ci'], '+.3f')}; n = {c['n']} pairs")
+        lines.append(f"{label}Spearman ρ(S, {what:<8}) = {num(c['spearman'], '+.3f')} {ci_text(c['spearman_ci'], '+.3f', '[n/a]')}{ref}; "
+                     f"Pearson r = {num(c['pearson'], '+.3f')} {ci_text(c['pearson_ci'], '+.3f', '[n/a]')}; n = {c['n']} pairs")
     return lines
 
 
@@ -202,7 +195,7 @@ def format_paper_table(d: dict[str, Any]) -> str:
     for r in d["six"]:
         lines.append(f"{r['vlm']:<20} {r['base']:<22} {r['qk_norm'] or '?':<10} {r['sink_strength']:>+6.2f} {r['ifeval_base']:>6.2f} "
                      f"{r['ifeval_vlm']:>6.2f} {r['ifeval_delta']:>+6.1f} {r['relative']:>+7.3f} "
-                     f"{_num(r['counts_delta_points']) + ' ' + _ci(r['counts_delta_points_ci']):>28} {r['counts']['lost']:>5} "
+                     f"{num(r['counts_delta_points'], '+.2f') + ' ' + ci_text(r['counts_delta_points_ci'], '+.2f', '[n/a]'):>28} {r['counts']['lost']:>5} "
                      f"{r['counts']['gained']:>6} {r['mcnemar_p']:>10.2g} {r['loo_recomputed']:>+8.2f} ({r['loo_prediction']:+.2f})")
     loo = d["leave_one_out"]
     lines += ["", *rho_lines(d["correlation"], rep),
@@ -212,8 +205,8 @@ def format_paper_table(d: dict[str, Any]) -> str:
               "(from unrounded values; the table's rounding explains the difference).",
               ""]
     pc = d["panel"]["correlation"]
-    lines.append(f"{len(d['panel']['pairs'])}-pair panel: Spearman ρ(S, Δ points) = {pc['spearman']:+.3f} {_ci(pc['spearman_ci'], '+.3f')} "
-                 f"(paper {rep['panel_spearman_points']:+.2f}); Pearson r = {pc['pearson']:+.3f} {_ci(pc['pearson_ci'], '+.3f')}")
+    lines.append(f"{len(d['panel']['pairs'])}-pair panel: Spearman ρ(S, Δ points) = {pc['spearman']:+.3f} {ci_text(pc['spearman_ci'], '+.3f', '[n/a]')} "
+                 f"(paper {rep['panel_spearman_points']:+.2f}); Pearson r = {pc['pearson']:+.3f} {ci_text(pc['pearson_ci'], '+.3f', '[n/a]')}")
     return "\n".join(lines)
 
 
@@ -221,9 +214,9 @@ def format_beside(d: dict[str, Any]) -> str:
     head = f"{'pair':<32} {'source':<10} {'S':>6} {'base':>6} {'Δ pts':>7} {'Δ/base':>7}"
     lines = [CONVENTION_LINE, head, "-" * len(head)]
     for r in d["pairs"]:
-        ci = f" {_ci(r['delta_points_ci'])}" if r.get("delta_points_ci") else ""
-        lines.append(f"{r['name'][:32]:<32} {r['source']:<10} {r['sink_strength']:>+6.2f} {_num(r['before_points'], '.2f'):>6} "
-                     f"{r['delta_points']:>+7.2f} {_num(r['relative'], '+.3f'):>7}{ci}")
+        ci = f" {ci_text(r['delta_points_ci'], '+.2f', '[n/a]')}" if r.get("delta_points_ci") else ""
+        lines.append(f"{r['name'][:32]:<32} {r['source']:<10} {r['sink_strength']:>+6.2f} {num(r['before_points'], '.2f'):>6} "
+                     f"{r['delta_points']:>+7.2f} {num(r['relative'], '+.3f'):>7}{ci}")
     lines += ["", *rho_lines(d["published"], d["reported"], "published six:  ")]
     lines += rho_lines(d["union"], None, "with ours:      ") if d["union"] else ["with ours:      not recomputed (ours is not measured as the paper's)"]
     return "\n".join(lines)

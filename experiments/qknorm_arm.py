@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from experiments.fmt import ci_text, num
 from sinkstudy import SinkstudyError
 
 
@@ -152,7 +153,7 @@ def _sink(model, tok, texts) -> float:
     return float(sink_strength(model, tok, texts=texts, progress=False).value)
 
 
-def _delta(c) -> dict:
+def _comparison(c) -> dict:
     """A Comparison as Δ = other − reference in points (evals.stats' convention), with its CI."""
     return {"reference": 100 * c.before, "score": 100 * c.after, "delta": c.delta_points,
             "ci": list(c.delta_points_ci), "mcnemar_p": c.mcnemar_p, "n": c.n, "metric": c.metric}
@@ -168,9 +169,9 @@ def _report(args, arms, results, tasks, config, vision) -> dict:
         per_task = {}
         for task in tasks:
             metric = HEADLINE_METRICS.get(task)
-            entry = {"vs_own_base": _delta(compare(r["own_base_eval"], r["eval"], task, metric, seed=args.seed))}
+            entry = {"vs_own_base": _comparison(compare(r["own_base_eval"], r["eval"], task, metric, seed=args.seed))}
             if reference and name != reference:
-                entry["vs_control"] = _delta(compare(results[reference]["eval"], r["eval"], task, metric, seed=args.seed))
+                entry["vs_control"] = _comparison(compare(results[reference]["eval"], r["eval"], task, metric, seed=args.seed))
             per_task[task] = entry
         rows[name] = {k: v for k, v in r.items() if k not in ("eval", "own_base_eval", "trajectory")} | {"tasks": per_task}
     stages = [{"stage": s.name, "steps": s.steps, "epochs": s.epochs, "lr": s.lr, "schedule": s.schedule,
@@ -193,13 +194,13 @@ def format_arms(report: dict) -> str:
         for t in tasks:
             e = r["tasks"][t]
             vb, vc = e["vs_own_base"], e.get("vs_control")
-            cells += f" {vb['score']:>25.1f} {vb['reference']:>9.1f} {_ci(vb):>27} {(_ci(vc) if vc else '-'):>27}"
+            cells += f" {vb['score']:>25.1f} {vb['reference']:>9.1f} {_delta(vb):>27} {(_delta(vc) if vc else '-'):>27}"
         lines.append(f"{name:<28} {r['sink_strength_start']:>8.3f} {r['sink_strength_after']:>8.3f}{cells}")
     lines += ["", "S: Sink Strength of the arm's LM before (start: after any injection) and after adaptation, "
               "on the calibration prompts", f"paper: {report['paper']}"]
     return "\n".join(lines)
 
 
-def _ci(d: dict) -> str:
-    f = lambda x: f"{x + 0.0:+.1f}"  # noqa: E731  (+ 0.0: no "-0.0")
-    return f"{f(d['delta'])} [{f(d['ci'][0])}, {f(d['ci'][1])}]"
+def _delta(d: dict) -> str:
+    """Δ with its CI, signed, in points."""
+    return f"{num(d['delta'], '+.1f')} {ci_text(d['ci'], '+.1f', '[n/a]')}"

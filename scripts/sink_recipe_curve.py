@@ -24,15 +24,16 @@ BACKCOPY_EVAL_SEED = 777
 
 
 def prepare(out: Path, corpus_cfg: dict, vocab_size: int):
-    from experiments.demo import build
+    from experiments.demo import steps
+    from sinkstudy.checkpoint import load_tokenizer
 
     data, tok_dir = out / "data", out / "models" / "tokenizer"
     if not (data / "train.jsonl").is_file():
-        build.make_corpus(data, corpus_cfg)
+        steps.make_corpus(data, corpus_cfg)
     if not (tok_dir / "tokenizer.json").is_file():
-        build.make_tokenizer(data, tok_dir, {"vocab_size": vocab_size})
-    tok = build.load_demo_tokenizer(tok_dir)
-    return tok, build.training_texts(data, tok), data
+        steps.make_tokenizer(data, tok_dir, {"vocab_size": vocab_size})
+    tok = load_tokenizer(tok_dir)
+    return tok, steps.training_texts(data, tok), data
 
 
 def run_one(recipe, tok, texts, data: Path, out: Path, every: int, ifeval_limit: int) -> dict:

@@ -143,8 +143,10 @@ def test_eval_cache_reruns_when_config_generation_config_template_or_code_change
 
 
 def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_path, monkeypatch, tokenizer):
-    import experiments.runner as runner_mod
-    from experiments.runner import Runner, measure
+    import experiments.bodies as runner_mod
+    from experiments.graph import Plan
+    from experiments.pipeline import PairPlan, StudyPlan
+    from experiments.runner import engine_for
     from experiments.study import validate
 
     vlm = _save_model(_perturbed(__import__("sinkstudy.tiny", fromlist=["x"]).tiny_causal_lm("qwen2", seed=0), 3), tokenizer,
@@ -157,10 +159,10 @@ def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_p
         def fn(study, pair, label, path, progress):
             counts[kind] += 1
             if kind == "sink":  # what the real steps leave (a step whose output has gone is re-run)
-                runner_mod._sink_file(study, pair["name"], label).parent.mkdir(parents=True, exist_ok=True)
-                runner_mod._sink_file(study, pair["name"], label).write_text("{}")
+                runner_mod.sink_file(study, pair.name, label).parent.mkdir(parents=True, exist_ok=True)
+                runner_mod.sink_file(study, pair.name, label).write_text("{}")
             else:
-                runner_mod._eval_dir(study, pair["name"], label).mkdir(parents=True, exist_ok=True)
+                runner_mod.eval_dir(study, pair.name, label).mkdir(parents=True, exist_ok=True)
             return {"value": 0.0}
         return fn
 
@@ -168,7 +170,9 @@ def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_p
     monkeypatch.setattr(runner_mod, "eval_step", stub("eval"))
 
     def run():
-        measure(Runner(study, progress=False), study, study.pairs[0], "base", str(ckpt), deps=[])
+        plan = StudyPlan(study, Plan())
+        PairPlan(study, plan.plan, study.pairs[0], []).measure("base", str(ckpt), [])
+        engine_for(study, plan, progress=False).run_all()
 
     run()
     run()

@@ -114,7 +114,7 @@ def test_demo_backbones_vary_the_knobs_linked_to_sinks():
     from experiments.cmd_study import DEMO_CONFIG
     from experiments.study import load_study
 
-    backbones = load_study(DEMO_CONFIG).build["backbones"]
+    backbones = load_study(DEMO_CONFIG).build.backbones
     assert len(backbones) >= 6
     mix = lambda b: (b["backcopy_share"], b["retrieval_share"], b["noise_share"], b["sprinkle_rate"])  # noqa: E731
     for knob in (lambda b: b["native_qk_norm"], lambda b: b["lr"], lambda b: b["weight_decay"], mix,
@@ -137,7 +137,7 @@ def test_step_clock_prints_elapsed_and_an_estimate_from_the_stage_means():
     finished steps of each stage (other stages: the mean over stages), divided by the parallel jobs."""
     import io
 
-    from experiments.runner import StepClock
+    from experiments.clock import StepClock
 
     stream = io.StringIO()
     clock = StepClock(["build/pretrain/a", "build/pretrain/b", "build/vl/a", "a/eval/base", "a/eval/vlm"], jobs=2, stream=stream)
@@ -210,7 +210,7 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
         assert section in report
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     study = load_study(DEMO_CONFIG, out=out, overrides=quick_overrides(raw))
-    backbones = study.build["backbones"]
+    backbones = study.build.backbones
     for b in backbones:
         assert f"| {b['name']} |" in report
         assert (out / "plots" / f"sink_{b['name']}.png").stat().st_size > 1000

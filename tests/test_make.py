@@ -172,8 +172,8 @@ def test_study_commands_take_the_eval_overrides():
     args = build_parser().parse_args(["run", str(DEMO_CONFIG), "--limit", "0.5", "--tasks", "sinkstudy_gsm", "--device", "cuda",
                                       "--dtype", "bfloat16"])
     study = load_study(args.config, overrides=_overrides(args))
-    assert study.evals["limit"] == 0.5 and study.evals["tasks"] == ["sinkstudy_gsm"]
-    assert study.model == {"device": "cuda", "dtype": "bfloat16"}
+    assert study.evals.limit == 0.5 and study.evals.tasks == ["sinkstudy_gsm"]
+    assert (study.model.device, study.model.dtype) == ("cuda", "bfloat16")
     plain = build_parser().parse_args(["paper", "--dry-run"])
     assert _overrides(plain) is None
 

@@ -149,13 +149,27 @@ def test_step_jobs_lock_their_step_and_a_plan_locks_nothing(config, tmp_path, ca
 
 
 def test_a_plan_keys_made_models_on_their_steps_records(config, tmp_path, monkeypatch):
-    """The runner fingerprints no checkpoint that a step makes (the VLM LM, interventions) while
-    planning: those steps' records give the fingerprints (the folders do not exist yet)."""
-    import experiments.runner as runner_mod
+    """Planning fingerprints no model at all; a single step keys the checkpoints other steps make (the VLM
+    LM, interventions) on those steps' records (the folders may not exist here), its inputs on their content."""
+    import experiments.bodies
+    import experiments.engine as engine_mod
+    import sinkstudy.provenance
+    from experiments.runner import engine_for, plan_study
     from experiments.study import load_study
 
     out = tmp_path / "run"
     read = []
-    monkeypatch.setattr(runner_mod, "model_fingerprint", lambda path, revision=None: read.append(str(path)) or "fp")
-    runner_mod.plan_study(load_study(config, out=out))
+    spy = lambda path, revision=None: read.append(str(path)) or "fp"  # noqa: E731
+    monkeypatch.setattr(engine_mod, "model_fingerprint", spy)
+    monkeypatch.setattr(sinkstudy.provenance, "model_fingerprint", spy)
+    monkeypatch.setattr(experiments.bodies, "model_fingerprint", spy)
+    plan = plan_study(load_study(config, out=out))
+    assert not read  # a plan reads nothing
+    made = {"fingerprints": {str(out / "models" / f"{PAIR}-vlm-lm"): "fp-recorded"}}
+    engine = engine_for(plan.study, plan)
+    engine.live = False
+    ctx = engine_mod.StepContext(engine, {f"{PAIR}/extract": made})
+    spec = plan.plan[f"{PAIR}/sink/vlm"].spec(ctx)
+    assert spec["model"] == "fp-recorded" and not read  # the producing step's record, nothing read from disk
+    assert plan.plan[f"{PAIR}/sink/base"].spec(ctx)["model"] == "fp"  # the base: its content
     assert read and not [p for p in read if p.startswith(str(out))]

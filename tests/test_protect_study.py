@@ -83,22 +83,10 @@ def study_files(tmp_path_factory, tokenizer):
 
 
 def _run(root, out):
-    from experiments.runner import Runner, run_study
+    from experiments.runner import run_study
     from experiments.study import load_study
 
-    log = []
-    original = Runner.run
-
-    def spy(self, step_id, *a, **kw):
-        result = original(self, step_id, *a, **kw)
-        log.append(self.log[-1] if self.log and self.log[-1]["step"] == step_id else {"step": step_id, "reused": None})
-        return result
-
-    Runner.run = spy
-    try:
-        run_study(load_study(root / "study.yaml", out=out), progress=False)
-    finally:
-        Runner.run = original
+    log = run_study(load_study(root / "study.yaml", out=out), progress=False)["log"]
     return {e["step"]: e["reused"] for e in log}
 
 
@@ -163,10 +151,10 @@ def test_adapt_section_errors_are_one_line(study_files, tmp_path):
 
 
 def test_the_plan_lists_the_arms_steps_with_their_dependencies(study_files, tmp_path):
-    from experiments.runner import plan_study
+    from experiments.runner import plan_records
     from experiments.study import load_study
 
-    steps = {s["id"]: s for s in plan_study(load_study(study_files / "study.yaml", out=tmp_path / "out"))}
+    steps = {s["id"]: s for s in plan_records(load_study(study_files / "study.yaml", out=tmp_path / "out"))}
     assert {f"p/adapt/{a}" for a in ARMS} | {"p/adapt/damp-extract", "p/vlskill/freeze", "p/eval/damp"} <= set(steps)
     assert all(steps[f"p/adapt/{a}"]["level"] == 1 for a in ARMS)
     assert steps["p/extract"]["after"] == ["p/adapt/control"]  # the control's VLM is the pair's VLM

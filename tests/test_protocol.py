@@ -307,13 +307,13 @@ def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
 
     study = load_study(ROOT / "experiments" / "configs" / "paper_six_pairs.yaml")
     ev = study.evals
-    assert ev["tasks"] == ["ifeval", "eq_bench", "gsm8k_cot", "gpqa_diamond_cot_zeroshot", "mmlu", "boolq", "mbpp", "mmlu_pro"]
-    assert ev["chat_template_kwargs"] == {"enable_thinking": False} and ev["num_fewshot"] == 0 and ev["batch_size"] == 8
-    assert ev["confirm_run_unsafe_code"] is True  # mbpp runs generated code
-    specs = lmeval.resolve_tasks(ev["tasks"])  # lm-eval's own index: each a task or group, none a tag
-    assert [s.name for s in specs] == ev["tasks"]
+    assert ev.tasks == ["ifeval", "eq_bench", "gsm8k_cot", "gpqa_diamond_cot_zeroshot", "mmlu", "boolq", "mbpp", "mmlu_pro"]
+    assert ev.chat_template_kwargs == {"enable_thinking": False} and ev.num_fewshot == 0 and ev.batch_size == 8
+    assert ev.confirm_run_unsafe_code is True  # mbpp runs generated code
+    specs = lmeval.resolve_tasks(ev.tasks)  # lm-eval's own index: each a task or group, none a tag
+    assert [s.name for s in specs] == ev.tasks
     assert {s.name for s in specs if s.is_group} == {"mmlu", "mmlu_pro"}
-    assert all(lmeval.HEADLINE_METRICS.get(t) for t in ev["tasks"])
+    assert all(lmeval.HEADLINE_METRICS.get(t) for t in ev.tasks)
 
 
 @pytest.mark.parametrize("patch, needle", [
@@ -333,7 +333,7 @@ def test_study_evals_protocol_keys_are_checked_in_one_line(patch, needle):
         validate(raw)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
     ok = validate({**raw, "evals": {"tasks": ["sinkstudy_gsm"], "batch_size": "auto:2", "gen_kwargs": {"temperature": 0}}})
-    assert ok.evals["batch_size"] == "auto:2" and ok.evals["chat_template_kwargs"] == {}
+    assert ok.evals.batch_size == "auto:2" and ok.evals.chat_template_kwargs == {}
 
 
 def test_study_with_vllm_plans_anywhere_and_runs_only_where_installed(tmp_path, capsys):

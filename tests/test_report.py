@@ -3,8 +3,9 @@ the paper beside ours, readable HTML (tables that scroll in their box, examples 
 linked), and figures that follow the data they claim (colour ranges, ρ in the scatter's title,
 recovery dots and CIs, per-layer profiles, trajectories, Pareto).
 
-The summary is built the way `experiments.runner.summarise` builds it: real sink maps of tiny
-models (`compute_sink_maps`), real paired statistics (`evals.stats`) over per-prompt outcomes.
+The summary is built the way `experiments.summarise.summarise` builds it: real sink maps of tiny
+models (`compute_sink_maps`), real paired statistics (`evals.stats`) over per-prompt outcomes; the report
+is rendered from it alone.
 """
 
 import json
@@ -109,7 +110,10 @@ def make_summary(maps_dir, *, n_pairs: int = 3, interventions: bool = True, prot
         pairs[p] = entry
     pairs["p1"]["published"] = {"sink_strength": 1.18, "ifeval_delta": -9.6, "ifeval_base": 72.09}
     summary = {"study": "t", "tasks": TASKS, "headline": {t: HEADLINE_METRICS[t] for t in TASKS}, "convention": CONVENTION,
-               "pairs": pairs, "correlation": {}, "timings": {}}
+               "pairs": pairs, "correlation": {}, "timings": {},
+               "settings": {"title": None, "notes": None, "sink_metric": "logodds", "apply_chat_template": True, "max_gen_toks": 64,
+                            "batch_size": 8, "n_boot": KW["n_boot"], "confidence": 0.95,
+                            "interventions": ["linear", "head_restore", "qknorm"], "config": "study.yaml", "out": "OUT", "seed": 0}}
     if n_pairs >= 3:
         for t in TASKS:
             s = [e["models"]["base"]["sink_strength"] for e in pairs.values()]
@@ -119,20 +123,13 @@ def make_summary(maps_dir, *, n_pairs: int = 3, interventions: bool = True, prot
     return summary
 
 
-def _study(out, metric="logodds"):
-    return types.SimpleNamespace(
-        name="t", report={}, sink={"metric": metric}, build=None, path="study.yaml", out=out, seed=0,
-        evals={"apply_chat_template": True, "max_gen_toks": 64, "batch_size": 8, "n_boot": KW["n_boot"], "confidence": 0.95},
-        interventions=[{"name": "linear"}, {"name": "head_restore"}, {"name": "qknorm"}])
-
-
 @pytest.fixture(scope="module")
 def report(maps_dir, tmp_path_factory):
     from experiments.report import write_report
 
     out = tmp_path_factory.mktemp("report")
     summary = make_summary(maps_dir)
-    md = write_report(_study(out), summary)
+    md = write_report(summary, out)
     return types.SimpleNamespace(out=out, summary=summary, md=md.read_text(), html=(out / "report.html").read_text())
 
 
@@ -197,7 +194,7 @@ def test_missing_parts_are_skipped_not_printed_empty(maps_dir, tmp_path):
 
     summary = make_summary(maps_dir, n_pairs=2, interventions=False, protection=False)
     assert verdicts(summary) == []  # two pairs: no correlation; no intervention, no arm
-    blocks = build_blocks(_study(tmp_path), summary, tmp_path)
+    blocks = build_blocks(summary, tmp_path)
     headings = [b[2] for b in blocks if b[0] == "h"]
     assert "Verdicts" not in headings and "Recovery per intervention" not in headings and "Training-time protections" not in headings
     assert "Paper vs ours" in headings  # p1 carries a published Δ
@@ -347,3 +344,21 @@ def test_adaptation_trajectories_and_pareto_come_from_the_arms(report):
     models = report.summary["pairs"]["p1"]["models"]
     assert got[("p1", "replay")] == (0.35, pytest.approx(100 * models["replay"]["scores"]["sinkstudy_ifeval"][HEADLINE_METRICS["sinkstudy_ifeval"]]))
     assert got[("p1", "control")][1] == pytest.approx(100 * (40 - 12) / N)
+
+
+def test_sinkstudy_report_rerenders_a_run_from_its_summary_alone(report, tmp_path, capsys):
+    """`sinkstudy report RUN_DIR`: the same report.md, report.html and figures from RUN_DIR/summary.json, with no
+    step record or config in RUN_DIR; a directory without a summary is refused in one line."""
+    from experiments.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(report.summary))
+    assert main(["report", str(run)]) == 0
+    assert (run / "report.md").read_text() == report.md and (run / "report.html").read_text() == report.html
+    pngs = re.findall(r'<img src="([^"]+)"', report.html)
+    assert pngs and all((run / png).read_bytes()[:4] == b"\x89PNG" for png in pngs)
+    assert sorted(p.name for p in run.iterdir()) == ["plots", "report.html", "report.md", "summary.json"]
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

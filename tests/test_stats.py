@@ -182,3 +182,26 @@ def test_group_pools_subtask_samples_like_lm_eval_size_weighted_mean():
     c = compare(a, b, "g", "exact_match,strict-match", n_boot=100)
     assert (c.n, c.before, c.after) == (5, 0.6, 0.2) and (c.lost, c.gained) == (2, 0)
     assert [x.task for x in compare_runs(a, b, n_boot=50)][::2] == ["g", "t1", "t2"]
+
+
+def test_ci_side_reads_which_side_of_zero_an_interval_lies_on():
+    from evals.stats import ci_side
+
+    assert [ci_side(ci) for ci in ((0.1, 2.0), (-3.0, -0.5), (-1.0, 1.0), (0.0, 1.0), (-1.0, 0.0))] == [1, -1, 0, 0, 0]
+    assert [ci_side(ci) for ci in (None, (), (float("nan"), 1.0), (None, -1.0))] == [0, 0, 0, 0]  # undefined: no side
+    c = compare(np.array([1] * 8 + [0] * 2), np.array([0] * 8 + [0] * 2), n_boot=300)  # every pass lost
+    assert ci_side(c.delta_points_ci) == -1 and ci_side(compare(np.ones(10), np.ones(10), n_boot=300).delta_points_ci) == 0
+
+
+def test_statistics_come_back_from_their_stored_form():
+    """What a summary stores (`as_dict`, through JSON) reads back as the same typed record (`from_dict`)."""
+    import json
+
+    from evals.stats import Recovery, SinkCorrelation
+
+    base, vlm, fixed = (np.array(x) for x in ([1] * 8 + [0] * 4, [1] * 3 + [0] * 9, [1] * 6 + [0] * 6))
+    c, r = compare(base, vlm, n_boot=300), recovery(base, vlm, fixed, n_boot=300)
+    s = sink_correlation([0.1, 0.5, 0.9, 1.4], [-9.0, -6.0, -4.0, -1.0], [-0.3, -0.2, -0.1, 0.0], n_boot=300)
+    stored = lambda x: json.loads(json.dumps(x.as_dict()))  # noqa: E731  (tuples come back as lists)
+    assert Comparison.from_dict(stored(c)) == c and Recovery.from_dict(stored(r)) == r and SinkCorrelation.from_dict(stored(s)) == s
+    assert isinstance(Comparison.from_dict(stored(c)).delta_points_ci, tuple)

@@ -32,9 +32,9 @@ def _err(raw) -> str:
 def test_minimal_config_fills_defaults():
     s = validate(MINIMAL)
     assert s.out == Path("runs/t")
-    assert s.sink["metric"] == "logodds"
-    assert s.evals["batch_size"] == 8 and s.evals["apply_chat_template"] is True
-    assert s.interventions[0]["params"] == {"weight": 0.5}
+    assert s.sink.metric == "logodds"
+    assert s.evals.batch_size == 8 and s.evals.apply_chat_template is True
+    assert s.interventions[0].params == {"weight": 0.5}
     assert s.keep_models is True
 
 
@@ -82,15 +82,28 @@ _TINY_BACKBONE = {"family": "qwen2", "hidden_size": 32, "num_hidden_layers": 1, 
     ({"interventions": [{"name": "../../..", "method": "linear"}]}, "interventions[0].name"),
     ({"interventions": [{"name": "lin\n", "method": "linear"}]}, "interventions[0].name"),
     ({"build": {"backbones": [{"name": "../../escape", **_TINY_BACKBONE}]}}, "build.backbones[0].name"),
-    ({"pairs": [{"name": "a", "base": "org/b", "vlm": "org/v"}, {"name": "a-b", "base": "org/b", "vlm": "org/v"}],
-      "interventions": [{"name": "b-lin", "method": "linear"}, {"name": "lin", "method": "linear"}]}, "would both write"),
-    ({"interventions": [{"name": "vlm-lm", "method": "linear"}]}, "would both write"),
-    ({"build": {"backbones": [{"name": "p", **_TINY_BACKBONE}]},
-      "interventions": [{"name": "q", "method": "qknorm", "params": {"vl": True}}, {"name": "q-vl", "method": "linear"}]},
-     "used twice"),
 ])
 def test_load_validates_settings_tasks_inputs_and_names(patch, needle):
     assert needle in _err({**MINIMAL, **patch})
+
+
+@pytest.mark.parametrize("patch, needle", [
+    # item 7: no two outputs share a directory, no two steps a name: a check on the plan, before any work
+    ({"pairs": [{"name": "a", "base": "org/b", "vlm": "org/v"}, {"name": "a-b", "base": "org/b", "vlm": "org/v"}],
+      "interventions": [{"name": "b-lin", "method": "linear"}, {"name": "lin", "method": "linear"}]}, "would both write"),
+    ({"interventions": [{"name": "vlm-lm", "method": "linear"}]}, "would both write"),
+    ({"build": {"backbones": [{"name": "p", **_TINY_BACKBONE}]}, "pairs": [{"name": "p", "base": "o/b", "vlm": "o/v", "native_qk_norm": False}],
+      "interventions": [{"name": "q", "method": "qknorm", "params": {"vl": True}}, {"name": "q-vl", "method": "linear"}]},
+     "used twice"),
+])
+def test_the_plan_refuses_two_steps_with_one_output_or_name(patch, needle):
+    from experiments.graph import PlanError
+    from experiments.pipeline import plan_study
+
+    study = validate({**MINIMAL, **patch})
+    with pytest.raises(PlanError) as exc:
+        plan_study(study)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
 
 
 def test_a_pair_root_reaches_only_methods_that_take_one():
@@ -99,7 +112,7 @@ def test_a_pair_root_reaches_only_methods_that_take_one():
     assert [m for m in ("linear", "slerp", "ties", "task_arithmetic", "tsv", "star", "head_restore") if takes_root(m)] == [
         "ties", "task_arithmetic", "tsv", "star"]
     study = validate({**MINIMAL, "pairs": [{"name": "p", "base": "org/b", "vlm": "org/v", "root": "org/r"}]})
-    assert study.pairs[0]["root"] == "org/r" and study.interventions[0]["method"] == "linear"
+    assert study.pairs[0].root == "org/r" and study.interventions[0].method == "linear"
 
 
 def test_build_section_errors():
@@ -132,17 +145,17 @@ def test_cli_reports_config_error_in_one_line(tmp_path):
 
 def test_shipped_configs_validate():
     demo = load_study(CONFIGS / "demo.yaml")
-    assert [p["name"] for p in demo.pairs] == [b["name"] for b in demo.build["backbones"]]  # one pair per backbone
-    assert [p["native_qk_norm"] for p in demo.pairs] == [b["family"] == "qwen3" for b in demo.build["backbones"]]
-    assert demo.evals["data_files"]["sinkstudy_ifeval"] == "runs/demo/data/heldout_ifeval.jsonl"
+    assert [p.name for p in demo.pairs] == [b["name"] for b in demo.build.backbones]  # one pair per backbone
+    assert [p.native_qk_norm for p in demo.pairs] == [b["family"] == "qwen3" for b in demo.build.backbones]
+    assert demo.evals.data_files["sinkstudy_ifeval"] == "runs/demo/data/heldout_ifeval.jsonl"
     template = load_study(CONFIGS / "real_pairs_template.yaml")
-    assert {p["vlm"] for p in template.pairs} >= {"Qwen/Qwen2.5-VL-7B-Instruct", "llava-hf/llava-1.5-7b-hf"}
+    assert {p.vlm for p in template.pairs} >= {"Qwen/Qwen2.5-VL-7B-Instruct", "llava-hf/llava-1.5-7b-hf"}
     paper = load_study(CONFIGS / "paper_six_pairs.yaml")
     assert len(paper.pairs) == 6
     # The merge grid comes from the merge module's file: seven methods, the paper's parameters.
-    grid = {i["name"]: i for i in paper.interventions}
-    assert grid["star"]["params"] == {"eta": 40} and grid["dare"]["params"]["density"] == 0.1
-    assert {p["published"]["ifeval_delta"] for p in paper.pairs} == {-5.4, -1.8, -9.6, -8.9, -7.9, -18.7}
+    grid = {i.name: i for i in paper.interventions}
+    assert grid["star"].params == {"eta": 40} and grid["dare"].params["density"] == 0.1
+    assert {p.published["ifeval_delta"] for p in paper.pairs} == {-5.4, -1.8, -9.6, -8.9, -7.9, -18.7}
 
 
 def test_deep_merge_keeps_siblings():
@@ -172,9 +185,9 @@ def test_paper_plan_estimates_follow_parameter_counts():
     assert e["gpu_gb"] == pytest.approx(8.2 * BYTES_PER_PARAM * GPU_OVERHEAD)  # largest base LLM: Qwen3-8B
     sizes = {}
     for p in study.pairs:
-        sizes[p["base"]], sizes[p["vlm"]] = p["params_b"]["base"], p["params_b"]["vlm"]
-        if p.get("root"):
-            sizes[p["root"]] = p["params_b"]["base"]
+        sizes[p.base], sizes[p.vlm] = p.params_b["base"], p.params_b["vlm"]
+        if p.root:
+            sizes[p.root] = p.params_b["base"]
     assert e["download_gb"] == pytest.approx(sum(sizes.values()) * BYTES_PER_PARAM)
 
 
@@ -190,23 +203,25 @@ def test_paper_refuses_without_cuda_unless_limited():
 def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path):
     import json
 
-    from experiments.runner import Runner
+    from experiments.engine import Engine
+    from experiments.graph import Plan, Step
 
     study = validate({**MINIMAL, "out": str(tmp_path)})
     calls = []
 
     def step(name, value):
-        def fn():
+        def fn(ctx):
             calls.append(name)
             (tmp_path / name).mkdir(exist_ok=True)
             return {"value": value}
         return fn
 
     def run_all(a_value, b_spec):
-        r = Runner(study, progress=False)
-        r.run("p/a/x", {"v": a_value}, step("a", a_value), outputs=tmp_path / "a")
-        r.run("p/b/x", b_spec, step("b", 0), deps=["p/a/x"])
-        r.run("p/c/x", {}, step("c", 0), deps=["p/b/x"])
+        r = Engine(Plan([Step("p/a/x", {"v": a_value}, outputs=(tmp_path / "a",), run=step("a", a_value)),
+                         Step("p/b/x", b_spec, deps=("p/a/x",), run=step("b", 0)),
+                         Step("p/c/x", {}, deps=("p/b/x",), run=step("c", 0))]),
+                   study.out, config={"path": None, "content": study.raw}, seed=study.seed, progress=False)
+        r.run_all()
         return r
 
     run_all(1, {"k": 1})
@@ -226,7 +241,7 @@ def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path):
     run_all(2, {"k": 2})
     assert calls == ["a"]
     with pytest.raises(Exception, match="did not run"):
-        Runner(study).run("p/d/x", {}, step("d", 0), deps=["p/zzz/x"])
+        Plan([Step("p/d/x", {}, deps=("p/zzz/x",), run=step("d", 0))])
 
 
 @pytest.mark.parametrize("pair, needle", [
@@ -243,8 +258,8 @@ def test_pair_revisions_are_checked(pair, needle):
 
 def test_pair_revisions_normalise_to_one_mapping():
     one = validate({**MINIMAL, "pairs": [{**MINIMAL["pairs"][0], "base_revision": "abc", "revision": {"vlm": "v1"}}]})
-    assert one.pairs[0]["revision"] == {"base": "abc", "vlm": "v1"} and "base_revision" not in one.pairs[0]
-    assert validate(MINIMAL).pairs[0]["revision"] == {}
+    assert one.pairs[0].revision == {"base": "abc", "vlm": "v1"} and not hasattr(one.pairs[0], "base_revision")
+    assert validate(MINIMAL).pairs[0].revision == {}
 
 
 @pytest.mark.slow

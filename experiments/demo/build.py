@@ -1,9 +1,7 @@
-"""The demo's `build` section: defaults, validation and the build steps the runner executes.
-
-Steps (each cached by the runner under a key of its settings, its code and its inputs' keys):
-corpus -> tokenizer -> pretrain/<backbone> -> vl/<backbone>, and reference/<model> (the Sink
-Strength of a real pretrained LLM, beside the miniatures'). Files land under `<out>/data` and
-`<out>/models/<backbone>-{base,vlm}`.
+"""The demo's `build` section: defaults, validation, and `Build`, what the section hands a study: the
+steps that make its pairs (`experiments.demo.steps`: corpus -> tokenizer -> pretrain/<backbone> ->
+vl/<backbone>, and reference/<model>), its VL recipe for other starts, its corpus as training text
+and its facts for the report. The study's plan takes them from `Build` without knowing the demo.
 
 A backbone is a config entry: a sink recipe (`experiments.demo.sinkgrow.Recipe`: family,
 depth, width, heads, steps, lr, weight decay, data mix...) trained from scratch on the demo
@@ -15,9 +13,10 @@ winning, from the Recipe defaults, `build.pretrain`, the named recipe (`recipe: 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from experiments.schema import StudyConfigError, deep_merge
 from sinkstudy import SinkstudyError
@@ -62,7 +61,7 @@ QUICK_BACKBONES = 3
 
 # Typical seconds per step of each stage of the demo on one thread of the 2-core machine (measured
 # 2026-12-03, `make demo`): the progress line's estimate of the time left before a stage has run a step
-# in this run (experiments.runner.StepClock scales them by how fast this run's finished steps went).
+# in this run (experiments.clock.StepClock scales them by how fast this run's finished steps went).
 STAGE_SECONDS = {"corpus": 0.1, "tokenizer": 1.5, "reference": 15.0, "pretrain": 55.0, "vl": 32.0, "extract": 0.3,
                  "sink": 0.3, "eval": 4.0, "intervene": 0.5, "intervene/qknorm": 8.0, "intervene/qknorm-vl": 35.0}
 QUICK_BACKBONE = {"hidden_size": 64, "num_hidden_layers": 2, "steps": 30, "batch_size": 8, "seq_len": 128}
@@ -156,7 +155,54 @@ def resolve_backbone(entry, pretrain: dict, where: str) -> dict:
     return {**resolved, "kind": "trained", "native_qk_norm": resolved["family"] in QK_NORM_FAMILIES}
 
 
-def validate_build(build, where: str) -> dict:
+@dataclass
+class Build:
+    """The demo's validated `build:` section (defaults filled, every backbone resolved) and what it hands a study."""
+
+    corpus: dict
+    tokenizer: dict
+    pretrain: dict
+    backbones: list[dict]
+    references: list[str]
+    vl: dict
+
+    stage_seconds: ClassVar[dict[str, float]] = STAGE_SECONDS  # the progress line's priors (experiments.clock)
+
+    def pair_entries(self) -> list[dict]:
+        """The study's `pairs:` when it gives none: one per backbone, its base and VLM under OUT."""
+        return [{"name": b["name"], "base": f"{{out}}/models/{b['name']}-base", "vlm": f"{{out}}/models/{b['name']}-vlm",
+                 "native_qk_norm": b["native_qk_norm"]} for b in self.backbones]
+
+    def steps(self, out: Path, sink: dict) -> list:
+        """Every build step (`experiments.graph.Step`) under `out`; `sink`: the study's sink settings."""
+        from experiments.demo.steps import build_steps
+
+        return build_steps(self, Path(out), sink)
+
+    def makes(self, pair: str) -> list[str]:
+        """The step that makes pair `pair`'s models (its backbone's VLM), if the build makes them."""
+        return [f"build/vl/{pair}"] if any(b["name"] == pair for b in self.backbones) else []
+
+    def vl_adaptation(self, step_id: str, base: Path, vlm: Path, out: Path, *, deps: tuple[str, ...], owner: str):
+        """The build's VL recipe on another start (`base`), as a step writing the VLM `vlm`."""
+        from experiments.demo.steps import vl_adaptation
+
+        return vl_adaptation(self, step_id, base, vlm, out, deps=deps, owner=owner)
+
+    def training_texts(self, out: Path, tokenizer) -> list[str]:
+        """The corpus under `out` as training strings (chats in the tokenizer's template)."""
+        from experiments.demo.steps import training_texts
+
+        return training_texts(Path(out) / "data", tokenizer)
+
+    def facts(self, results: dict[str, dict]) -> dict:
+        """What the report says about the build, from its steps' results (`experiments.demo.steps.build_facts`)."""
+        from experiments.demo.steps import build_facts
+
+        return build_facts(self, results)
+
+
+def validate_build(build, where: str) -> Build:
     from sinkstudy import real_models
 
     if not isinstance(build, dict):
@@ -199,7 +245,7 @@ def validate_build(build, where: str) -> dict:
         except SinkstudyError as exc:
             _fail(f"{where}.references[{i}]", str(exc))
     _check_vl(out["vl"], f"{where}.vl")
-    return out
+    return Build(**out)
 
 
 def _check_vl(vl: dict, where: str) -> None:
@@ -229,166 +275,3 @@ def quick_overrides(raw: dict) -> dict:
     interventions = [dict(i, params={**i.get("params", {}), "train_steps": min(i["params"].get("train_steps", 0), QUICK_QKNORM_STEPS)})
                      if i.get("method") == "qknorm" and i.get("params") else i for i in raw.get("interventions") or []]
     return deep_merge(QUICK, {"build": {"backbones": backbones}, "interventions": interventions})
-
-
-# --------------------------------------------------------------------------- the build steps
-
-_DEMO = Path(__file__).resolve().parent
-_ROOT = _DEMO.parent.parent
-
-
-def _code(*parts: str) -> str:
-    from sinkstudy.provenance import code_version
-
-    return code_version(*(_ROOT / p for p in parts))
-
-
-def run_build(runner, build: dict) -> dict[str, str]:
-    """Run (or reuse) every build step; returns {backbone name: step id of its VLM} for deps."""
-    out = runner.out
-    data, models = out / "data", out / "models"
-    runner.run("build/corpus", {"corpus": build["corpus"], "code": _code("experiments/demo/corpus.py")},
-               lambda: make_corpus(data, build["corpus"]), outputs=data / "train.jsonl")
-    runner.run("build/tokenizer", {"tokenizer": build["tokenizer"]}, lambda: make_tokenizer(data, models / "tokenizer", build["tokenizer"]),
-               deps=["build/corpus"], outputs=models / "tokenizer")
-    sink = runner.study.sink
-    for name in build["references"]:
-        from sinkstudy.real_models import get, identity
-
-        # `installed` in the key: a reference skipped for want of its package is measured once it is installed.
-        runner.run(f"build/reference/{name}", {"model": identity(name), "installed": get(name).installed(), "sink": sink,
-                                               "code": _code("evals/sink", "sinkstudy/real_models.py")},
-                   lambda name=name: reference_step(name, sink, runner.progress))
-    done = {}
-    train_code = _code("experiments/demo/sinkgrow.py", "experiments/demo/backbones.py", "interventions/training.py", "interventions/adapt")
-    vl_code = _code("experiments/demo/vl.py", "interventions/adapt")
-    for b in build["backbones"]:
-        base, vlm = models / f"{b['name']}-base", models / f"{b['name']}-vlm"
-        if b["kind"] == "pretrained":
-            from sinkstudy.real_models import identity
-
-            runner.run(f"build/pretrain/{b['name']}", {"backbone": identity(b["pretrained"]), "code": _code("sinkstudy/real_models.py")},
-                       lambda b=b, base=base: link_pretrained(b["pretrained"], base), outputs=base)
-        else:
-            spec = {"backbone": b, "curve_every": build["pretrain"]["curve_every"], "code": train_code}
-            runner.run(f"build/pretrain/{b['name']}", spec,
-                       lambda b=b, base=base: pretrain_step(data, models, b, base, build["pretrain"]["curve_every"], runner.progress),
-                       deps=["build/tokenizer"], outputs=base)
-        runner.run(f"build/vl/{b['name']}", {"vl": build["vl"], "code": vl_code},
-                   lambda base=base, vlm=vlm: vl_step(base, vlm, build["vl"], runner.progress, data=data),
-                   deps=[f"build/pretrain/{b['name']}", "build/corpus"], outputs=vlm)
-        done[b["name"]] = f"build/vl/{b['name']}"
-    return done
-
-
-def make_corpus(data: Path, cfg: dict) -> dict:
-    from experiments.demo import corpus
-    from sinkstudy.io import write_text_atomic
-
-    records = corpus.training_records(cfg["train_records"], cfg["seed"])
-    ifeval, gsm = corpus.heldout_prompts(cfg["heldout_ifeval"], cfg["heldout_gsm"], cfg["seed"])
-    jsonl = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
-    write_text_atomic(data / "train.jsonl", jsonl({"user": u, "assistant": a} for u, a in records))
-    write_text_atomic(data / "heldout_ifeval.jsonl", jsonl(ifeval))
-    write_text_atomic(data / "heldout_gsm.jsonl", jsonl(gsm))
-    kinds = {"chat": sum(a is not None for _, a in records), "plain": sum(a is None for _, a in records)}
-    return {"train_records": len(records), "kinds": kinds, "heldout_ifeval": len(ifeval), "heldout_gsm": len(gsm),
-            "files": {k: str(data / f) for k, f in (("train", "train.jsonl"), ("ifeval", "heldout_ifeval.jsonl"), ("gsm", "heldout_gsm.jsonl"))}}
-
-
-def read_records(data: Path) -> list[tuple[str, str | None]]:
-    rows = [json.loads(line) for line in (data / "train.jsonl").read_text(encoding="utf-8").splitlines() if line]
-    return [(r["user"], r["assistant"]) for r in rows]
-
-
-def training_texts(data: Path, tokenizer) -> list[str]:
-    """The corpus as training strings: chats in the tokenizer's template, plain text as is."""
-    from experiments.demo.corpus import chat
-
-    return [chat(tokenizer, u, a) if a is not None else u for u, a in read_records(data)]
-
-
-def make_tokenizer(data: Path, out_dir: Path, cfg: dict) -> dict:
-    from experiments.demo.corpus import tokenizer_texts
-    from sinkstudy.io import atomic_output_dir
-    from sinkstudy.tiny import train_bpe_tokenizer
-
-    tok = train_bpe_tokenizer(tokenizer_texts(read_records(data)), vocab_size=cfg["vocab_size"])
-    with atomic_output_dir(out_dir, force=True) as tmp:
-        tok.save_pretrained(tmp)
-    return {"path": str(out_dir), "vocab_size": len(tok)}
-
-
-def load_demo_tokenizer(path: Path):
-    from interventions.pairs import load_tokenizer
-
-    return load_tokenizer(path)
-
-
-def pretrain_step(data: Path, models: Path, backbone: dict, out: Path, curve_every: int | None, progress: bool) -> dict:
-    """Train one backbone's recipe on the corpus (its data mix formed here), recording S every
-    `curve_every` steps; save model + tokenizer to `out` atomically."""
-    from experiments.demo.backbones import save_backbone
-    from experiments.demo.sinkgrow import Recipe, grow
-    from sinkstudy.provenance import model_fingerprint
-
-    tok = load_demo_tokenizer(models / "tokenizer")
-    recipe = Recipe(**{k: v for k, v in backbone.items() if k in _recipe_fields()})
-    marks = sorted({0, recipe.steps, *range(0, recipe.steps, curve_every)}) if curve_every else ()
-    model, grown = grow(recipe, tok, training_texts(data, tok), checkpoints=marks, progress=progress)
-    save_backbone(model, tok, out)
-    return {"steps": recipe.steps, "final_loss": grown.final_loss, "tokens": grown.tokens, "train_seconds": round(grown.train_seconds, 1),
-            "params": sum(p.numel() for p in model.parameters()), "recipe": grown.recipe.to_json(),
-            "sink_curve": [{k: p[k] for k in ("step", "S", "mass", "argmax_is_sink")} for p in grown.curve],
-            "path": str(out), "fingerprint": model_fingerprint(out)}
-
-
-def link_pretrained(name: str, out: Path) -> dict:
-    """A pretrained backbone: `out` holds its converted checkpoint (weights linked from the user's cache)
-    with a chat template (`sinkstudy.real_models.chat_checkpoint`)."""
-    from sinkstudy import real_models
-    from sinkstudy.provenance import model_fingerprint
-
-    real_models.chat_checkpoint(name, out)
-    return {"pretrained": name, "source": real_models.get(name).source, "checkpoint": str(real_models.checkpoint(name)), "path": str(out),
-            "params": _count_params(out), "fingerprint": model_fingerprint(out)}
-
-
-def _count_params(path: Path) -> int:
-    from sinkstudy.checkpoint import weight_files
-
-    files = weight_files(path)
-    return sum(math.prod(t.shape) for t in files.tensors.values()) if files else 0
-
-
-def reference_step(name: str, sink: dict, progress: bool) -> dict:
-    """Sink Strength of a real pretrained LLM with the study's sink settings (skipped, saying why,
-    when its weights package is not installed)."""
-    from evals.sink import compute_sink_maps, strength_from_maps
-    from interventions.pairs import load_causal_lm
-    from sinkstudy import real_models
-
-    model_info = real_models.get(name)
-    if not model_info.installed():
-        return {"name": name, "skipped": f"its weights package is not installed ({model_info.install_command()}; make real-model installs it)"}
-    path = real_models.checkpoint(name)
-    model, tok = load_causal_lm(path)
-    maps = compute_sink_maps(model, tok, sink["texts"], metric=sink["metric"], progress=progress, **sink["options"])
-    strength = strength_from_maps(maps, sink["metric"], **sink["params"])
-    return {"name": name, "source": model_info.source, "native_qk_norm": model_info.native_qk_norm, "path": str(path),
-            "sink_strength": strength.value, "mean_mass": float(maps.mass.mean()),
-            "median_per_layer": strength.details.get("median_per_layer"), "layers": model.config.num_hidden_layers}
-
-
-def vl_step(base: Path, out: Path, cfg: dict, progress: bool, *, data: Path) -> dict:
-    """The engine's two LLaVA stages on digits (plus text-only corpus chats where a stage sets
-    `text_share`); the run directory (report, trajectory) is `<models>/../adapt/<out name>`, the VLM
-    checkpoint `out`."""
-    from experiments.demo.vl import adapt_vl
-    from sinkstudy.provenance import model_fingerprint
-
-    if not (base / "config.json").is_file():
-        raise SinkstudyError(f"VL adaptation needs the base checkpoint {base}")
-    chats = [(u, a) for u, a in read_records(data) if a is not None]
-    res = adapt_vl(base, out, cfg, work_dir=out.parent.parent / "adapt" / out.name, progress=progress, chats=chats)
-    return {**res, "path": str(out), "fingerprint": model_fingerprint(out)}

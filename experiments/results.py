@@ -1,0 +1,96 @@
+"""A study's `summary.json` read back as typed records: the statistics as `evals.stats`' own
+`Comparison`, `Recovery` and `SinkCorrelation`, per pair, model and arm. The report and its verdicts
+read these (`StudyResults.of(summary)`), never the JSON's nested keys; the figures take the JSON as is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from evals.stats import Comparison, Recovery, SinkCorrelation
+
+
+@dataclass
+class ModelResult:
+    path: str | None
+    sink_strength: float
+    mean_mass: float | None
+    sink_maps: str | None
+    scores: dict
+    method: str | None  # None: the base and the VLM LM; qknorm, qknorm+vl, protection, or a registered method
+
+
+@dataclass
+class Effect:
+    """One treated model against the pair, per task: recovery of the loss, Δ against the base and against the VLM LM."""
+
+    recovery: Recovery
+    vs_base: Comparison
+    vs_vlm: Comparison
+
+
+@dataclass
+class ArmResult:
+    label: str  # the model's label in the pair (the control's: vlm)
+    protections: list[str]
+    vl_skill: dict | None
+    sink_strength: float
+    adapt: dict | None  # stages, trajectory, hook reports
+    vs_control: dict[str, Comparison] | None  # per task, Δ = arm − control; None for the control
+
+
+@dataclass
+class PairResult:
+    name: str
+    models: dict[str, ModelResult]
+    degradation: dict[str, Comparison]  # per task, base -> VLM LM
+    interventions: dict[str, dict[str, Effect]]  # label -> task -> Effect
+    arms: dict[str, ArmResult] = field(default_factory=dict)
+    examples: list = field(default_factory=list)
+    published: dict | None = None
+    native_qk_norm: bool | None = None
+
+    def method(self, label: str) -> str | None:
+        return self.models[label].method
+
+
+@dataclass
+class StudyResults:
+    name: str
+    tasks: list[str]
+    headline: dict[str, str | None]
+    pairs: dict[str, PairResult]
+    correlation: dict[str, SinkCorrelation]
+    correlation_note: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # what the study was set to (title, metric, protocol...)
+    build: dict | None = None  # the demo's build facts (experiments.demo.steps.build_facts)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, summary: dict) -> "StudyResults":
+        pairs = {p: _pair(p, e) for p, e in summary["pairs"].items()}
+        return cls(summary["study"], list(summary["tasks"]), dict(summary["headline"]), pairs,
+                   {t: SinkCorrelation.from_dict(c) for t, c in (summary.get("correlation") or {}).items()},
+                   summary.get("correlation_note"), dict(summary.get("timings") or {}), dict(summary.get("settings") or {}),
+                   summary.get("build"), dict((summary.get("provenance") or {}).get("versions") or {}))
+
+    @property
+    def paper_task(self) -> str:
+        """The task set beside the paper's IFEval figures: the study's IFEval-like task, else its first."""
+        return next((t for t in self.tasks if "ifeval" in t), self.tasks[0])
+
+    def base_strengths(self, only=None) -> list[float]:
+        return [e.models["base"].sink_strength for p, e in self.pairs.items() if only is None or p in only]
+
+
+def _pair(name: str, e: dict) -> PairResult:
+    models = {label: ModelResult(m.get("path"), m["sink_strength"], m.get("mean_mass"), m.get("sink_maps"), m.get("scores") or {},
+                                 m.get("method")) for label, m in e["models"].items()}
+    effects = {label: {t: Effect(Recovery.from_dict(x["recovery"]), Comparison.from_dict(x["vs_base"]), Comparison.from_dict(x["vs_vlm"]))
+                       for t, x in per_task.items()} for label, per_task in e["interventions"].items()}
+    arms = {arm: ArmResult(a["label"], list(a["protections"]), a.get("vl_skill"), a["sink_strength"], a.get("adapt"),
+                           {t: Comparison.from_dict(c) for t, c in a["vs_control"].items()} if a.get("vs_control") else None)
+            for arm, a in ((e.get("protection") or {}).get("arms") or {}).items()}
+    return PairResult(name, models, {t: Comparison.from_dict(c) for t, c in e["degradation"].items()}, effects, arms,
+                      list(e.get("examples") or []), e.get("published"), e.get("native_qk_norm"))

@@ -1,0 +1,117 @@
+"""The layers of the tree, read from its imports (every `import` statement, at module level or inside a
+function): they point down only (sinkstudy < evals, interventions < experiments; evals never imports
+interventions), the modules of `experiments/` import each other without a circle, the study's generic
+machinery never imports the embedded demo (the demo hands its steps over), and no file in
+`experiments/` outgrows one concept (about 450 lines)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("sinkstudy", "evals", "interventions", "experiments")
+BELOW = {"sinkstudy": set(), "evals": {"sinkstudy"}, "interventions": {"sinkstudy", "evals"},
+         "experiments": {"sinkstudy", "evals", "interventions"}}
+# Generic study machinery: the demo's build reaches it only as the study's build section (`Build.steps`).
+GENERIC = ("experiments.graph", "experiments.engine", "experiments.clock", "experiments.pipeline", "experiments.bodies",
+           "experiments.methods", "experiments.runner", "experiments.jobs", "experiments.summarise", "experiments.results",
+           "experiments.verdicts", "experiments.render", "experiments.report", "experiments.report_build", "experiments.plots")
+MAX_LINES = 450
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT)
+        if rel.parts[0] in PACKAGES and ".venv" not in rel.parts:
+            name = ".".join(rel.with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules of the tree it imports (a name resolved to the longest module it names)."""
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for m, f in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = m if f.name == "__init__.py" else m.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        pkg = pkg.rpartition(".")[0]
+                    base = f"{pkg}.{base}" if base else pkg
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            deps |= {r for n in names if (r := resolve(n)) and r != m}
+        graph[m] = deps
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_imports_point_down_only():
+    graph = _imports(_modules())
+    up = [f"{m} -> {d}" for m, deps in graph.items() for d in deps
+          if d.split(".")[0] != m.split(".")[0] and d.split(".")[0] not in BELOW[m.split(".")[0]]]
+    assert not up, up
+
+
+def test_experiments_import_each_other_without_a_circle():
+    graph = _imports(_modules())
+    sub = {m: {d for d in deps if d.startswith("experiments")} for m, deps in graph.items() if m.startswith("experiments")}
+    assert not _circles(sub)
+    # the rule reads the tree: an added back edge is a circle it finds
+    assert _circles({**sub, "experiments.graph": sub["experiments.graph"] | {"experiments.runner"}})
+
+
+def test_the_generic_study_machinery_never_imports_the_demo():
+    graph = _imports(_modules())
+    assert set(GENERIC) <= set(graph)
+    leaks = [f"{m} -> {d}" for m in GENERIC for d in graph[m] if d.startswith("experiments.demo")]
+    assert not leaks, leaks
+
+
+def test_no_file_in_experiments_outgrows_one_concept():
+    long = {str(f.relative_to(ROOT)): n for f in (ROOT / "experiments").rglob("*.py")
+            if (n := len(f.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, long
