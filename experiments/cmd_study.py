@@ -60,7 +60,6 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-    from experiments import options
 
     options.add_output_options(p, out="the config's `out`", force="re-run every step instead of reusing finished ones")
     options.add_progress_options(p)
@@ -80,7 +79,6 @@ def _positive(text: str) -> int:
 def _eval_overrides(p) -> None:
     """The config's eval and model settings, overridden from the command line (`make ... LIMIT= TASKS= DEVICE= DTYPE=`):
     the same flags as `sinkstudy eval`'s, None keeping the config's."""
-    from experiments import options
 
     g = p.add_argument_group("overrides of the config's evals and model settings")
     options.add_limit_option(g)
