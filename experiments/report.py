@@ -19,6 +19,7 @@ from pathlib import Path
 from experiments import plots
 from experiments.plots import missing as _nan, significant_loss as _lost
 from sinkstudy.io import read_json, write_text_atomic
+from sinkstudy.provenance import describe_hardware
 
 CONVENTION = ("Δ = after − before in points (score × 100; base → VLM LM: negative = capability lost); "
               "Δ/before = Δ / the before score (relative)")
@@ -694,7 +695,7 @@ def file_blocks(summary: dict, out: Path, figures: list[dict]) -> list[tuple]:
 def build_blocks(study, summary: dict, out: Path) -> list[tuple]:
     tasks = summary["tasks"]
     title = study.report.get("title") or f"sinkstudy report: {study.name}"
-    b: list[tuple] = [("h", 1, title)]
+    b: list[tuple] = [("h", 1, title), ("p", f"Computed on: {describe_hardware(summary.get('hardware'))}.")]
     lines = verdicts(summary)
     trained = {bb["name"] for bb in (study.build or {}).get("backbones", []) if bb["kind"] == "trained"}
     if trained:  # the demo: where its S lies comes first, so no one reads its ρ as a test of sinks

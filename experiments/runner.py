@@ -752,11 +752,13 @@ def summarise(study, pairs: dict[str, dict], runner: Runner) -> dict:
     recovery per intervention, Sink Strength vs both across pairs, and the published figures beside ours."""
     from evals.lmeval import HEADLINE_METRICS, EvalRun
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
+    from sinkstudy.provenance import recorded_hardware
 
     ev = study.evals
     kw = {"n_boot": ev["n_boot"], "confidence": ev["confidence"], "seed": study.seed}
     out: dict[str, Any] = {"study": study.name, "tasks": ev["tasks"], "headline": {t: HEADLINE_METRICS.get(t) for t in ev["tasks"]},
-                           "convention": CONVENTION, "pairs": {}, "correlation": {}, "timings": runner.timings()}
+                           "convention": CONVENTION, "pairs": {}, "correlation": {}, "timings": runner.timings(),
+                           "hardware": recorded_hardware((study.out / "steps").rglob("*.json"))}  # what computed the steps
     for p, res in pairs.items():
         runs = {label: EvalRun.load(r["eval"]["dir"]) for label, r in res.items()}
         entry: dict[str, Any] = {"models": {}, "degradation": {}, "interventions": {}}

@@ -1,13 +1,21 @@
-"""Shared fixtures: everything offline, tiny and built locally."""
+"""Shared fixtures: everything offline, tiny and built locally; every test starts from the same state.
+
+The suite runs on all cores (pytest-xdist: each worker imports this file, so each has its own cache)
+and in random order (pytest-randomly; replay an order with `-p randomly --randomly-seed=N`).
+"""
 
 import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The real checkpoints (tests marked `real`) are converted once into the user's cache, not the suite's
+# throw-away one: the cache in effect when the run started (`make test` converts them there first).
+os.environ.setdefault("SINKSTUDY_REAL_CACHE", os.environ.get("SINKSTUDY_CACHE") or str(Path.home() / ".cache" / "sinkstudy"))
 # Hermetic: eval results, fingerprints and nltk tables cached by one run must not serve another.
 os.environ["SINKSTUDY_CACHE"] = tempfile.mkdtemp(prefix="sinkstudy-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SINKSTUDY_CACHE"], ignore_errors=True)
@@ -18,6 +26,21 @@ import torch  # noqa: E402
 # Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine the thread
 # pool's spin-waits made single forwards tens of times slower.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _isolated():
+    """No test sees what another left: plug-ins and registered names, environment variables, torch's
+    thread count and its global random generator are put back (and the generator seeded) around each."""
+    from sinkstudy.plugins import isolated
+
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    torch.manual_seed(0)
+    with isolated():
+        yield
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -153,3 +153,47 @@ def test_valid_checkpoint_headers_describe_every_tensor(sharded):
     shard = sharded / "base" / files.files[0]
     assert set(read_header(shard)) == {n for n, t in files.tensors.items() if t.file == shard.name}
     assert issubclass(CheckpointError, SinkstudyError)
+
+
+def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another_converter(tmp_path, tokenizer, monkeypatch):
+    """The conversion's shared GGUF parse reads exactly what gguf's own reader reads and converts to the same
+    bytes; a second converter of the same file (a parallel test worker) waits for the first, then reuses it."""
+    gguf = pytest.importorskip("gguf")
+    import contextlib
+    import threading
+
+    import numpy as np
+
+    from gguf_factory import save_tiny_gguf
+    from sinkstudy import checkpoint
+    from sinkstudy.tiny import tiny_causal_lm
+
+    path = save_tiny_gguf(tmp_path / "tiny.gguf", tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer)
+    with checkpoint._one_gguf_parse():
+        shared = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is shared  # parsed once
+    plain = gguf.GGUFReader(path)
+    assert type(plain) is not type(shared)  # the reader is restored after the block
+    assert list(plain.fields) == list(shared.fields)
+    for name, field in plain.fields.items():
+        other = shared.fields[name]
+        assert field.types == other.types and field.data == other.data, name
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(field.parts, other.parts)), name
+    assert [(t.name, t.tensor_type) for t in plain.tensors] == [(t.name, t.tensor_type) for t in shared.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(plain.tensors, shared.tensors))
+
+    fast = checkpoint.convert_gguf(path, tmp_path / "fast")
+    monkeypatch.setattr(checkpoint, "_one_gguf_parse", contextlib.nullcontext)
+    slow = checkpoint.convert_gguf(path, tmp_path / "slow")
+    files = sorted(f.name for f in fast.iterdir() if f.name != checkpoint.GGUF_JSON)
+    assert "model.safetensors" in files and files == sorted(f.name for f in slow.iterdir() if f.name != checkpoint.GGUF_JSON)
+    assert all((fast / f).read_bytes() == (slow / f).read_bytes() for f in files)
+
+    out = checkpoint.gguf_cache_dir(path, tmp_path / "queued")
+    with checkpoint._conversion_lock(out):  # another process converting
+        waiting = threading.Thread(target=checkpoint.convert_gguf, args=(path, tmp_path / "queued"))
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive() and not out.exists()
+    waiting.join(120)
+    assert not waiting.is_alive() and (out / checkpoint.GGUF_JSON).is_file()

