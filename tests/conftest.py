@@ -1,7 +1,7 @@
 """Shared fixtures: everything offline, tiny and built locally; every test starts from the same state.
 
-The suite runs on all cores (pytest-xdist: each worker imports this file, so each has its own cache)
-and in random order (pytest-randomly; replay an order with `-p randomly --randomly-seed=N`).
+`make test` runs the suite on all cores (pytest-xdist: each worker imports this file, so each has its own
+cache) in random order (pytest-randomly; the seed is printed last, `--randomly-seed=N` replays an order).
 """
 
 import atexit
@@ -26,6 +26,14 @@ import torch  # noqa: E402
 # Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine the thread
 # pool's spin-waits made single forwards tens of times slower.
 torch.set_num_threads(1)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The random order's seed, last (pytest -q shows no header), so any failing order can be replayed."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(f"tests ran in random order, seed {seed}: replay it with --randomly-seed={seed} "
+                                    f"(make test ARGS=--randomly-seed={seed})")
 
 
 @pytest.fixture(autouse=True)

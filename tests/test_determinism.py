@@ -19,7 +19,8 @@ def _tiny_demo_config(path):
 
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     quick = quick_overrides(raw)
-    quick["build"]["backbones"] = [dict(b, steps=6) for b in quick["build"]["backbones"][1:3]]  # a qwen3 and a qwen2
+    quick["build"]["backbones"] = [dict(b, steps=6, hidden_size=32, seq_len=64, batch_size=4)
+                                   for b in quick["build"]["backbones"][1:3]]  # a qwen3 and a qwen2
     config = deep_merge(deep_merge(raw, quick), {
         "build": {"corpus": {"train_records": 300, "heldout_ifeval": 4, "heldout_gsm": 3}, "pretrain": {"curve_every": 3},
                   "vl": {"heldout_images": 10, "stage1": {"steps": 2, "batch_size": 4}, "stage2": {"steps": 3, "batch_size": 4},
