@@ -33,6 +33,7 @@ import inspect
 import marshal
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -57,7 +58,7 @@ class Plugin:
 
 _FILES: dict[str, Plugin] = {}  # resolved path -> the loaded plug-in
 _ENTRY_POINTS: dict[str, Plugin] = {}  # entry point name -> the loaded plug-in
-_REGISTRIES: list["Registry"] = []  # every registry made, for `saved_state`
+_REGISTRIES: "weakref.WeakSet[Registry]" = weakref.WeakSet()  # every live registry, for `isolated`
 
 
 def is_file_ref(ref: str) -> bool:
@@ -223,7 +224,7 @@ class Registry:
         self.items: dict[str, Any] = {}
         self.shipped_loaded = False
         self.entry_points_loaded = False
-        _REGISTRIES.append(self)
+        _REGISTRIES.add(self)
 
     def _module(self, entry: Any) -> str:
         return getattr(self.key(entry), "__module__", None) or "?"

@@ -119,40 +119,43 @@ def test_bad_plugins_fail_in_one_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
-TAKERS = {  # a plug-in that registers a shipped name, of each kind
-    "protection": ("sink_head_freeze", "interventions.protect", "get_protection",
-                   "from interventions.protect import Protection, register_protection\n\n\n"
-                   "@register_protection('sink_head_freeze')\nclass Taken(Protection):\n    pass\n"),
-    "mitigation": ("head_restore", "interventions.mitigations", "get_mitigation",
-                   "from interventions.mitigations import register_mitigation\n\n\n"
-                   "@register_mitigation('head_restore')\ndef taken(base, vlm_lm, sink_maps, config):\n    return vlm_lm\n"),
-}
+def test_a_plugin_loaded_before_the_shipped_modules_cannot_take_a_shipped_name(tmp_path, monkeypatch):
+    """Whatever the order of imports: a plug-in that registers before anything listed the registry (so
+    before the package's own modules registered) is refused in one line and the shipped entry stays.
+    On a package made for the test, so that its modules are imported for the first time here."""
+    from sinkstudy import SinkstudyError
 
+    package = tmp_path / "sinkstudy_test_shipping"
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent("""
+        from sinkstudy.plugins import Registry
+        from sinkstudy import SinkstudyError
 
-def test_a_plugin_loaded_first_in_a_fresh_process_cannot_take_a_shipped_name(tmp_path):
-    """Whatever the order of imports: a plug-in loaded before anything listed the registries (so
-    before the package's own modules registered) is refused in one line, and the shipped entry stays."""
-    import subprocess
+        REGISTRY = Registry("idea", __name__, SinkstudyError, key=lambda fn: fn)
 
-    code = "from sinkstudy.plugins import PluginError, load_plugin\n"
-    for kind, (name, package, getter, source) in TAKERS.items():
-        (tmp_path / f"{kind}.py").write_text(source)
-        code += textwrap.dedent(f"""
-            try:
-                load_plugin({str(tmp_path / f"{kind}.py")!r})
-            except PluginError as exc:
-                print(exc)
-            from {package} import {getter}
-            entry = {getter}({name!r})
-            print((getattr(entry, "fn", None) or entry.cls).__module__)
-        """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 2 * len(TAKERS)
-    for (kind, (name, package, _, _)), refusal, owner in zip(TAKERS.items(), lines[::2], lines[1::2]):
-        assert f"{kind} {name!r} is already registered: it ships with sinkstudy" in refusal
-        assert owner.startswith(package + ".")
+        def register(name):
+            def wrap(fn):
+                REGISTRY.add(name, fn)
+                return fn
+            return wrap
+    """))
+    (package / "shipped.py").write_text("from . import register\n\n\n@register('shared')\ndef shipped():\n    pass\n")
+    (tmp_path / "taker.py").write_text("from sinkstudy_test_shipping import register\n\n\n@register('shared')\ndef taken():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import sinkstudy_test_shipping as shipping
+
+        assert "sinkstudy_test_shipping.shipped" not in sys.modules  # nothing has listed the registry yet
+        with pytest.raises(PluginError, match="idea 'shared' is already registered: it ships with sinkstudy "
+                                              r"\(sinkstudy_test_shipping.shipped\)") as err:
+            load_plugin(str(tmp_path / "taker.py"))
+        assert "\n" not in str(err.value)
+        assert shipping.REGISTRY.get("shared").__module__ == "sinkstudy_test_shipping.shipped"
+        with pytest.raises(SinkstudyError, match="unknown idea 'taken'"):
+            shipping.REGISTRY.get("taken")
+    finally:
+        for name in [m for m in sys.modules if m.startswith("sinkstudy_test_shipping")]:
+            del sys.modules[name]
 
 
 def test_plugin_option_on_the_commands(tmp_path, capsys):
