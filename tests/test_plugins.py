@@ -208,3 +208,19 @@ def test_the_worked_example_in_docs_runs_as_a_plugin(tmp_path, tokenizer):
         assert report["stages"][0]["hooks"]["sink_head_slow_lr"]["row_blocks"] == 2
     finally:
         _REGISTRY.pop("sink_head_slow_lr", None)
+
+
+def test_isolated_forgets_what_a_block_loaded_and_loading_again_registers_again(tmp_path):
+    """The suite's per-test reset (tests/conftest.py): names, loaded files and their modules go, shipped names stay."""
+    from interventions.mitigations import list_mitigations
+    from interventions.protect import list_protections
+    from sinkstudy import plugins
+
+    shipped = (set(list_protections()), set(list_mitigations()))
+    path = _write(tmp_path / "isolated_plugin.py", "test_plugin_isolated")
+    for _ in range(2):
+        with plugins.isolated():
+            plugin = load_plugin(str(path))
+            assert "test_plugin_isolated" in list_protections() and "test_plugin_isolated_mitigation" in list_mitigations()
+        assert (set(list_protections()), set(list_mitigations())) == shipped
+        assert plugin.module not in sys.modules and plugin not in plugins.loaded_plugins()
