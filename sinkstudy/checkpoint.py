@@ -13,6 +13,7 @@ GGUF comes from its PyPI package.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -325,6 +326,15 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
     out = gguf_cache_dir(gguf, cache)
     if (out / GGUF_JSON).is_file():
         return out
+    from sinkstudy.io import output_lock
+
+    with output_lock(out, wait=True):  # parallel converters of one file (test workers, two commands) queue up
+        if not (out / GGUF_JSON).is_file():  # ...and the later ones find the first one's output
+            _convert(gguf, out)
+    return out
+
+
+def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -333,8 +343,9 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
     log.warning("converting %s to a safetensors checkpoint in %s (once; 1-2 minutes for 135M-270M parameters)", gguf, out)
     kwargs = {"gguf_file": gguf.name}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(gguf.parent), **kwargs)
-        loaded = AutoModelForCausalLM.from_pretrained(os.fspath(gguf.parent), dtype=torch.float32, **kwargs)
+        with _one_gguf_parse():
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(gguf.parent), **kwargs)
+            loaded = AutoModelForCausalLM.from_pretrained(os.fspath(gguf.parent), dtype=torch.float32, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise SinkstudyError(f"cannot convert {gguf}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
     config = loaded.config
@@ -349,4 +360,38 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
         tokenizer.save_pretrained(tmp)
         write_json_atomic(tmp / GGUF_JSON, {"source": os.fspath(gguf.resolve()), "sha256": gguf_sha256(gguf),
                                             "format": _GGUF_FORMAT, "model_class": type(fresh).__name__})
-    return out
+
+
+@contextlib.contextmanager
+def _one_gguf_parse():
+    """transformers parses a GGUF file's metadata three times (tokenizer, config, weights): for Gemma-3 a
+    262k-string vocabulary read one np.memmap slice at a time, most of the conversion's minute. Inside
+    this block `gguf.GGUFReader` parses each file once, slicing a plain array view of the same memory
+    map (the same bytes, without memmap's per-slice overhead; tests/test_checkpoint.py compares them)."""
+    import gguf
+    import numpy as np
+
+    original = gguf.GGUFReader
+
+    class FastReader(original):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            plain = self.__dict__.get("_plain")
+            if plain is None:
+                plain = self._plain = self.data.view(np.ndarray)
+            count = int(count)
+            arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    readers: dict = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = FastReader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original

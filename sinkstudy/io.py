@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import re
@@ -110,9 +111,10 @@ def lock_path(path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def output_lock(path: str | os.PathLike) -> Iterator[None]:
+def output_lock(path: str | os.PathLike, wait: bool = False) -> Iterator[None]:
     """Hold the exclusive lock of output `path` (creating its parent directory); another process
-    holding it makes this fail at once with one line naming that process."""
+    holding it makes this fail at once with one line naming that process, or with `wait` (a shared
+    cache entry that one process makes for all, e.g. a converted checkpoint) wait until it is done."""
     if fcntl is None:
         yield
         return
@@ -126,7 +128,7 @@ def output_lock(path: str | os.PathLike) -> Iterator[None]:
             _HELD[key][1] -= 1
         return
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(lock, path)
+    fd = _acquire(lock, path, wait)
     _HELD[key] = [fd, 1]
     try:
         yield
@@ -137,16 +139,20 @@ def output_lock(path: str | os.PathLike) -> Iterator[None]:
         os.close(fd)
 
 
-def _acquire(lock: Path, path) -> int:
+def _acquire(lock: Path, path, wait: bool = False) -> int:
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").split() or ["unknown"]
-            os.close(fd)
-            raise OutputLockedError(f"{path} is being written by another sinkstudy process (pid {' on '.join(holder[:2])}); "
-                                    "wait for it to finish or choose another output") from None
+            if wait:
+                logging.getLogger(__name__).warning("waiting for pid %s, which is writing %s", " on ".join(holder[:2]), path)
+                fcntl.flock(fd, fcntl.LOCK_EX)  # the holder unlinks the file it locked: the check below retries then
+            else:
+                os.close(fd)
+                raise OutputLockedError(f"{path} is being written by another sinkstudy process (pid {' on '.join(holder[:2])}); "
+                                        "wait for it to finish or choose another output") from None
         try:
             same = os.stat(lock).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:

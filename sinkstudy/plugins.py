@@ -25,6 +25,7 @@ Plumbing: this module imports nothing above `sinkstudy`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -32,9 +33,10 @@ import inspect
 import marshal
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from sinkstudy import SinkstudyError
 
@@ -56,6 +58,7 @@ class Plugin:
 
 _FILES: dict[str, Plugin] = {}  # resolved path -> the loaded plug-in
 _ENTRY_POINTS: dict[str, Plugin] = {}  # entry point name -> the loaded plug-in
+_REGISTRIES: "weakref.WeakSet[Registry]" = weakref.WeakSet()  # every live registry, for `isolated`
 
 
 def is_file_ref(ref: str) -> bool:
@@ -144,6 +147,34 @@ def loaded_plugins() -> list[Plugin]:
     return list(_FILES.values()) + list(_ENTRY_POINTS.values())
 
 
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """On exit, forget every plug-in loaded and every name registered inside the block (the test
+    suite runs each test in one): registries, loaded files and entry points, and the modules of the
+    forgotten entries, so loading them again registers them again. Shipped names stay."""
+    saved = {id(r): dict(r.items) for r in _REGISTRIES}
+    flags = {id(r): r.entry_points_loaded for r in _REGISTRIES}
+    files, entry_points, modules = dict(_FILES), dict(_ENTRY_POINTS), set(sys.modules)
+    try:
+        yield
+    finally:
+        for r in _REGISTRIES:
+            before = saved.get(id(r), {})
+            dropped = {r._module(e) for n, e in r.items.items() if not r._is_shipped(e) and before.get(n) is not e}
+            kept = {n: e for n, e in r.items.items() if r._is_shipped(e) and n not in before}
+            r.items.clear()
+            r.items.update({**before, **kept})
+            r.entry_points_loaded = flags.get(id(r), False)
+            for name in dropped - modules:
+                sys.modules.pop(name, None)
+        for live, old in ((_FILES, files), (_ENTRY_POINTS, entry_points)):
+            for name in set(live) - set(old):
+                if live[name].module not in modules:
+                    sys.modules.pop(live[name].module, None)
+            live.clear()
+            live.update(old)
+
+
 def source_hash(*objects: Any) -> str:
     """'plugin-sha256:<24 hex>' over the source files defining `objects` (functions, classes,
     modules; None is skipped), each file once, in order; compiled code where no file exists."""
@@ -181,30 +212,60 @@ class Registry:
     """Named plug-ins of one kind (mitigations, protections): the registering package's own modules
     are imported at first use, then the `sinkstudy.plugins` entry points; `items` maps name -> entry.
 
-    `key(entry)` is the registered function or class: registering a name again is an error unless it
-    is the same object or the same one from a plug-in file loaded again after an edit.
+    The shipped names come first whatever the order of imports: a registration from outside the
+    package imports the package's own modules before it is accepted, and a shipped name is never
+    taken by a plug-in (one-line error). `key(entry)` is the registered function or class:
+    registering a name again is an error unless it is the same object or the same one from a
+    plug-in file loaded again after an edit.
     """
 
     def __init__(self, kind: str, package: str, error: type, key):
         self.kind, self.package, self.error, self.key = kind, package, error, key
         self.items: dict[str, Any] = {}
-        self._loaded = False
+        self.shipped_loaded = False
+        self.entry_points_loaded = False
+        _REGISTRIES.add(self)
 
-    def add(self, name: str, entry: Any) -> None:
-        old = self.items.get(name)
-        if old is not None and self.key(old) is not self.key(entry) and not same_module_reloaded(self.key(old), self.key(entry)):
-            raise self.error(f"{self.kind} {name!r} is already registered (by {getattr(self.key(old), '__module__', '?')})")
-        self.items[name] = entry
+    def _module(self, entry: Any) -> str:
+        return getattr(self.key(entry), "__module__", None) or "?"
 
-    def all(self) -> dict[str, Any]:
-        if not self._loaded:
-            import pkgutil
+    def _is_shipped(self, entry: Any) -> bool:
+        module = self._module(entry)
+        return module == self.package or module.startswith(self.package + ".")
 
+    def load_shipped(self) -> None:
+        """Import the package's own modules once; each registers what it ships."""
+        if self.shipped_loaded:
+            return
+        import pkgutil
+
+        self.shipped_loaded = True  # first: the modules' registrations come back through `add`
+        try:
             package = importlib.import_module(self.package)
             for mod in pkgutil.iter_modules(package.__path__):
                 importlib.import_module(f"{self.package}.{mod.name}")
+        except BaseException:
+            self.shipped_loaded = False
+            raise
+
+    def add(self, name: str, entry: Any) -> None:
+        shipped = self._is_shipped(entry)
+        if not shipped:
+            self.load_shipped()  # a plug-in registers only after every shipped name is taken
+        old = self.items.get(name)
+        if old is not None and self.key(old) is not self.key(entry):
+            if self._is_shipped(old) and not shipped:
+                raise self.error(f"{self.kind} {name!r} is already registered: it ships with sinkstudy "
+                                 f"({self._module(old)}); a plug-in must use another name")
+            if not same_module_reloaded(self.key(old), self.key(entry)):
+                raise self.error(f"{self.kind} {name!r} is already registered (by {self._module(old)})")
+        self.items[name] = entry
+
+    def all(self) -> dict[str, Any]:
+        self.load_shipped()
+        if not self.entry_points_loaded:
             load_entry_points()
-            self._loaded = True
+            self.entry_points_loaded = True
         return dict(sorted(self.items.items()))
 
     def get(self, name: str) -> Any:

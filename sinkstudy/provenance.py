@@ -17,20 +17,29 @@ Model identity (`model_fingerprint`), the key of every cached result:
 Files of 1 MiB or more are hashed once per (resolved path, size, mtime_ns, ctime_ns, inode,
 device) and the digest cached under the sinkstudy cache: ctime changes on every write and every
 `touch`/`os.utime`, so restoring an edit with the old mtime is caught. Smaller files are re-hashed.
+
+Hardware (`hardware()`, in every provenance block): training amplifies floating-point differences
+between machines, so a result records what computed it: the CPU model and the ISA flags that select
+different kernels (AVX2 / AVX-512 / AMX / FMA...), torch's thread counts, its CPU kernel level and
+BLAS / oneDNN backends, environment variables that change them, and the CUDA device when present.
+The static part is read once per process; thread counts are read at each call.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import fnmatch
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 _PACKAGES = ("sinkstudy", "torch", "transformers", "mergekit", "lm_eval", "datasets", "scipy", "numpy", "tokenizers", "safetensors")
 
@@ -78,8 +87,123 @@ def provenance(**extra: Any) -> dict[str, Any]:
         "versions": package_versions(),
         "sinkstudy_git": git_revision(),
         "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+        "hardware": hardware(),
         **extra,
     }
+
+
+# --------------------------------------------------------------------------- hardware
+
+# /proc/cpuinfo flags that select different kernels (and so different rounding) in BLAS, oneDNN and ATen.
+NUMERIC_CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                     "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+                     "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm")  # the last six: Arm's "Features"
+# Environment variables that change threads or the kernels chosen.
+NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
+               "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG")
+
+
+def hardware() -> dict[str, Any]:
+    """What computed a result: CPU, torch's threads and kernels, CUDA device (see the module doc).
+    torch's part only where torch is loaded (a result made without it did not use it)."""
+    out = {**_cpu(), "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(), **_torch_build(),
+                        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+                        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
+        out["cuda"] = _cuda()
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu() -> dict[str, Any]:
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if not key and info:  # the first processor's block is enough
+                    break
+                info.setdefault(key, value.strip())
+    except OSError:  # not Linux
+        pass
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"machine": platform.machine(),
+            "cpu": info.get("model name") or info.get("Model") or platform.processor() or None,
+            "cpu_flags": [f for f in NUMERIC_CPU_FLAGS if f in flags],
+            "cpu_count": os.cpu_count(), "cpus_usable": usable}
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_build() -> dict[str, Any]:
+    """torch's CPU kernel level and math libraries, from torch.__config__.show()."""
+    import torch
+
+    shown = torch.__config__.show()
+    settings = dict(re.findall(r"(\w+)=([^,\n]*)", shown.split("Build settings:", 1)[1])) if "Build settings:" in shown else {}
+
+    def line(pattern: str) -> str | None:
+        m = re.search(pattern, shown)
+        return m.group(1).strip() if m else None
+
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "blas": settings.get("BLAS_INFO"), "lapack": settings.get("LAPACK_INFO"),
+            "mkl": line(r"Math Kernel Library Version ([\w.]+)") if torch.backends.mkl.is_available() else None,
+            "onednn": line(r"MKL-DNN (v[^\s]+)") if torch.backends.mkldnn.is_available() else None,
+            "onednn_enabled": bool(torch.backends.mkldnn.enabled), "openmp": line(r"- OpenMP (\d+)")}
+
+
+def _cuda() -> dict[str, Any] | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return {"device": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}", "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32}
+
+
+def describe_hardware(hw: dict | list | None) -> str:
+    """One line per machine setting, joined by ' | ' (a list: the distinct ones a set of results came from)."""
+    entries = hw if isinstance(hw, list) else [hw] if hw else []
+    if not entries:
+        return "not recorded"
+    parts = []
+    for h in entries:
+        text = f"{h.get('cpu') or h.get('machine') or 'unknown CPU'} ({', '.join(h.get('cpu_flags') or []) or 'no listed flags'}; " \
+               f"{h.get('cpus_usable')} of {h.get('cpu_count')} cores)"
+        t = h.get("torch")
+        if t:
+            text += (f"; torch {t['threads']} thread(s), {t['interop_threads']} inter-op, kernels {t['cpu_capability']}, "
+                     f"BLAS {t['blas'] or '?'}" + (f", oneDNN {t['onednn']}" if t.get("onednn") and t.get("onednn_enabled") else ""))
+        if h.get("cuda"):
+            text += f"; CUDA {h['cuda']['device']}"
+        if h.get("env"):
+            text += "; " + " ".join(f"{k}={v}" for k, v in h["env"].items())
+        parts.append(text)
+    return " | ".join(parts)
+
+
+def recorded_hardware(record_files: Iterable[str | os.PathLike]) -> list[dict]:
+    """The distinct `provenance.hardware` entries of these JSON records (e.g. a study's step records:
+    the machines and thread settings its results came from), in the order of the sorted paths."""
+    seen: list[dict] = []
+    for f in sorted(map(Path, record_files)):
+        try:
+            hw = (json.loads(f.read_text(encoding="utf-8")).get("provenance") or {}).get("hardware")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if hw and hw not in seen:
+            seen.append(hw)
+    return seen
 
 
 def code_version(*paths: str | os.PathLike) -> str:

@@ -123,12 +123,14 @@ def gguf_file(name: str, cache: str | os.PathLike | None = None) -> Path:
 def _assemble(model: RealModel, cache) -> Path:
     import importlib
 
-    from sinkstudy.io import atomic_file, cache_root
+    from sinkstudy.io import atomic_file, cache_root, output_lock
 
     path = Path(cache or cache_root()) / "real" / model.file
     if not path.is_file():
-        with atomic_file(path) as tmp:  # an interrupted assembly never leaves a truncated file behind
-            importlib.import_module(model.module).assemble(tmp, overwrite=True)
+        with output_lock(path, wait=True):  # parallel first users (test workers) assemble it once
+            if not path.is_file():
+                with atomic_file(path) as tmp:  # an interrupted assembly never leaves a truncated file behind
+                    importlib.import_module(model.module).assemble(tmp, overwrite=True)
     return path
 
 

@@ -1,13 +1,21 @@
-"""Shared fixtures: everything offline, tiny and built locally."""
+"""Shared fixtures: everything offline, tiny and built locally; every test starts from the same state.
+
+`make test` runs the suite on all cores (pytest-xdist: each worker imports this file, so each has its own
+cache) in random order (pytest-randomly; the seed is printed last, `--randomly-seed=N` replays an order).
+"""
 
 import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The real checkpoints (tests marked `real`) are converted once into the user's cache, not the suite's
+# throw-away one: the cache in effect when the run started (`make test` converts them there first).
+os.environ.setdefault("SINKSTUDY_REAL_CACHE", os.environ.get("SINKSTUDY_CACHE") or str(Path.home() / ".cache" / "sinkstudy"))
 # Hermetic: eval results, fingerprints and nltk tables cached by one run must not serve another.
 os.environ["SINKSTUDY_CACHE"] = tempfile.mkdtemp(prefix="sinkstudy-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SINKSTUDY_CACHE"], ignore_errors=True)
@@ -18,6 +26,29 @@ import torch  # noqa: E402
 # Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine the thread
 # pool's spin-waits made single forwards tens of times slower.
 torch.set_num_threads(1)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The random order's seed, last (pytest -q shows no header), so any failing order can be replayed."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(f"tests ran in random order, seed {seed}: replay it with --randomly-seed={seed} "
+                                    f"(make test ARGS=--randomly-seed={seed})")
+
+
+@pytest.fixture(autouse=True)
+def _isolated():
+    """No test sees what another left: plug-ins and registered names, environment variables, torch's
+    thread count and its global random generator are put back (and the generator seeded) around each."""
+    from sinkstudy.plugins import isolated
+
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    torch.manual_seed(0)
+    with isolated():
+        yield
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

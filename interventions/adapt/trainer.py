@@ -281,6 +281,7 @@ def train_stage(
         "lr": stage.lr,
         "schedule": stage.schedule,
         "effective_batch": stage.micro_batch_size * args.gradient_accumulation_steps * world,
+        "processes": world,  # data-parallel ranks (the effective batch is the same on any number)
         "seconds": round(seconds, 3),
         "steps_per_second": round(steps_run / seconds, 3) if seconds > 0 else None,
         "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 and not checkpoint else None,
