@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.protocol import BACKENDS
 from experiments import argtypes
 from experiments.summary import Summary, cmd
 
@@ -65,7 +66,9 @@ def add_eval_args(p, *, prefix: str = "") -> None:
     add_protocol_args(p)
     p.add_argument(f"--{prefix}data", dest="eval_data", action="append", default=None, metavar="TASK=FILE",
                    help="local jsonl for a task (repeatable)")
-    p.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="vllm: lm-eval's vLLM backend (GPU)")
+    p.add_argument("--backend", choices=BACKENDS, default="hf",
+                   help="hf-continuous: lm-eval's HF backend with continuous-batching greedy generation (docs/evals.md); "
+                        "vllm: lm-eval's vLLM backend (GPU)")
     p.add_argument("--backend-args", default=None, metavar="JSON|K=V,...",
                    help="backend constructor arguments as a JSON object or K=V pairs (quote values with commas), "
                         "e.g. tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.85")

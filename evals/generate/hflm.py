@@ -78,14 +78,7 @@ class ContinuousHFLM(HFLM):
         return results
 
     def _plan(self, args) -> tuple[list[str], int] | None:
-        """(until strings with the EOS text, max_gen_toks) of a plain greedy request, else None."""
-        kwargs = normalize_gen_kwargs(args[1], self.max_gen_toks)
-        until = handle_stop_sequences(kwargs.pop("until", None), eos=self.tok_decode(self.eot_token_id, skip_special_tokens=False))
-        max_gen_toks = kwargs.pop("max_gen_toks")
-        kwargs.pop("temperature", None)
-        if kwargs.pop("do_sample") or kwargs or max_gen_toks < 1:
-            return None
-        return until, max_gen_toks
+        return greedy_plan(args[1], self.max_gen_toks, self.tok_decode(self.eot_token_id, skip_special_tokens=False))
 
     def _generate_greedy(self, args: list[tuple], plans: list[tuple[list[str], int]], disable_tqdm: bool) -> list[str]:
         prompts = []
@@ -94,7 +87,7 @@ class ContinuousHFLM(HFLM):
             if max_ctx_len <= 0:
                 raise SinkstudyError(f"max_gen_toks {max_gen_toks} leaves no room for the prompt within the model's max length {self.max_length}")
             ids, _ = self.tok_batch_encode([context], left_truncate_len=max_ctx_len, truncation=self.truncation)
-            prompts.append(Prompt(ids[0].tolist(), max_gen_toks, _stop_test(self.tokenizer, until)))
+            prompts.append(Prompt(ids[0].tolist(), max_gen_toks, stop_test(self.tokenizer, until)))
         # Longest prompt first, as HFLM orders its batches.
         order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i].ids), args[i][0]))
         pbar = tqdm(total=len(prompts), disable=disable_tqdm or self.rank != 0, desc="Running generate_until requests (continuous batching)")
@@ -124,7 +117,19 @@ class ContinuousHFLM(HFLM):
                                           think_end_token=self.think_end_token if isinstance(self.think_end_token, str) else None)
 
 
-def _stop_test(tokenizer, until: list[str]):
+def greedy_plan(gen_kwargs: dict, default_max_gen_toks: int, eos_text: str) -> tuple[list[str], int] | None:
+    """(until strings with the EOS text appended, max_gen_toks) of a plain greedy request, as HFLM
+    normalises them; None when the request samples or sets anything else."""
+    kwargs = normalize_gen_kwargs(gen_kwargs, default_max_gen_toks)
+    until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+    max_gen_toks = kwargs.pop("max_gen_toks")
+    kwargs.pop("temperature", None)
+    if kwargs.pop("do_sample") or kwargs or max_gen_toks < 1:
+        return None
+    return until, max_gen_toks
+
+
+def stop_test(tokenizer, until: list[str]):
     """lm-eval's own stop-sequence criteria, as `model.generate` applies them to a batch-1 row."""
     criteria = stop_sequences_criteria(tokenizer, until, 0, 1)
     lookback = max((c.sequence_id_len for c in criteria), default=0)
