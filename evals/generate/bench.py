@@ -160,6 +160,19 @@ def divergence(model, prompt_ids: list[int], reference: list[int], other: list[i
             f"gap {a - b:.2e}, top logit {float(logits.max()):.3f}")
 
 
+def _warm_up(model, tokenizer) -> None:
+    """One short untimed generation through each path, so that no measured run pays first-call costs."""
+    import torch
+
+    from evals.generate.loop import Prompt, greedy_generate
+
+    ids = tokenizer("Warm-up: count to three.", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                       pad_token_id=tokenizer.pad_token_id)
+    greedy_generate(model, [Prompt(ids[0].tolist(), 4)] * 2, batch_size=2)
+
+
 def _load_average() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -188,17 +201,24 @@ def main(argv: list[str] | None = None) -> int:
 
     from sinkstudy.checkpoint import load_tokenizer, local_model_path
 
+    from sinkstudy import SinkstudyError
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = local_model_path(args.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokenizer = load_tokenizer(path)
+    try:
+        path = local_model_path(args.model)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tokenizer = load_tokenizer(path)
+    except (SinkstudyError, OSError, ValueError) as exc:
+        print(f"bench-eval: cannot load {args.model}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 2
     print(f"model: {args.model} ({type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, float32, "
           f"{model.config._attn_implementation}); tasks {args.tasks}, limit {limit or 'all'}, max_gen_toks "
           f"{max_gen_toks or 'each task' + chr(39) + 's own'}; batch size {batch_size}; torch threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} CPUs", flush=True)
     print(f"load average (1, 5, 15 min) before: {_load_average()}", flush=True)
 
+    _warm_up(model, tokenizer)
     ours = run_lm_eval(model, tokenizer, args.tasks, limit, max_gen_toks, "hf-continuous", batch_size)
     print(f"ours (hf-continuous, batch {batch_size}): {ours.seconds:.1f} s   [load {_load_average()}]", flush=True)
     anchor = run_hf_generate(model, tokenizer, ours.requests, batch_size)
