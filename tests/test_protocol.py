@@ -258,10 +258,14 @@ def test_lm_eval_cli_runs_the_shipped_task_and_agrees_with_sinkstudy(model_dir, 
 
 
 @pytest.mark.slow
-def test_data_parallel_under_torchrun_equals_one_process(model_dir, tmp_path):
+@pytest.mark.parametrize("backend", ["hf", "hf-continuous"])
+def test_data_parallel_under_torchrun_equals_one_process(model_dir, tmp_path, backend):
     """Two CPU processes under torchrun (what `accelerate launch` starts on GPUs) split the prompts;
-    rank 0 gathers and writes the same run a single process writes (batch 1: no padding effects)."""
-    args = ["eval", str(model_dir), "--tasks", "sinkstudy_gsm", "--limit", "5", "--batch-size", "1", "--max-gen-toks", "6"]
+    rank 0 gathers and writes the same run a single process writes (hf at batch 1: no padding effects;
+    hf-continuous's texts do not depend on the batch)."""
+    batch = "1" if backend == "hf" else "3"
+    args = ["eval", str(model_dir), "--tasks", "sinkstudy_gsm", "--limit", "5", "--batch-size", batch, "--max-gen-toks", "6",
+            "--backend", backend]
     env = _env(SINKSTUDY_CACHE=str(tmp_path / "cache"))
     dp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "experiments.cli", *args,
                          "--out", str(tmp_path / "dp"), "--cache-dir", str(tmp_path / "c_dp")],

@@ -238,28 +238,54 @@ def main(argv: list[str] | None = None) -> int:
     print(f"identical outputs vs lm-eval default: {same}/{total} ({100 * same / total:.1f}%)")
     print("scores (ours − default, points):")
     print("\n".join(score_lines))
+    _lengths(model, tokenizer, default)
     if differing:
         _explain(model, tokenizer, default, ours, differing)
     print(f"load average (1, 5, 15 min) after: {_load_average()}")
     return 0
 
 
-def _explain(model, tokenizer, default: Measured, ours: Measured, differing: list[tuple[str, int]]) -> None:
-    """For each differing prompt: where the streams part, and our loop's output at batch size 1."""
+def _requests_of(model, tokenizer, default: Measured):
+    """{(task, doc_id): (prompt ids, until, max_gen_toks)} of the default run, as HFLM encoded them."""
     from lm_eval.models.huggingface import HFLM
 
-    from evals.generate.hflm import greedy_plan, stop_test
-    from evals.generate.loop import Prompt, greedy_generate
+    from evals.generate.hflm import greedy_plan
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1)
+    eos_text = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
+    gen_kwargs_of = dict(default.requests)  # context -> its generation kwargs
+    out = {}
+    for task, rows in default.run.samples.items():
+        for s in rows:
+            until, max_gen_toks = greedy_plan(gen_kwargs_of[s["prompt"]], lm.max_gen_toks, eos_text)
+            ids = lm.tok_batch_encode([s["prompt"]], left_truncate_len=lm.max_length - max_gen_toks)[0][0].tolist()
+            out[task, s["doc_id"]] = ids, until, max_gen_toks
+    return out
+
+
+def _lengths(model, tokenizer, default: Measured) -> None:
+    """Answer lengths per task (what a shorter max_gen_toks would cut)."""
+    by_task: dict[str, list[tuple[int, int]]] = {}
+    for (task, _), (ids, _, max_gen_toks) in _requests_of(model, tokenizer, default).items():
+        by_task.setdefault(task, []).append((len(default.tokens[tuple(ids)]), max_gen_toks))
+    print("answer lengths of lm-eval's default (tokens):")
+    for task, rows in by_task.items():
+        n = [k for k, _ in rows]
+        print(f"  {task:<20} mean {sum(n) / len(n):7.1f}  longest {max(n):5d}  at max_gen_toks: "
+              f"{sum(k >= m for k, m in rows)}/{len(rows)} (max_gen_toks {sorted({m for _, m in rows})})")
+
+
+def _explain(model, tokenizer, default: Measured, ours: Measured, differing: list[tuple[str, int]]) -> None:
+    """For each differing prompt: where the streams part, and our loop's output at batch size 1."""
+    from evals.generate.hflm import stop_test
+    from evals.generate.loop import Prompt, greedy_generate
+
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    gen_kwargs_of = dict(default.requests)  # context -> its generation kwargs
+    requests = _requests_of(model, tokenizer, default)
     print("differing prompts:")
     for task, doc_id in differing:
-        context = next(s["prompt"] for s in default.run.samples[task] if s["doc_id"] == doc_id)
-        until, max_gen_toks = greedy_plan(gen_kwargs_of[context], lm.max_gen_toks, lm.tok_decode(lm.eot_token_id, skip_special_tokens=False))
-        ids = lm.tok_batch_encode([context], left_truncate_len=lm.max_length - max_gen_toks)[0][0].tolist()
+        ids, until, max_gen_toks = requests[task, doc_id]
         ref, mine = default.tokens[tuple(ids)], ours.tokens[tuple(ids)]
         alone = greedy_generate(model, [Prompt(ids, max_gen_toks, stop_test(tokenizer, until))], batch_size=1, eos_token_ids=eos)[0]
         print(f"  {task} doc {doc_id}: {divergence(model, ids, ref, mine)}; our loop at batch size 1 "
