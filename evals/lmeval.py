@@ -10,7 +10,7 @@ file of a checkpoint that changes outputs, or a loaded model's weights + configs
 protocol knobs of `evals.protocol` included: chat-template kwargs, system instruction, generation
 kwargs, batch size, dtype, backend and device), the lm-eval version, and the toolkit's own version
 (sinkstudy's version plus a hash of the source files that shape eval outputs: this module,
-evals/protocol.py, evals/tasks/, evals/nltk_offline.py, evals/generate/).
+evals/protocol.py, evals/tasks/, evals/nltk_offline.py, the hf-continuous generation loop in evals/generate/).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ _RECORD_FORMAT = 2
 _EVALS_DIR = Path(__file__).resolve().parent
 # The source files that shape eval outputs: part of every cache key (eval_code_version).
 EVAL_CODE = (_EVALS_DIR / "lmeval.py", _EVALS_DIR / "protocol.py", _EVALS_DIR / "tasks", _EVALS_DIR / "nltk_offline.py",
-             _EVALS_DIR / "generate")
+             *(_EVALS_DIR / "generate" / f for f in ("packed.py", "loop.py", "hflm.py")))
 
 
 def eval_code_version() -> str:
