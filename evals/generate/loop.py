@@ -80,11 +80,11 @@ def greedy_generate(model, prompts: Sequence[Prompt], *, batch_size: int, eos_to
                 return i, cache
         return None
 
-    kv = PackedKV(len(DynamicCache(config=model.config).layers), batch_size)
+    kv = PackedKV(len(DynamicCache(config=model.config).layers), min(batch_size, len(pending)))
     rows: list[int] = []  # the prompt index in each slot
     with torch.inference_mode():
         while True:
-            while len(rows) < batch_size and (row := next_row()) is not None:
+            while len(rows) < kv.slots and (row := next_row()) is not None:
                 kv.insert(len(rows), row[1], len(prompts[row[0]].ids))
                 rows.append(row[0])
             if not rows:
