@@ -18,7 +18,7 @@ Schema (every key but `name` and `pairs`/`build` optional; unknown keys are erro
     sink: {metric: logodds, texts: null, params: {}, options: {}}
     evals: {tasks: [...], data_files: {task: path}, limit, batch_size (int | auto | auto:N), max_gen_toks,
             apply_chat_template, chat_template_kwargs: {...}, system_instruction, gen_kwargs: {...},
-            num_fewshot, confirm_run_unsafe_code, backend: hf | vllm, backend_args: {...}, n_boot, confidence}
+            num_fewshot, confirm_run_unsafe_code, backend: hf | hf-continuous | vllm, backend_args: {...}, n_boot, confidence}
     interventions:
       - {name: ties-0.2, method: ties, params: {weight: 1.0, density: 0.2}}
       - {name: qknorm, method: qknorm, params: {init: scale-preserving, train_steps: 0, vl: true}}
