@@ -88,8 +88,9 @@ class ContinuousHFLM(HFLM):
                 raise SinkstudyError(f"max_gen_toks {max_gen_toks} leaves no room for the prompt within the model's max length {self.max_length}")
             ids, _ = self.tok_batch_encode([context], left_truncate_len=max_ctx_len, truncation=self.truncation)
             prompts.append(Prompt(ids[0].tolist(), max_gen_toks, stop_test(self.tokenizer, until)))
-        # Longest prompt first, as HFLM orders its batches.
-        order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i].ids), args[i][0]))
+        # The largest token budget first (a long answer started late would end the run alone), then the
+        # longest prompt, as HFLM orders its batches. The order changes only which rows share a step.
+        order = sorted(range(len(prompts)), key=lambda i: (-prompts[i].max_new_tokens, -len(prompts[i].ids), args[i][0]))
         pbar = tqdm(total=len(prompts), disable=disable_tqdm or self.rank != 0, desc="Running generate_until requests (continuous batching)")
         eos = self.model.generation_config.eos_token_id
         with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None):
