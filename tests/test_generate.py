@@ -139,3 +139,32 @@ def test_run_eval_backends_have_their_own_cache_keys_and_the_same_samples(tokeni
     assert {t: [s["output"] for s in rows] for t, rows in hf.samples.items()} == \
            {t: [s["output"] for s in rows] for t, rows in ours.samples.items()}
     assert hf.scores == ours.scores
+
+
+def test_bench_divergence_names_the_first_differing_token_and_its_batch1_logit_gap(tokenizer):
+    from evals.generate.bench import divergence
+
+    model = tiny_causal_lm("qwen2", seed=0)
+    ids = tokenizer("the cat sat on").input_ids
+    (greedy,) = greedy_generate(model, [Prompt(ids, 8)], batch_size=1)
+    other = greedy[:3] + [(greedy[3] + 1) % 512] + greedy[4:]
+    text = divergence(model, ids, greedy, other)
+    assert text.startswith(f"token 3: default {greedy[3]} ") and f"vs ours {other[3]} " in text
+    gap = float(text.split("gap ")[1].split(",")[0])
+    assert gap > 0  # the default's token is the batch-1 argmax
+    assert divergence(model, ids, greedy, greedy[:5]).startswith("same tokens up to 5")
+
+
+@pytest.mark.slow
+def test_bench_runs_end_to_end_on_a_tiny_checkpoint(tokenizer, tmp_path, capsys):
+    from evals.generate.bench import main
+
+    tiny_causal_lm("llama", seed=3).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    assert main(["--model", str(tmp_path / "m"), "--quick", "--limit", "2", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ours / HF generate at batch 4: " in out and "ours / lm-eval default: " in out
+    assert "identical outputs vs lm-eval default: 4/4 (100.0%)" in out
+    assert "load average (1, 5, 15 min) before: " in out and "answer lengths of lm-eval's default" in out
+    assert main(["--model", str(tmp_path / "missing")]) == 2
+    assert "cannot load" in capsys.readouterr().err
