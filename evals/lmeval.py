@@ -10,7 +10,7 @@ file of a checkpoint that changes outputs, or a loaded model's weights + configs
 protocol knobs of `evals.protocol` included: chat-template kwargs, system instruction, generation
 kwargs, batch size, dtype, backend and device), the lm-eval version, and the toolkit's own version
 (sinkstudy's version plus a hash of the source files that shape eval outputs: this module,
-evals/protocol.py, evals/tasks/, evals/nltk_offline.py).
+evals/protocol.py, evals/tasks/, evals/nltk_offline.py, the hf-continuous generation loop in evals/generate/).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from sinkstudy.io import (atomic_output_dir, cache_root, check_output_dir, json_
                           write_json_atomic, write_text_atomic)
 from sinkstudy.provenance import code_version, model_fingerprint, package_versions, provenance
 
-from evals.protocol import (check_backend, check_backend_args, check_batch_size, check_gen_kwargs, check_mapping,
-                            check_system_instruction, warn_unset_template_variables)
+from evals.protocol import (HF_BACKENDS, check_backend, check_backend_args, check_backend_batch_size, check_batch_size,
+                            check_gen_kwargs, check_mapping, check_system_instruction, warn_unset_template_variables)
 from evals.tasks import (SHIPPED_TASKS, TaskSpec, UnknownTaskError, builtin_task_manager, close_matches, empty_task_manager,
                          parse_task_list, resolve_tasks)
 
@@ -63,7 +63,8 @@ SAMPLES_DIR = "samples"
 _RECORD_FORMAT = 2
 _EVALS_DIR = Path(__file__).resolve().parent
 # The source files that shape eval outputs: part of every cache key (eval_code_version).
-EVAL_CODE = (_EVALS_DIR / "lmeval.py", _EVALS_DIR / "protocol.py", _EVALS_DIR / "tasks", _EVALS_DIR / "nltk_offline.py")
+EVAL_CODE = (_EVALS_DIR / "lmeval.py", _EVALS_DIR / "protocol.py", _EVALS_DIR / "tasks", _EVALS_DIR / "nltk_offline.py",
+             *(_EVALS_DIR / "generate" / f for f in ("packed.py", "loop.py", "hflm.py")))
 
 
 def eval_code_version() -> str:
@@ -209,15 +210,19 @@ def run_eval(
     QK-norm-injected checkpoints), in `dtype` (default float32), on `device`; its tokenizer by
     `sinkstudy.checkpoint.load_tokenizer` (a generic tokenizer keeps its class). A loaded model is
     evaluated where it is.
+    `backend="hf-continuous"` is HFLM with sinkstudy's greedy generation loop (`evals.generate`):
+    `batch_size` rows decode together, a finished row's slot goes to the next prompt; outputs are
+    those of HFLM at batch size 1 up to batch-shape numerics (docs/evals.md).
     With `backend="vllm"` the model must be a path or hub id; `backend_args` go to lm-eval's VLLM
     (tensor_parallel_size, data_parallel_size, gpu_memory_utilization, ...) or HFLM.
-    Under `accelerate launch` / torchrun (WORLD_SIZE > 1) the hf backend evaluates data-parallel:
+    Under `accelerate launch` / torchrun (WORLD_SIZE > 1) the hf backends evaluate data-parallel:
     every process takes a share of the prompts; rank 0 gathers, caches, saves and returns the
     run, the other ranks return None.
     """
     check_backend(backend)
     check_limit(limit)
     batch_size = check_batch_size(batch_size)
+    check_backend_batch_size(backend, batch_size)
     chat_template_kwargs = check_mapping(chat_template_kwargs or {}, "chat template kwargs")
     system_instruction = check_system_instruction(system_instruction)
     gen_kwargs = check_gen_kwargs(gen_kwargs)
@@ -290,7 +295,7 @@ def run_eval(
         todo = [s for s in specs if records[s.name] is None]
         if todo:
             log.info("evaluating %s on %s", model_name, ", ".join(s.name for s in todo))
-            if is_path and backend == "hf":  # loaded only now: a fully cached rerun never loads weights
+            if is_path and backend in HF_BACKENDS:  # loaded only now: a fully cached rerun never loads weights
                 model = _load_model(loader or _auto_causal_lm, model, distributed.device if distributed else device, dtype)
             with _progress_bars(progress):
                 fresh = _evaluate(model, tokenizer, todo, settings, distributed, confirm_run_unsafe_code)
@@ -445,8 +450,8 @@ def _load_model(loader, path, device=None, dtype=None):
 
 
 def _data_parallel(backend: str):
-    """The accelerate state when this process is one of several (accelerate launch / torchrun) on the hf backend."""
-    if backend != "hf" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    """The accelerate state when this process is one of several (accelerate launch / torchrun) on an hf backend."""
+    if backend not in HF_BACKENDS or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     import torch
     from accelerate import Accelerator
@@ -545,8 +550,11 @@ def _build_lm(model, tokenizer, settings, distributed=None):
         return VLLM(**args)
     from lm_eval.models.huggingface import HFLM
 
+    from evals.generate.hflm import ContinuousHFLM
+
     guard_tied_weights(model)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=settings["batch_size"],
+    lm_class = ContinuousHFLM if settings["backend"] == "hf-continuous" else HFLM
+    lm = lm_class(pretrained=model, tokenizer=tokenizer, batch_size=settings["batch_size"],
               chat_template_args=dict(settings["chat_template_kwargs"]), **settings["backend_args"])
     if distributed is not None:
         # HFLM sets up data parallelism only for models it loads itself; these are the attributes

@@ -10,7 +10,7 @@ study-config values into the arguments lm-eval takes:
                              a chat template, a prefix) before every prompt
     gen_kwargs            -> simple_evaluate(gen_kwargs=...): merged over each task's generation_kwargs
                              (max_gen_toks has its own setting)
-    batch_size            -> an integer, or lm-eval's adaptive "auto" / "auto:N"
+    batch_size            -> an integer, or lm-eval's adaptive "auto" / "auto:N" (hf, vllm)
     backend_args          -> the HFLM / VLLM constructor (e.g. tensor_parallel_size, data_parallel_size,
                              gpu_memory_utilization, max_model_len, max_batch_size)
 
@@ -30,7 +30,10 @@ from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "hf-continuous", "vllm")
+# The backends that run lm-eval's HFLM on a model loaded in this process (hf-continuous: HFLM with
+# sinkstudy's continuous-batching greedy loop, evals.generate).
+HF_BACKENDS = ("hf", "hf-continuous")
 # Constructor arguments sinkstudy sets itself: each has its own setting (CLI flag / study evals key).
 _RESERVED_BACKEND_ARGS = {
     "pretrained": "the model argument", "tokenizer": "--tokenizer", "batch_size": "--batch-size (evals.batch_size)",
@@ -102,6 +105,12 @@ def check_backend(backend: str) -> None:
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise SinkstudyError("the vllm backend needs the vllm package, which is not installed here "
                              "(pip install vllm on a CUDA machine), or use --backend hf")
+
+
+def check_backend_batch_size(backend: str, batch_size: int | str) -> None:
+    """hf-continuous keeps `batch_size` rows decoding: it takes a number, not lm-eval's "auto"."""
+    if backend == "hf-continuous" and not isinstance(batch_size, int):
+        raise SinkstudyError(f"the hf-continuous backend needs an integer batch size, got {batch_size!r}")
 
 
 def check_backend_args(args: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.protocol import BACKENDS
 from experiments import argtypes
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -57,7 +58,9 @@ def add_eval_options(p) -> None:
     g.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
     g.add_argument("--data", dest="eval_data", action="append", default=None, metavar="TASK=FILE",
                    help="a task's prompts from this local jsonl instead of its default data (repeatable)")
-    g.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="vllm: lm-eval's vLLM backend (GPU)")
+    g.add_argument("--backend", choices=BACKENDS, default="hf",
+                   help="hf-continuous: lm-eval's HF backend with continuous-batching greedy generation (docs/evals.md); "
+                        "vllm: lm-eval's vLLM backend (GPU)")
     g.add_argument("--backend-args", default=None, metavar="JSON|K=V,...",
                    help="backend constructor arguments as a JSON object or K=V pairs (quote values with commas), "
                         "e.g. tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.85")

@@ -69,10 +69,12 @@ def test_adapt_under_accelerate_launch_equals_one_process(base, tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_under_accelerate_launch_equals_one_process(base, tmp_path):
-    """The two processes split the prompts; rank 0 gathers and writes the run one process writes (batch 1:
-    no padding effects)."""
-    args = ["eval", str(base), "--tasks", "sinkstudy_gsm", "--limit", "5", "--batch-size", "1", "--max-gen-toks", "6"]
+@pytest.mark.parametrize("backend", ["hf", "hf-continuous"])
+def test_eval_under_accelerate_launch_equals_one_process(base, tmp_path, backend):
+    """The two processes split the prompts; rank 0 gathers and writes the run one process writes (hf at batch 1:
+    no padding effects; hf-continuous's texts do not depend on the batch)."""
+    args = ["eval", str(base), "--tasks", "sinkstudy_gsm", "--limit", "5", "--batch-size", "1" if backend == "hf" else "3",
+            "--max-gen-toks", "6", "--backend", backend]
     dp = _launch([*args, "--out", str(tmp_path / "dp"), "--cache-dir", str(tmp_path / "c_dp")], tmp_path)
     assert "Building contexts for sinkstudy_gsm on rank 1" in dp.stderr  # lm-eval split the prompts
     assert dp.stdout.count("eval run written to") == 1  # rank 0 alone reports and writes

@@ -298,7 +298,7 @@ def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
 @pytest.mark.parametrize("patch, needle", [
     ({"chat_template_kwargs": ["enable_thinking"]}, "evals.chat_template_kwargs: chat template kwargs must be a mapping"),
     ({"gen_kwargs": {"max_gen_toks": 5}}, "evals.gen_kwargs: generation kwargs: set max_gen_toks with --max-gen-toks (evals.max_gen_toks)"),
-    ({"backend": "tgi"}, "evals.backend: must be one of hf, vllm"),
+    ({"backend": "tgi"}, "evals.backend: must be one of hf, hf-continuous, vllm"),
     ({"backend_args": {"pretrained": "x"}}, "evals.backend_args: backend args: 'pretrained' is set by sinkstudy"),
     ({"system_instruction": ""}, "evals.system_instruction: system instruction must be non-empty text"),
     ({"confirm_run_unsafe_code": "yes"}, "evals.confirm_run_unsafe_code: must be true or false"),
