@@ -67,7 +67,7 @@ MAX_POINTS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval real-model sink eval compare pair-extract pair-diff qknorm \
-        adapt qknorm-arm protect protect-study merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
+        adapt qknorm-arm protect protect-study study-real merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -185,6 +185,17 @@ merge-sweep: $(MODEL_STAMP) ## 9-point merge grid (SWEEP=experiments/configs/mer
 
 mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
 	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+
+# make study-real: the paper's study on SmolLM2-135M-Instruct and Gemma-3-270M (experiments/configs/study_real.yaml);
+# QUICK=1: its path at smoke scale on SmolLM2 (study_real_quick.yaml). Resumable: a killed run goes on where it
+# stopped; ARGS="--jobs 2" runs independent steps side by side. The inputs (chat checkpoints linked from the
+# converted GGUFs, the corpus chats text_replay mixes in) are written under OUT/inputs first.
+STUDY_REAL_CONFIG = experiments/configs/study_real$(if $(filter 1,$(QUICK)),_quick).yaml
+STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
+study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, Gemma-3-270M) on CPU; QUICK=1: smoke scale
+	$(PY) -m sinkstudy.real_models --chat --link-dir $(STUDY_REAL_OUT)/inputs smollm2-135m-instruct gemma-3-270m
+	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(ARGS)
 
 study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml
 	$(SINKSTUDY) run $(CONFIG) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)

@@ -12,19 +12,24 @@ from experiments.schema import StudyConfigError, fail, guarded, integer, mapping
 from sinkstudy import SinkstudyError
 
 ADAPT_KEYS = {"recipe", "vision", "data", "vl_eval", "arms"}
-ARM_KEYS = {"name", "protection", "params", "protections", "pairs", "notes"}
+ARM_KEYS = {"name", "protection", "params", "protections", "pairs", "notes", "qknorm", "seed"}
+QKNORM_KEYS = {"init", "alpha"}
 VISION_KEYS = {"kind", "source", "tiny", "feature_layer"}
 CONTROL_ARM = "control"
 
 
 @dataclass
 class Arm:
-    """One adaptation arm: its protections ({name, params}), and the pairs it runs on (None: every pair)."""
+    """One adaptation arm: its protections ({name, params}), the pairs it runs on (None: every pair),
+    QK-RMSNorm injected into the base before the recipe (`qknorm`: {init, alpha}; None: none) and its
+    training seed (None: the recipe's), so an arm may differ from the control by any of the three."""
 
     name: str
     protections: list[dict] = field(default_factory=list)
     pairs: list[str] | None = None
     notes: str | None = None
+    qknorm: dict | None = None
+    seed: int | None = None
 
 
 @dataclass
@@ -36,7 +41,7 @@ class AdaptSection:
     arms: list[Arm]
 
 
-def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str) -> AdaptSection:
+def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: Path | None = None) -> AdaptSection:
     from interventions.adapt.build import VisionSpec
     from interventions.adapt.config import from_dict, load_config
     from interventions.adapt.data import check_spec
@@ -70,7 +75,7 @@ def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str) -> Ad
     except (SinkstudyError, TypeError) as exc:
         fail(f"{where}.vision", str(exc))
     vl_eval = _probe(cfg.get("vl_eval", {"heldout": 200}), recipe, where)
-    arms = _arms(cfg.get("arms"), pair_names, names, f"{where}.arms")
+    arms = _arms(cfg.get("arms"), pair_names, names, f"{where}.arms", out)
     return AdaptSection(recipe.to_dict(), os.fspath(recipe_raw) if isinstance(recipe_raw, str) else None, vision, vl_eval, arms)
 
 
@@ -93,7 +98,34 @@ def _probe(vl_eval, recipe, where: str) -> dict | None:
     return vl_eval
 
 
-def _arms(raw, pair_names: list[str], stage_names: list[str], where: str) -> list[Arm]:
+def _qknorm(raw, where: str) -> dict | None:
+    """An arm's QK-norm injection ({init, alpha}, the engine's `adapt(qknorm=...)`), checked; None: none."""
+    from interventions.qknorm import INIT_MODES
+
+    if raw is None:
+        return None
+    raw = mapping(raw, where, QKNORM_KEYS)
+    out = {"init": raw.get("init", "identity-gain"), **({"alpha": raw["alpha"]} if "alpha" in raw else {})}
+    if out["init"] not in INIT_MODES:
+        fail(f"{where}.init", f"must be one of {', '.join(INIT_MODES)}, got {out['init']!r}")
+    alpha = out.get("alpha", 0.5)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+        fail(f"{where}.alpha", f"must be a number in [0, 1], got {alpha!r}")
+    return out
+
+
+def _expand_out(value, out: Path | None):
+    """"{out}" in every string of a protection's settings (a data file the study writes), as in every path of the study."""
+    if out is None:
+        return value
+    if isinstance(value, str):
+        return value.replace("{out}", os.fspath(out))
+    if isinstance(value, dict):
+        return {k: _expand_out(v, out) for k, v in value.items()}
+    return [_expand_out(v, out) for v in value] if isinstance(value, list) else value
+
+
+def _arms(raw, pair_names: list[str], stage_names: list[str], where: str, out: Path | None = None) -> list[Arm]:
     from interventions.protect import validate_protection
 
     if not isinstance(raw, list) or not raw:
@@ -120,20 +152,22 @@ def _arms(raw, pair_names: list[str], stage_names: list[str], where: str) -> lis
         for j, item in enumerate(items):
             pw = f"{aw}.protections[{j}]"
             item = {"name": item} if isinstance(item, str) else mapping(item, pw, {"name", "params"})
-            params = dict(mapping(item.get("params"), f"{pw}.params"))
+            params = _expand_out(dict(mapping(item.get("params"), f"{pw}.params")), out)
             resolved = guarded(lambda n: validate_protection(n, params), pw, item.get("name"))
             unknown = [s for s in resolved["stages"] or () if s not in stage_names]
             if unknown:
                 fail(pw, f"stage(s) {', '.join(unknown)} not in the recipe ({', '.join(stage_names)})")
             protections.append({"name": item["name"], "params": params})
-        if name == CONTROL_ARM and protections:
-            fail(aw, "the control arm takes no protection")
-        if name != CONTROL_ARM and not protections:
-            fail(aw, f"arm {name!r} names no protection (only the control arm has none)")
+        qknorm = _qknorm(a.get("qknorm"), f"{aw}.qknorm")
+        seed = None if a.get("seed") is None else integer(a["seed"], f"{aw}.seed", 0)
+        if name == CONTROL_ARM and (protections or qknorm):
+            fail(aw, "the control arm takes no protection and no qknorm")
+        if name != CONTROL_ARM and not (protections or qknorm or seed is not None):
+            fail(aw, f"arm {name!r} differs from the control by nothing: give a protection, qknorm or seed")
         only = a.get("pairs")
         if only is not None and (not isinstance(only, list) or not only or any(p not in pair_names for p in only)):
             fail(f"{aw}.pairs", f"a non-empty list of pair names ({', '.join(pair_names)}), got {only!r}")
-        arms.append(Arm(name, protections, only, a.get("notes")))
+        arms.append(Arm(name, protections, only, a.get("notes"), qknorm, seed))
     if CONTROL_ARM not in seen:
         arms.insert(0, Arm(CONTROL_ARM))
     else:

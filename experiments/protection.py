@@ -41,10 +41,11 @@ def arm_request(study, pair, arm) -> tuple[Any, Any, list, dict]:
     from interventions.adapt.config import from_dict
     from interventions.adapt.run import make_request
 
-    vision = VisionSpec(**study.adapt.vision)
-    recipe = from_dict(study.adapt.recipe)
+    seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
+    vision = VisionSpec(**{**study.adapt.vision, "seed": seed})  # the seed draws the tower and projector init too
+    recipe = from_dict({**study.adapt.recipe, "seed": seed})
     hooks = arm_hooks(arm)
-    return vision, recipe, hooks, make_request(pair.base, vision, recipe, hooks=hooks)
+    return vision, recipe, hooks, make_request(pair.base, vision, recipe, hooks=hooks, qknorm=arm.qknorm)
 
 
 def run_dir(study, pair: str, arm: str) -> Path:
@@ -61,8 +62,8 @@ def adapt_step(study, pair, arm, progress: bool) -> dict:
     # The study owns this run directory: another request there (edited protection, recipe) is replaced;
     # the same unfinished one continues from its last checkpoint.
     stale = (out / REQUEST).is_file() and read_json(out / REQUEST) != request
-    report = adapt(pair.base, vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, resume=True, force=stale,
-                   progress=progress)
+    report = adapt(pair.base, vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, qknorm=arm.qknorm, resume=True,
+                   force=stale, progress=progress)
     return {"path": str(vlm), "fingerprint": model_fingerprint(vlm), "run": str(out), "summary": _adapt_summary(report)}
 
 
@@ -121,11 +122,13 @@ def measure_arms(pp, adapts: dict[str, str]) -> None:
                                            "code": code_version(_HERE / "experiments" / "demo" / "vl.py")}
             skill = pp.add(Step(f"{p}/vlskill/{arm.name}", spec, (step,), run=lambda ctx, vlm=vlm: vl_skill_step(study, str(vlm)),
                                 owner=f"pair {p} arm {arm.name}"))
-        info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "adapt": step, "vl_skill": skill}
+        info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "qknorm": arm.qknorm, "seed": arm.seed,
+                "adapt": step, "vl_skill": skill}
         if arm.name == CONTROL_ARM:
             pp.models["vlm"].arm = info
             continue
-        own_class = any(hook.changes_architecture() for hook in arm_hooks(arm))
+        # An injected QK-norm is not in the base's class: extract in the class the engine trained.
+        own_class = bool(arm.qknorm) or any(hook.changes_architecture() for hook in arm_hooks(arm))
         pp.adapted(arm.name, step, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base,
                    extract_id=f"{p}/adapt/{arm.name}-extract", method="protection", own_class=own_class, arm=info,
                    owner=f"pair {p} arm {arm.name}")
@@ -141,7 +144,7 @@ def protection_summary(study, models: dict, results: dict[str, dict], runs: dict
         if m.arm is None:
             continue
         info = m.arm
-        entry = {"label": label, "protections": info["protections"],
+        entry = {"label": label, "protections": info["protections"], "qknorm": info.get("qknorm"), "seed": info.get("seed"),
                  "vl_skill": results[info["vl_skill"]] if info["vl_skill"] else None,
                  "sink_strength": results[m.sink]["value"], "adapt": results[info["adapt"]].get("summary")}
         if label != "vlm":

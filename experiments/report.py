@@ -127,13 +127,13 @@ def protection_blocks(r: StudyResults, summary: dict, out: Path) -> list[tuple]:
     pairs = {p: e for p, e in r.pairs.items() if e.arms}
     if not pairs:
         return []
-    header = ["pair", "arm", "protections", "digit acc.", "S after"]
+    header = ["pair", "arm", "changes vs control", "digit acc.", "S after"]
     for t in r.tasks:
         header += [f"{t} score", f"{t} Δ pts vs control [95% CI]", f"{t} Δ pts vs base [95% CI]"]
     rows, notes = [], []
     for p, e in pairs.items():
         for arm, a in e.arms.items():
-            row = [p, arm, ", ".join(a.protections) or "none", num((a.vl_skill or {}).get("digit_accuracy")), num(a.sink_strength)]
+            row = [p, arm, a.changes(), num((a.vl_skill or {}).get("digit_accuracy")), num(a.sink_strength)]
             for t in r.tasks:
                 base_cmp = e.degradation[t] if a.label == "vlm" else e.interventions[a.label][t].vs_base
                 ctrl = (a.vs_control or {}).get(t)

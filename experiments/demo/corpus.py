@@ -260,3 +260,28 @@ def tokenizer_texts(records: list[tuple[str, str | None]]) -> list[str]:
     rng = random.Random(0)
     texts += [" ".join(digit_caption(d, rng)) for d in range(10) for _ in range(5)]
     return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m experiments.demo.corpus OUT.jsonl [--records N] [--seed S]`: the corpus's training chats as
+    {user, assistant} lines (assistant null for plain text), the text data `text_replay` reads in studies
+    without a build (make study-real). Rewritten only when its content changes."""
+    import argparse
+    from pathlib import Path
+
+    from sinkstudy.io import write_text_atomic
+
+    p = argparse.ArgumentParser(prog="python -m experiments.demo.corpus", description=main.__doc__)
+    p.add_argument("out", type=Path)
+    p.add_argument("--records", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    text = "".join(json.dumps({"user": u, "assistant": a}) + "\n" for u, a in training_records(args.records, args.seed))
+    if not (args.out.is_file() and args.out.read_text(encoding="utf-8") == text):
+        write_text_atomic(args.out, text)
+    print(f"{args.out}: {args.records} records (seed {args.seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
