@@ -206,7 +206,8 @@ def test_qk_norm_and_seed_arms_inject_before_the_recipe_and_train_another_draw(s
     assert requests["qk"]["qknorm"] == {"init": "identity-gain"} and requests["control"]["qknorm"] is None
     assert (requests["s1"]["config"]["seed"], requests["control"]["config"]["seed"]) == (1, 0)
     lm, _ = load_causal_lm(next((tmp_path / "out").rglob("p-qk-vlm-lm/config.json")).parent)
-    assert qknorm.qk_norm_kind(lm) == "injected"
+    base, _ = load_causal_lm(cfg["pairs"][0]["base"])
+    assert qknorm.qk_norm_kind(base) == "none" and qknorm.qk_norm_kind(lm) != "none"  # the arm's LM carries the norms
     weights = {a: load_file(next((tmp_path / "out").rglob(f"p-{a}-vlm/model.safetensors"))) for a in ("s1",)}
     control = load_file(next((tmp_path / "out").rglob("p-control-vlm/model.safetensors")))
     assert any(not torch.equal(control[k], v) for k, v in weights["s1"].items() if k in control)  # another draw
