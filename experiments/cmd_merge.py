@@ -133,7 +133,7 @@ class Measure:
     def identity(self) -> dict[str, Any]:
         """What every measurement depends on besides the measured model."""
         from evals.lmeval import eval_code_version, tokenizer_fingerprint
-        from experiments.runner import sink_code_version
+        from experiments.bodies import sink_code_version
         from sinkstudy.provenance import code_version
 
         a = self.args

@@ -2,7 +2,6 @@
 compare --published), and the direction of every correlation the toolkit reports."""
 
 import json
-import types
 
 import numpy as np
 import pytest
@@ -187,21 +186,28 @@ def _rho_sentence(findings):
     return next(f for f in findings if "Spearman ρ(S, Δ points" in f)
 
 
-def test_report_verdict_names_the_convention_and_reads_the_sign_right():
-    from experiments.report import _findings
+def _results(summary):
+    from experiments.results import StudyResults
 
-    study = types.SimpleNamespace(build=None)
+    return StudyResults.of({"study": "t", "headline": {}, **summary})
+
+
+def test_report_verdict_names_the_convention_and_reads_the_sign_right():
+    from experiments.verdicts import paper_rows, verdicts
+
     strengths = [0.2, 0.6, 1.0, 1.4, 1.8, 2.2]
     # The paper's relation: a stronger sink, less loss (Δ closer to 0): ρ(S, Δ) > 0.
-    paper_like = _rho_sentence(_findings(_summary(strengths, [_outcomes(k) for k in (30, 24, 18, 12, 6, 1)]), study))
-    assert "Spearman ρ(S, Δ points on sinkstudy_ifeval) = 1.000" in paper_like
-    assert paper_like.count("the sign agrees with the paper's (ρ > 0)") == 2
-    assert "Δ = VLM LM − base in points, negative = capability lost" in paper_like
-    assert "+0.971 on points and +0.794 on Δ/base" in paper_like
+    r = _results(_summary(strengths, [_outcomes(k) for k in (30, 24, 18, 12, 6, 1)]))
+    paper_like = next(line for line in verdicts(r) if "Spearman ρ(S, Δ points)" in line)
+    assert "yes, in the paper's direction" in paper_like and "ρ(S, Δ points) = +1.000" in paper_like
+    assert "Δ = VLM LM − base in points (negative = capability lost)" in paper_like
+    assert "ρ = +0.971 on points and +0.794 on Δ/base" in paper_like
+    assert [row[-1] for row in paper_rows(r) if row[0].startswith("ρ(S")] == ["same sign", "same sign"]
     # The opposite relation (a stronger sink, more loss) must not be called agreement: issue 12 item 4.
-    opposite = _rho_sentence(_findings(_summary(strengths, [_outcomes(k) for k in (1, 6, 12, 18, 24, 30)]), study))
-    assert "= -1.000" in opposite and "agrees" not in opposite
-    assert opposite.count("the sign is opposite to the paper's") == 2
+    r = _results(_summary(strengths, [_outcomes(k) for k in (1, 6, 12, 18, 24, 30)]))
+    opposite = next(line for line in verdicts(r) if "Spearman ρ(S, Δ points)" in line)
+    assert "= -1.000" in opposite and "the opposite of the paper's direction" in opposite and "yes" not in opposite.split(":")[0]
+    assert [row[-1] for row in paper_rows(r) if row[0].startswith("ρ(S")] == ["different sign", "different sign"]
 
 
 def test_report_puts_the_pairs_beside_the_published_values():
@@ -210,14 +216,13 @@ def test_report_puts_the_pairs_beside_the_published_values():
     summary = _summary([2.0, 1.0, 0.5], [_outcomes(k) for k in (2, 10, 20)])
     summary["pairs"]["p0"]["published"] = {"sink_strength": 2.36, "ifeval_delta": -5.4, "ifeval_base": 83.18}
     summary["pairs"]["p1"]["published"] = {"sink_strength": 1.18, "ifeval_delta": -9.6}
-    blocks = published_blocks(summary)
+    blocks = published_blocks(_results(summary))
     table = next(b for b in blocks if b[0] == "table")
     assert [r[0] for r in table[2]] == ["p0", "p1"]  # only pairs the config gives published values for
     p0 = table[2][0]
     assert p0[1] == "2.00" and p0[2] == "2.36" and p0[3].startswith("-3.3 [") and p0[4] == "-5.4"
     assert p0[6] == f"{-5.4 / 83.18:.3f}" and table[2][1][6] == "n/a"
-    assert any(b[0] == "p" and "Spearman ρ(S, Δ points" in b[1] for b in blocks)
-    assert published_blocks({**summary, "pairs": {"p2": summary["pairs"]["p2"]}}) == []
+    assert published_blocks(_results({**summary, "pairs": {"p2": summary["pairs"]["p2"]}})) == []
 
 
 def test_paper_config_states_both_conventions():
