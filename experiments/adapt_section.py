@@ -99,19 +99,15 @@ def _probe(vl_eval, recipe, where: str) -> dict | None:
 
 
 def _qknorm(raw, where: str) -> dict | None:
-    """An arm's QK-norm injection ({init, alpha}, the engine's `adapt(qknorm=...)`), checked; None: none."""
-    from interventions.qknorm import INIT_MODES
+    """An arm's QK-norm injection ({init, alpha}, the engine's `adapt(qknorm=...)`), checked as the study's
+    qknorm intervention checks them; None: none."""
+    from experiments.methods import check_qknorm
 
     if raw is None:
         return None
     raw = mapping(raw, where, QKNORM_KEYS)
-    out = {"init": raw.get("init", "identity-gain"), **({"alpha": raw["alpha"]} if "alpha" in raw else {})}
-    if out["init"] not in INIT_MODES:
-        fail(f"{where}.init", f"must be one of {', '.join(INIT_MODES)}, got {out['init']!r}")
-    alpha = out.get("alpha", 0.5)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-        fail(f"{where}.alpha", f"must be a number in [0, 1], got {alpha!r}")
-    return out
+    check_qknorm(raw, where, vl_recipe=False)
+    return {"init": raw.get("init", "identity-gain"), **({"alpha": raw["alpha"]} if "alpha" in raw else {})}
 
 
 def _expand_out(value, out: Path | None):

@@ -35,14 +35,14 @@ def check_method(method, params: dict, where: str, *, vl_recipe: bool) -> None:
         others = sorted(n for n in names if n != QKNORM)
         fail(f"{where}.method", f"unknown method {method!r}; known: {QKNORM}, {', '.join(others)}")
     if kind(method) == INJECTION:
-        _check_qknorm(params, f"{where}.params", vl_recipe)
+        check_qknorm(params, f"{where}.params", vl_recipe)
         return
     from interventions.registry import validate_intervention
 
     guarded(lambda p: validate_intervention(method, p), f"{where}.params", params)  # the pair's root is added where it applies
 
 
-def _check_qknorm(params: dict, where: str, vl_recipe: bool) -> None:
+def check_qknorm(params: dict, where: str, vl_recipe: bool) -> None:
     from interventions.qknorm import INIT_MODES, TRAINABLE_MODES
 
     unknown = sorted(set(params) - QKNORM_PARAMS)

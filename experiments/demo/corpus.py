@@ -242,6 +242,11 @@ def training_records(n: int, seed: int) -> list[tuple[str, str | None]]:
     return out
 
 
+def records_jsonl(records: list[tuple[str, str | None]]) -> str:
+    """Training records as JSON lines {user, assistant} (assistant null for plain text): the demo's train.jsonl."""
+    return "".join(json.dumps({"user": u, "assistant": a}) + "\n" for u, a in records)
+
+
 def heldout_prompts(n_ifeval: int, n_gsm: int, seed: int) -> tuple[list[dict], list[dict]]:
     """Held-out eval records in lm-eval's IFEval and GSM8K jsonl schemas (unseen entities)."""
     _, held = _splits()
@@ -276,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    text = "".join(json.dumps({"user": u, "assistant": a}) + "\n" for u, a in training_records(args.records, args.seed))
+    text = records_jsonl(training_records(args.records, args.seed))
     if not (args.out.is_file() and args.out.read_text(encoding="utf-8") == text):
         write_text_atomic(args.out, text)
     print(f"{args.out}: {args.records} records (seed {args.seed})")

@@ -93,7 +93,7 @@ def make_corpus(data: Path, cfg: dict) -> dict:
     records = corpus.training_records(cfg["train_records"], cfg["seed"])
     ifeval, gsm = corpus.heldout_prompts(cfg["heldout_ifeval"], cfg["heldout_gsm"], cfg["seed"])
     jsonl = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
-    write_text_atomic(data / "train.jsonl", jsonl({"user": u, "assistant": a} for u, a in records))
+    write_text_atomic(data / "train.jsonl", corpus.records_jsonl(records))
     write_text_atomic(data / "heldout_ifeval.jsonl", jsonl(ifeval))
     write_text_atomic(data / "heldout_gsm.jsonl", jsonl(gsm))
     kinds = {"chat": sum(a is not None for _, a in records), "plain": sum(a is None for _, a in records)}
