@@ -12,7 +12,7 @@ from experiments.schema import StudyConfigError, fail, guarded, integer, mapping
 from sinkstudy import SinkstudyError
 
 ADAPT_KEYS = {"recipe", "vision", "data", "vl_eval", "arms"}
-ARM_KEYS = {"name", "protection", "params", "protections", "pairs", "notes", "qknorm", "seed"}
+ARM_KEYS = {"name", "protection", "params", "protections", "pairs", "notes", "qknorm", "seed", "text_only"}
 QKNORM_KEYS = {"init", "alpha"}
 VISION_KEYS = {"kind", "source", "tiny", "feature_layer"}
 CONTROL_ARM = "control"
@@ -22,7 +22,9 @@ CONTROL_ARM = "control"
 class Arm:
     """One adaptation arm: its protections ({name, params}), the pairs it runs on (None: every pair),
     QK-RMSNorm injected into the base before the recipe (`qknorm`: {init, alpha}; None: none) and its
-    training seed (None: the recipe's), so an arm may differ from the control by any of the three."""
+    training seed (None: the recipe's), so an arm may differ from the control by any of the three; or
+    `text_only` (a data spec): the recipe's LM training on that text instead of the VL data, no vision side
+    (`interventions.adapt.config.text_only_twin`), the contrast of the training-trajectory claim."""
 
     name: str
     protections: list[dict] = field(default_factory=list)
@@ -30,6 +32,7 @@ class Arm:
     notes: str | None = None
     qknorm: dict | None = None
     seed: int | None = None
+    text_only: dict | None = None
 
 
 @dataclass
@@ -43,7 +46,7 @@ class AdaptSection:
 
 def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: Path | None = None) -> AdaptSection:
     from interventions.adapt.build import VisionSpec
-    from interventions.adapt.config import from_dict, load_config
+    from interventions.adapt.config import from_dict, load_config, text_only_twin
     from interventions.adapt.data import check_spec
 
     cfg = mapping(raw, where, ADAPT_KEYS)
@@ -76,6 +79,9 @@ def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: 
         fail(f"{where}.vision", str(exc))
     vl_eval = _probe(cfg.get("vl_eval", {"heldout": 200}), recipe, where)
     arms = _arms(cfg.get("arms"), pair_names, names, f"{where}.arms", out)
+    for arm in arms:
+        if arm.text_only:
+            guarded(lambda spec: text_only_twin(recipe, [spec]), f"{where}.arms.{arm.name}.text_only", arm.text_only)
     return AdaptSection(recipe.to_dict(), os.fspath(recipe_raw) if isinstance(recipe_raw, str) else None, vision, vl_eval, arms)
 
 
@@ -108,6 +114,15 @@ def _qknorm(raw, where: str) -> dict | None:
     raw = mapping(raw, where, QKNORM_KEYS)
     check_qknorm(raw, where, vl_recipe=False)
     return {"init": raw.get("init", "identity-gain"), **({"alpha": raw["alpha"]} if "alpha" in raw else {})}
+
+
+def _text_only(raw, where: str, out: Path | None) -> dict | None:
+    """A text_only arm's data: one spec (string or mapping), checked like the stages' data."""
+    from interventions.adapt.data import check_spec
+
+    if raw is None:
+        return None
+    return guarded(check_spec, where, _expand_out(raw, out))
 
 
 def _expand_out(value, out: Path | None):
@@ -156,14 +171,17 @@ def _arms(raw, pair_names: list[str], stage_names: list[str], where: str, out: P
             protections.append({"name": item["name"], "params": params})
         qknorm = _qknorm(a.get("qknorm"), f"{aw}.qknorm")
         seed = None if a.get("seed") is None else integer(a["seed"], f"{aw}.seed", 0)
-        if name == CONTROL_ARM and (protections or qknorm):
-            fail(aw, "the control arm takes no protection and no qknorm")
-        if name != CONTROL_ARM and not (protections or qknorm or seed is not None):
-            fail(aw, f"arm {name!r} differs from the control by nothing: give a protection, qknorm or seed")
+        text_only = _text_only(a.get("text_only"), f"{aw}.text_only", out)
+        if name == CONTROL_ARM and (protections or qknorm or text_only):
+            fail(aw, "the control arm takes no protection, qknorm or text_only")
+        if text_only and (protections or qknorm):
+            fail(aw, "a text_only arm is the recipe's LM training on text alone: give it no protection or qknorm")
+        if name != CONTROL_ARM and not (protections or qknorm or text_only or seed is not None):
+            fail(aw, f"arm {name!r} differs from the control by nothing: give a protection, qknorm, text_only or seed")
         only = a.get("pairs")
         if only is not None and (not isinstance(only, list) or not only or any(p not in pair_names for p in only)):
             fail(f"{aw}.pairs", f"a non-empty list of pair names ({', '.join(pair_names)}), got {only!r}")
-        arms.append(Arm(name, protections, only, a.get("notes"), qknorm, seed))
+        arms.append(Arm(name, protections, only, a.get("notes"), qknorm, seed, text_only))
     if CONTROL_ARM not in seen:
         arms.insert(0, Arm(CONTROL_ARM))
     else:

@@ -38,12 +38,15 @@ def arm_hooks(arm) -> list:
 def arm_request(study, pair, arm) -> tuple[Any, Any, list, dict]:
     """(vision spec, recipe, protection hooks, the run's request) of one arm on one pair."""
     from interventions.adapt.build import VisionSpec
-    from interventions.adapt.config import from_dict
+    from interventions.adapt.config import from_dict, text_only_twin
     from interventions.adapt.run import make_request
 
     seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
-    vision = VisionSpec(**{**study.adapt.vision, "seed": seed})  # the seed draws the tower and projector init too
     recipe = from_dict({**study.adapt.recipe, "seed": seed})
+    if arm.text_only:  # the recipe's LM training on text alone: no vision side
+        recipe, vision = text_only_twin(recipe, [arm.text_only]), None
+    else:
+        vision = VisionSpec(**{**study.adapt.vision, "seed": seed})  # the seed draws the tower and projector init too
     hooks = arm_hooks(arm)
     return vision, recipe, hooks, make_request(pair.base, vision, recipe, hooks=hooks, qknorm=arm.qknorm)
 
@@ -62,8 +65,9 @@ def adapt_step(study, pair, arm, progress: bool) -> dict:
     # The study owns this run directory: another request there (edited protection, recipe) is replaced;
     # the same unfinished one continues from its last checkpoint.
     stale = (out / REQUEST).is_file() and read_json(out / REQUEST) != request
+    # Arms that differ only in later stages share their earlier ones (interventions.adapt.stagecache).
     report = adapt(pair.base, vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, qknorm=arm.qknorm, resume=True,
-                   force=stale, progress=progress)
+                   force=stale, progress=progress, stage_cache=Path(study.out) / "adapt" / ".stage-cache")
     return {"path": str(vlm), "fingerprint": model_fingerprint(vlm), "run": str(out), "summary": _adapt_summary(report)}
 
 
@@ -117,15 +121,18 @@ def measure_arms(pp, adapts: dict[str, str]) -> None:
     for arm in study.arms_of(p):
         step, vlm = adapts[arm.name], model_dir(study.out, p, arm.name, "vlm")
         skill = None
-        if study.adapt.vl_eval is not None:
+        if study.adapt.vl_eval is not None and not arm.text_only:
             spec = lambda ctx, step=step: {"probe": study.adapt.vl_eval, "model": ctx.result(step)["fingerprint"],  # noqa: E731
                                            "code": code_version(_HERE / "experiments" / "demo" / "vl.py")}
             skill = pp.add(Step(f"{p}/vlskill/{arm.name}", spec, (step,), run=lambda ctx, vlm=vlm: vl_skill_step(study, str(vlm)),
                                 owner=f"pair {p} arm {arm.name}"))
         info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "qknorm": arm.qknorm, "seed": arm.seed,
-                "adapt": step, "vl_skill": skill}
+                "text_only": arm.text_only, "adapt": step, "vl_skill": skill}
         if arm.name == CONTROL_ARM:
             pp.models["vlm"].arm = info
+            continue
+        if arm.text_only:  # the run wrote a causal LM: nothing to extract
+            pp.measure(arm.name, str(vlm), [step], made_by=step, method="protection", arm=info, owner=f"pair {p} arm {arm.name}")
             continue
         # An injected QK-norm is not in the base's class: extract in the class the engine trained.
         own_class = bool(arm.qknorm) or any(hook.changes_architecture() for hook in arm_hooks(arm))
@@ -145,6 +152,7 @@ def protection_summary(study, models: dict, results: dict[str, dict], runs: dict
             continue
         info = m.arm
         entry = {"label": label, "protections": info["protections"], "qknorm": info.get("qknorm"), "seed": info.get("seed"),
+                 "text_only": info.get("text_only"),
                  "vl_skill": results[info["vl_skill"]] if info["vl_skill"] else None,
                  "sink_strength": results[m.sink]["value"], "adapt": results[info["adapt"]].get("summary")}
         if label != "vlm":

@@ -39,11 +39,12 @@ class ArmResult:
     vs_control: dict[str, Comparison] | None  # per task, Δ = arm − control; None for the control
     qknorm: dict | None = None  # QK-norm injected before the recipe ({init, alpha})
     seed: int | None = None  # the arm's training seed (None: the recipe's)
+    text_only: dict | None = None  # the data of a text-only arm (the recipe's LM training without images)
 
     def changes(self) -> str:
         """What the arm changes against the control, in words ("none" for the control)."""
         parts = list(self.protections) + ([f"qknorm {self.qknorm['init']}"] if self.qknorm else []) + \
-            ([f"seed {self.seed}"] if self.seed is not None else [])
+            (["text only"] if self.text_only else []) + ([f"seed {self.seed}"] if self.seed is not None else [])
         return ", ".join(parts) or "none"
 
 
@@ -99,7 +100,7 @@ def _pair(name: str, e: dict) -> PairResult:
                        for t, x in per_task.items()} for label, per_task in e["interventions"].items()}
     arms = {arm: ArmResult(a["label"], list(a["protections"]), a.get("vl_skill"), a["sink_strength"], a.get("adapt"),
                            {t: Comparison.from_dict(c) for t, c in a["vs_control"].items()} if a.get("vs_control") else None,
-                           a.get("qknorm"), a.get("seed"))
+                           a.get("qknorm"), a.get("seed"), a.get("text_only"))
             for arm, a in ((e.get("protection") or {}).get("arms") or {}).items()}
     return PairResult(name, models, {t: Comparison.from_dict(c) for t, c in e["degradation"].items()}, effects, arms,
                       list(e.get("examples") or []), e.get("published"), e.get("native_qk_norm"))

@@ -206,6 +206,60 @@ def test_kill_and_resume_ends_bit_identical_with_s_at_every_eval_step(tmp_path, 
         adapt(tmp_path / "base", vision=vision, config=other, out=tmp_path / "whole", progress=False)
 
 
+class _Stage2Steps(TrainingHook):
+    """A stage-2 hook that only counts steps: another run's identity, the same stage 1."""
+
+    name = "stage2_steps"
+    stages = ["stage2"]
+
+    def after_optimizer_step(self, ctx):
+        ctx.state["n"] = ctx.state.get("n", 0) + 1
+
+
+class _Stage1Trainings(TrainingHook):
+    name = "stage1_trainings"
+
+    def __init__(self):
+        self.setups = []
+
+    def setup(self, ctx):
+        self.setups.append(ctx.stage.name)
+
+
+def test_runs_share_a_finished_stage_through_the_stage_cache_and_end_bit_identical(tmp_path, tokenizer):
+    """Two arms differing only in stage 2 train stage 1 once; the second arm's weights and S trajectory equal
+    those of the same run without the cache; a hook acting in stage 1 keys it apart."""
+    from safetensors.torch import load_file
+
+    from interventions.adapt import stagecache
+
+    base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    vision, cache = VisionSpec("tiny", tiny=TINY), tmp_path / "stages"
+
+    def run(name, hooks, shared):
+        return adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / name, progress=False, hooks=hooks,
+                     stage_cache=cache if shared else None)
+
+    run("control", [], True)
+    assert len(list(cache.iterdir())) == 2  # stage 1 and stage 2 stored
+    watch = _Stage1Trainings()
+    watch.stages = ["stage2"]
+    shared = run("arm", [_Stage2Steps(), watch], True)
+    assert watch.setups == ["stage2"]  # stage 1 came from the cache
+    alone = run("alone", [_Stage2Steps()], False)
+    a, b = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("arm", "alone"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert shared["trajectory"]["points"] == alone["trajectory"]["points"]
+    assert [s["steps"] for s in shared["stages"]] == [4, 5]
+    early = _Stage1Trainings()  # acts in stage 1 (every stage): stage 1 is trained again, not reused
+    run("early", [early], True)
+    assert early.setups == ["stage1", "stage2"]
+    assert len(list(cache.iterdir())) == 5  # control's two stages, the arm's stage 2, early's two
+    assert all(stagecache.lookup(cache, e.name) for e in cache.iterdir())
+
+
 def test_text_only_run_trains_the_causal_lm(tmp_path, tokenizer):
     import json
 

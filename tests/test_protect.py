@@ -424,3 +424,25 @@ def test_adapt_command_takes_protections_with_settings(tmp_path, tokenizer, caps
         err = capsys.readouterr().err
         assert needle in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "bad").exists()
+
+
+def test_a_run_request_follows_the_content_of_the_data_files_it_names(tmp_path, tokenizer):
+    """A stage's JSON data and text_replay's chats are identified by content: the same path rewritten with
+    other rows is another request (the finished run is not reused), the same bytes the same request."""
+    from interventions.adapt.run import make_request
+
+    base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    chats = _chats(tmp_path)
+
+    def request():
+        replay = make_protection("text_replay", {"data": str(chats), "share": 0.25})
+        return make_request(base, None, _text_cfg(chats), hooks=[replay])
+
+    first = request()
+    assert request() == first
+    _chats(tmp_path, n=25)  # same path, one more chat
+    second = request()
+    assert second["config"]["stages"][0]["data"] != first["config"]["stages"][0]["data"]
+    assert second["hooks"][0]["params"]["config"]["data"] != first["hooks"][0]["params"]["config"]["data"]
+    assert second["hooks"][0]["params"]["config"]["share"] == 0.25
+    assert first["code"].startswith("code-sha256:")

@@ -133,7 +133,9 @@ def test_adapt_section_errors_are_one_line(study_files, tmp_path):
         ({"arms": [{"name": "x", "qknorm": {"init": "nope"}}]}, "init: must be one of"),
         ({"arms": [{"name": "x", "qknorm": {"gain": 1}}]}, "unknown key"),
         ({"arms": [{"name": "x", "seed": -1}]}, "seed"),
-        ({"arms": [{"name": "control", "qknorm": {}}]}, "control arm takes no protection and no qknorm"),
+        ({"arms": [{"name": "control", "qknorm": {}}]}, "control arm takes no protection, qknorm or text_only"),
+        ({"arms": [{"name": "x", "text_only": "missing.jsonl"}]}, "text_only: data file not found"),
+        ({"arms": [{"name": "x", "text_only": "digits", "seed": 1, "qknorm": {}}]}, "give it no protection or qknorm"),
         ({"arms": [{"name": "x", "protection": "nope"}]}, "unknown protection"),
         ({"arms": [{"name": "x", "protection": "sink_head_freeze", "params": {"k": 1}}]}, "no parameter"),
         ({"arms": [{"name": "control", "protection": "sink_head_freeze"}]}, "control arm takes no protection"),
@@ -211,3 +213,25 @@ def test_qk_norm_and_seed_arms_inject_before_the_recipe_and_train_another_draw(s
     weights = {a: load_file(next((tmp_path / "out").rglob(f"p-{a}-vlm/model.safetensors"))) for a in ("s1",)}
     control = load_file(next((tmp_path / "out").rglob("p-control-vlm/model.safetensors")))
     assert any(not torch.equal(control[k], v) for k, v in weights["s1"].items() if k in control)  # another draw
+
+
+def test_a_text_only_arm_trains_the_recipes_lm_stages_on_text_and_is_measured_without_extraction(study_files, tmp_path, tokenizer):
+    """The trajectory claim's contrast: the recipe's LM-training stages (same steps, lr, batch) on text chats
+    alone, no vision side, no VL probe; its causal LM measured and compared with the control like any arm."""
+    cfg = yaml.safe_load((study_files / "study.yaml").read_text())
+    cfg.update(plugins=[], interventions=[])
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("\n".join(json.dumps({"user": f"Say {i}.", "assistant": f"{i}."}) for i in range(40)))
+    cfg["adapt"]["arms"] = [{"name": "text", "text_only": {"json": str(chats)}}]
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
+    steps = _run(tmp_path, tmp_path / "out")
+    assert "p/adapt/text" in steps and "p/vlskill/text" not in steps and "p/adapt/text-extract" not in steps
+    arm = json.loads((tmp_path / "out" / "summary.json").read_text())["pairs"]["p"]["protection"]["arms"]["text"]
+    assert arm["vl_skill"] is None and "sinkstudy_gsm" in arm["vs_control"] and arm["text_only"] == {"json": str(chats)}
+    request = json.loads((tmp_path / "out" / "adapt" / "p" / "text" / "request.json").read_text())
+    control = json.loads((tmp_path / "out" / "adapt" / "p" / "control" / "request.json").read_text())
+    assert request["vision"] is None and [s["name"] for s in request["config"]["stages"]] == ["stage2"]
+    stage, vl = request["config"]["stages"][0], control["config"]["stages"][1]
+    assert stage["trainable"] == ["lm"] and stage["data"][0]["json"] == str(chats)
+    assert {k: stage[k] for k in ("steps", "lr", "batch_size", "schedule")} == {k: vl[k] for k in ("steps", "lr", "batch_size", "schedule")}
+    assert [p["stage"] for p in arm["adapt"]["trajectory"]][-1] == "stage2"

@@ -109,6 +109,22 @@ def text_recipe(**stage_overrides) -> AdaptConfig:
     return from_dict({"stages": [stage]})
 
 
+def text_only_twin(config: AdaptConfig, data: list) -> AdaptConfig:
+    """The recipe's language-model training on text alone: every stage that trains the LM, with the same
+    steps, lr, schedule and batch, on `data` and without the vision-side groups; stages that train only
+    the vision side are dropped (with no images they train nothing). The contrast of the paper's
+    training-trajectory claim: VL training against text training of the same length."""
+    stages = []
+    for stage in config.stages:
+        if "lm" not in stage.trainable:
+            continue
+        trainable = [g for g in stage.trainable if g not in ("projector", "tower")]
+        stages.append({**dataclasses.asdict(stage), "data": list(data), "trainable": trainable})
+    if not stages:
+        raise AdaptConfigError("the recipe has no stage that trains the language model: nothing for a text-only twin to train")
+    return from_dict({**config.to_dict(), "stages": stages})
+
+
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> AdaptConfig:
     """An adaptation recipe from YAML (missing fields take the paper's values), then `overrides`."""
     import yaml

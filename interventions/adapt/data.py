@@ -87,16 +87,30 @@ def check_spec(spec) -> dict:
 
 
 def spec_identity(spec) -> Any:
-    """What identifies a spec in requests and reports: the spec, or for in-memory records a content hash."""
+    """What identifies a spec in requests and reports: the spec, with a content hash for in-memory records
+    and for a local JSON file (the same path rewritten with other rows is other data)."""
     import hashlib
 
     s = parse_spec(spec)
+    if "json" in s:
+        path = Path(s["json"])
+        return {**s, "sha256": _file_sha256(path)} if path.is_file() else s
     if "records" not in s:
         return s
     h = hashlib.sha256()
     for row in s["records"]:
         h.update(json.dumps(row, sort_keys=True, default=_blob).encode())
     return {**{k: v for k, v in s.items() if k != "records"}, "records": len(s["records"]), "sha256": h.hexdigest()[:16]}
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
 
 
 def _blob(obj) -> str:

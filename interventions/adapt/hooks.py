@@ -38,8 +38,9 @@ Then per stage, for the hooks whose `stages` (None: every stage) name it, the tr
 tokenizer, the stage and run configs, the base model's sink maps measured once before training (when
 any hook sets `needs_sink_maps = True`) with the calibration texts they were measured on, the
 global step, and `ctx.log(dict)` for per-step values. A hook's identity (in a run's request, so
-editing it reruns the run) is its name, class, parameters and `source_hash` of `sources()`: the
-files defining its class (and whatever else `sources()` adds).
+editing it reruns the run) is its name, class, `identity_params()` (its settings, and the content of
+any data file they name) and `source_hash` of `sources()`: the files defining its class (and
+whatever else `sources()` adds).
 Under DeepSpeed ZeRO the gradients are partitioned outside `p.grad`: hooks that edit gradients or
 parameters are refused there (use DDP or FSDP with `use_orig_params`).
 """
@@ -87,6 +88,11 @@ class TrainingHook:
     def sources(self) -> tuple:
         """The objects whose source files define this hook (their hash is part of a run's identity)."""
         return (type(self),)
+
+    def identity_params(self) -> dict:
+        """The settings that identify this hook in a run's request (default: its public attributes).
+        Override to add what a setting points at, e.g. a data file's content hash."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
     def check_base(self, config) -> None:
         pass

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+from interventions.adapt import stagecache
 from interventions.adapt.build import VisionSpec
 from interventions.adapt.config import AdaptConfig
 from interventions.adapt.hooks import TrainingHook
@@ -30,6 +31,7 @@ from sinkstudy.io import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 REQUEST, REPORT, TRAJECTORY = "request.json", "adapt.json", "trajectory.json"
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def hook_identity(hook: TrainingHook) -> dict:
@@ -37,14 +39,14 @@ def hook_identity(hook: TrainingHook) -> dict:
     of `hook.sources()`): part of the request, so editing a hook (a plug-in file) reruns the run."""
     from sinkstudy.plugins import source_hash
 
-    params = {k: v for k, v in vars(hook).items() if not k.startswith("_")}
+    params = hook.identity_params()
     return {"name": hook.name, "class": f"{type(hook).__module__}.{type(hook).__qualname__}",
             "source_sha256": source_hash(*hook.sources()), "params": json.loads(json.dumps(params, default=str))}
 
 
 def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks: Sequence[TrainingHook] = (),
                  qknorm: dict | None = None) -> dict:
-    from sinkstudy.provenance import model_fingerprint
+    from sinkstudy.provenance import code_version, model_fingerprint
 
     from interventions.adapt.data import spec_identity
 
@@ -58,6 +60,8 @@ def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks:
         "qknorm": qknorm,
         "config": cfg,
         "hooks": [hook_identity(h) for h in hooks],
+        # The engine and the sink probe its trajectory runs: a finished run from other code is not reused.
+        "code": code_version(_ROOT / "interventions" / "adapt", _ROOT / "evals" / "sink"),
     }, default=str))
 
 
@@ -128,6 +132,7 @@ def adapt(
     progress: bool = True,
     callbacks: Sequence = (),
     device: str | None = None,
+    stage_cache: str | os.PathLike | None = None,
 ) -> dict:
     """Run every stage of `config` on `base` (a path, hub id or loaded causal LM); returns the report.
 
@@ -136,6 +141,8 @@ def adapt(
     trajectory's calibration texts). `hooks`: protection plug-ins (interventions.adapt.hooks), part of
     the run's identity. `callbacks`: extra `TrainerCallback`s that only observe (not part of it).
     `device`: "cpu" or "cuda" (default: the GPU when there is one); how it runs, not part of the identity.
+    `stage_cache`: a folder of finished stages shared between runs (`interventions.adapt.stagecache`): a
+    stage whose key is there is loaded instead of trained (single-process runs only).
     """
     out = Path(out)
     model_dir = Path(model_dir) if model_dir else out / "model"
@@ -160,10 +167,13 @@ def adapt(
             shutil.rmtree(out)
         write_json_atomic(out / REQUEST, request)
     fresh = status in ("new", "replace")  # nothing of an earlier run may be reused (also by other ranks)
-    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks), fresh, device)
+    shared = Path(stage_cache) if stage_cache is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1 else None
+    return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks), fresh, device,
+                (shared, request))
 
 
-def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh, device) -> dict:
+def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh, device,
+         shared) -> dict:
     import torch
 
     from interventions.adapt import data as data_mod
@@ -197,12 +207,24 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
 
     offset, stages = 0, []
     traj_path = out / TRAJECTORY
-    for stage in config.stages:
+    cache, request = shared
+    for k, stage in enumerate(config.stages):
         work = out / "work" / stage.name
         sources = [data_mod.load_records(spec, seed=config.seed) for spec in stage.data]
         encoder = data_mod.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
         dataset = data_mod.EncodedDataset(sources, encoder)
-        if not fresh and (work / "done.json").is_file():
+        key = stagecache.stage_key(request, hooks, k) if cache else None
+        finished = not fresh and (work / "done.json").is_file()
+        entry = stagecache.lookup(cache, key) if key and not finished else None
+        if entry is not None:  # the same stage, finished by another run: taken as this run's own (its resume path)
+            log.info("stage %s: reusing %s", stage.name, entry)
+            _, cached_points = stagecache.restore(entry, work)
+            known = {p["step"] for p in read_points(traj_path)}
+            for point in cached_points:
+                if point["step"] not in known:
+                    _add_point(traj_path, probe, point)
+            finished = True
+        if finished:
             from safetensors.torch import load_model
 
             load_model(model, str(work / "final.safetensors"))
@@ -219,6 +241,9 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
 
                 save_model(model, str(work / "final.safetensors"))
                 write_json_atomic(work / "done.json", {**stats, "records": len(dataset)})
+                if key:
+                    names = {s.name for s in config.stages[: k + 1]}
+                    stagecache.store(cache, key, work, [p for p in read_points(traj_path) if p["stage"] in names])
         stages.append({**stats, "records": len(dataset), "data": [data_mod.spec_identity(s) for s in stage.data]})
         offset += stats["steps"]
     if not main:
@@ -244,6 +269,13 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
     if not config.keep_checkpoints:
         shutil.rmtree(out / "work", ignore_errors=True)
     return report
+
+
+def _add_point(path: Path, probe, point: dict) -> None:
+    from interventions.adapt.trajectory import FORMAT, read_points
+
+    points = sorted(read_points(path) + [point], key=lambda p: p["step"])
+    write_json_atomic(path, {"format": FORMAT, "probe": probe.describe(), "points": points})
 
 
 def _inject(lm, tok, qknorm: dict, config: AdaptConfig):

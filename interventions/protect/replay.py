@@ -31,6 +31,12 @@ def _validate(config: dict) -> None:
 class TextReplay(Protection):
     """Mix `share` of text-only chats (`data`) into the stage's batches."""
 
+    def identity_params(self) -> dict:
+        # The replayed file's content, not only its path, identifies the run.
+        from interventions.adapt.data import spec_identity
+
+        return {**super().identity_params(), "config": {**self.config, "data": spec_identity(self.config["data"])}}
+
     def dataset(self, ctx, dataset):
         from interventions.adapt.data import EncodedDataset, MixedDataset, load_records
 
