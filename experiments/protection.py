@@ -26,6 +26,7 @@ from experiments.study import model_dir
 from sinkstudy.io import read_json
 
 _HERE = Path(__file__).resolve().parent.parent
+REPLAY = "text_replay"  # the protection every sink-specific one is also set against
 
 
 def arm_hooks(arm) -> list:
@@ -141,12 +142,39 @@ def measure_arms(pp, adapts: dict[str, str]) -> None:
                    owner=f"pair {p} arm {arm.name}")
 
 
-def protection_summary(study, models: dict, results: dict[str, dict], runs: dict, kw: dict) -> dict[str, Any]:
-    """Per arm (the control included): protections, VL skill, S after, trajectory, hook reports, and
-    per task the comparison with the control (Δ = arm − control in points, paired bootstrap CI)."""
+def treatment(arm) -> str:
+    """What an arm does besides its seed (arms with the same treatment are seed replicates of one another)."""
+    import json
+
+    return json.dumps({"protections": arm.protections, "qknorm": arm.qknorm, "text_only": arm.text_only}, sort_keys=True)
+
+
+def replicates(study, pair: str) -> dict[str, dict]:
+    """Per arm on `pair`: its training seed, the first arm of its treatment (`replicate_of`: the name its seeds
+    are reported under) and its control: the untreated arm of the same seed (else the control)."""
+    arms = study.arms_of(pair)
+    seed = {a.name: study.adapt.recipe["seed"] if a.seed is None else a.seed for a in arms}
+    untreated = treatment(arms[0])  # the control's
+    first: dict[str, str] = {}
+    out = {}
+    for a in arms:
+        leader = first.setdefault(treatment(a), a.name)
+        control = next((c.name for c in arms if treatment(c) == untreated and seed[c.name] == seed[a.name]), CONTROL_ARM)
+        if treatment(a) == untreated:
+            control = CONTROL_ARM  # a control replicate is set against the control: the seed's own effect
+        out[a.name] = {"training_seed": seed[a.name], "replicate_of": leader, "control": control}
+    return out
+
+
+def protection_summary(study, pair: str, models: dict, results: dict[str, dict], runs: dict, kw: dict) -> dict[str, Any]:
+    """Per arm (the control included): protections, VL skill, S after, trajectory, hook reports, and per task the
+    comparison with its control (Δ = arm − control in points, paired bootstrap CI): the untreated arm of the same
+    training seed, so a seed replicate of an arm is set against the control of its seed; an untreated replicate
+    (the control on another seed) against the control, and against the base (its own degradation)."""
     from evals.stats import compare
 
     arms = {}
+    labels = {m.arm["arm"]: label for label, m in models.items() if m.arm is not None}
     for label, m in models.items():
         if m.arm is None:
             continue
@@ -155,8 +183,22 @@ def protection_summary(study, models: dict, results: dict[str, dict], runs: dict
                  "text_only": info.get("text_only"),
                  "vl_skill": results[info["vl_skill"]] if info["vl_skill"] else None,
                  "sink_strength": results[m.sink]["value"], "adapt": results[info["adapt"]].get("summary")}
-        if label != "vlm":
-            entry["vs_control"] = {t: compare(runs["vlm"], runs[label], t, **kw).as_dict() for t in study.evals.tasks}
         arms[info["arm"]] = entry
-    return {"arms": arms, "convention": "vs_control: Δ = arm − control in points (score × 100; positive = the protection kept "
-                                        "more text skill than the unprotected adaptation)"}
+    reps = replicates(study, pair)
+    for name, entry in arms.items():
+        entry.update(reps[name])
+        if name == CONTROL_ARM:
+            continue
+        control = runs[labels[entry["control"]]]
+        entry["vs_control"] = {t: compare(control, runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+        if entry["control"] == CONTROL_ARM and entry["replicate_of"] == CONTROL_ARM:
+            entry["vs_base"] = {t: compare(runs["base"], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+        # The baseline a sink-specific protection must beat: text replay on the same seed.
+        replay = next((r for r, e in arms.items() if e["protections"] == [REPLAY] and reps[r]["training_seed"] == entry["training_seed"]), None)
+        if replay and entry["protections"] and entry["protections"] != [REPLAY]:
+            entry["replay"] = replay
+            entry["vs_replay"] = {t: compare(runs[labels[replay]], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+    return {"arms": arms, "convention": "vs_control: Δ = arm − its control in points (score × 100; the control: the unprotected "
+                                        "adaptation with the arm's training seed; positive = the arm kept more text skill)"}
+
+

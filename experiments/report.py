@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from experiments import plots, verdicts as v
+from experiments.claims import claims
 from experiments.fmt import num, points, with_ci
 from experiments.render import render_html, render_md
 from experiments.results import StudyResults
@@ -277,6 +278,9 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
     s = r.settings
     b: list[tuple] = [("h", 1, s.get("title") or f"sinkstudy report: {r.name}"),
                       ("p", f"Computed on: {describe_hardware(summary.get('hardware'))}.")]
+    answered = [str(c) for c in claims(r)]
+    if answered:
+        b += [("h", 2, "The paper's claims"), ("ul", answered)]
     lines = v.verdicts(r)
     if lines:
         b += [("h", 2, "Verdicts"), ("ul", lines)]

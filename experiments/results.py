@@ -40,6 +40,12 @@ class ArmResult:
     qknorm: dict | None = None  # QK-norm injected before the recipe ({init, alpha})
     seed: int | None = None  # the arm's training seed (None: the recipe's)
     text_only: dict | None = None  # the data of a text-only arm (the recipe's LM training without images)
+    training_seed: int | None = None  # the seed the arm trained with (its own, else the recipe's)
+    replicate_of: str | None = None  # the first arm of the same treatment (its seeds are reported under that name)
+    control: str | None = None  # the arm vs_control is measured against (the untreated arm of the same seed)
+    vs_base: dict[str, Comparison] | None = None  # an untreated replicate's own degradation, per task
+    replay: str | None = None  # the text-replay arm of the same seed a protection is also set against
+    vs_replay: dict[str, Comparison] | None = None  # per task, Δ = arm − that replay arm
 
     def changes(self) -> str:
         """What the arm changes against the control, in words ("none" for the control)."""
@@ -100,7 +106,11 @@ def _pair(name: str, e: dict) -> PairResult:
                        for t, x in per_task.items()} for label, per_task in e["interventions"].items()}
     arms = {arm: ArmResult(a["label"], list(a["protections"]), a.get("vl_skill"), a["sink_strength"], a.get("adapt"),
                            {t: Comparison.from_dict(c) for t, c in a["vs_control"].items()} if a.get("vs_control") else None,
-                           a.get("qknorm"), a.get("seed"), a.get("text_only"))
+                           a.get("qknorm"), a.get("seed"), a.get("text_only"), a.get("training_seed"), a.get("replicate_of"),
+                           a.get("control"),
+                           {t: Comparison.from_dict(c) for t, c in a["vs_base"].items()} if a.get("vs_base") else None,
+                           a.get("replay"),
+                           {t: Comparison.from_dict(c) for t, c in a["vs_replay"].items()} if a.get("vs_replay") else None)
             for arm, a in ((e.get("protection") or {}).get("arms") or {}).items()}
     return PairResult(name, models, {t: Comparison.from_dict(c) for t, c in e["degradation"].items()}, effects, arms,
                       list(e.get("examples") or []), e.get("published"), e.get("native_qk_norm"))

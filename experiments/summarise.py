@@ -87,7 +87,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
                        "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict(),
                        "vs_vlm": compare(runs["vlm"], runs[label], task, **kw).as_dict()} for task in ev.tasks}
         if study.adapt is not None:
-            entry["protection"] = protection_summary(study, models, results, runs, kw)
+            entry["protection"] = protection_summary(study, p, models, results, runs, kw)
         entry["examples"] = examples(runs["base"], runs["vlm"], ev.tasks[0], out["headline"].get(ev.tasks[0]))
         entry["published"] = pair.published
         entry["native_qk_norm"] = pair.native_qk_norm

@@ -61,12 +61,13 @@ def by_kind(r: StudyResults, what: str) -> dict[str, dict[str, dict]]:
 
 
 def _answer(sides: list[int]) -> str:
+    """yes / no only where every unit (pair, and seed where an arm was repeated) says so."""
     up, down = sides.count(1), sides.count(-1)
     if up == len(sides):
         return "yes"
     if down == len(sides):
         return "no: worse"
-    return f"on {up} of {len(sides)} pairs" + (f" (worse on {down})" if down else "") if up or down else "not established"
+    return f"on {up} of {len(sides)} pairs/seeds" + (f" (worse on {down})" if down else "") if up or down else "not established"
 
 
 # --------------------------------------------------------------------------- the verdict lines
@@ -151,18 +152,21 @@ def _protections(r: StudyResults) -> list[str]:
     arms: dict[str, list[str]] = {}
     sides: dict[str, list[int]] = {}
     for p, e in r.pairs.items():
-        control = next((a for a in e.arms.values() if not a.vs_control), None)
         for arm, a in e.arms.items():
-            if not a.vs_control:
+            group = a.replicate_of or arm  # seed replicates answer one question, each seed against its own control
+            if not a.vs_control or group == "control":
                 continue
+            control = e.arms.get(a.control or "control")
             skill, ctrl_skill = _skill(a), _skill(control)
-            arms.setdefault(arm, []).append(
-                f"{p}: " + ", ".join(f"{t} {_pts_ci(a.vs_control[t])}" for t in tasks)
+            repeated = sum((x.replicate_of or n) == group for n, x in e.arms.items()) > 1
+            seed = f" seed {a.training_seed}" if repeated else ""
+            arms.setdefault(group, []).append(
+                f"{p}{seed}: " + ", ".join(f"{t} {_pts_ci(a.vs_control[t])}" for t in tasks)
                 + (f" (VL skill {skill:.2f} vs control {ctrl_skill:.2f})" if not missing(skill) and not missing(ctrl_skill) else ""))
-            sides.setdefault(arm, []).append(ci_side(a.vs_control[tasks[0]].delta_points_ci))
+            sides.setdefault(group, []).append(ci_side(a.vs_control[tasks[0]].delta_points_ci))
     for arm, parts in arms.items():
         out.append(f"Does protection {arm} beat the control? {_answer(sides[arm])} on {tasks[0]}: Δ = arm − control adaptation "
-                   "(positive = kept more text skill): " + "; ".join(parts) + ".")
+                   "of the same training seed (positive = kept more text skill): " + "; ".join(parts) + ".")
     for name, per_pair in by_kind(r, "mitigation").items():
         parts = [f"{p}: " + ", ".join(f"{t} {_pts_ci(per_task[t].vs_vlm)}" for t in tasks) for p, per_task in per_pair.items()]
         s = [ci_side(per_task[tasks[0]].vs_vlm.delta_points_ci) for per_task in per_pair.values()]

@@ -142,7 +142,7 @@ def _section(md: str, heading: str) -> str:
 
 def test_the_report_opens_with_one_verdict_line_per_question(report):
     md, summary = report.md, report.summary
-    assert re.findall(r"^## .*", md, flags=re.M)[:2] == ["## Verdicts", "## Paper vs ours"]
+    assert re.findall(r"^## .*", md, flags=re.M)[:3] == ["## The paper's claims", "## Verdicts", "## Paper vs ours"]
     verdicts = [x[2:] for x in _section(md, "Verdicts").strip().splitlines()]
     questions = [v.split("?")[0] for v in verdicts]
     assert questions == ["Does S track degradation on sinkstudy_ifeval", "Does S track degradation on sinkstudy_gsm",

@@ -1,0 +1,76 @@
+"""The paper's claims answered from a summary: each claim agrees or disagrees only where every unit (pair,
+and each training seed an arm ran with) says so through its CI; otherwise it is not established. Built on
+the report tests' summary (real paired statistics over per-prompt outcomes), with seed replicates added
+the way `experiments.protection.protection_summary` writes them."""
+
+import pytest
+
+from evals.lmeval import HEADLINE_METRICS
+from evals.stats import ci_side, compare
+from tests.test_report import KW, TASKS, _outcomes, make_summary, maps_dir  # noqa: F401 (a fixture)
+
+
+@pytest.fixture
+def summary(maps_dir):
+    return make_summary(maps_dir)
+
+
+def _claims(summary):
+    from experiments.claims import claims
+    from experiments.results import StudyResults
+
+    return {c.claim.split(" (")[0]: c for c in claims(StudyResults.of(summary))}
+
+
+def _arm(label, protections, seed, vs, *, replicate_of=None, control="control", extra=None):
+    base, vlm, _ = _outcomes(12)
+    return {"label": label, "protections": protections, "vl_skill": None, "sink_strength": 0.1, "adapt": None,
+            "training_seed": seed, "replicate_of": replicate_of, "control": control,
+            "vs_control": {t: compare(vlm, vs, t, HEADLINE_METRICS[t], **KW).as_dict() for t in TASKS}, **(extra or {})}
+
+
+def test_each_claim_follows_the_side_of_every_units_ci(summary):
+    c = _claims(summary)
+    t = "sinkstudy_ifeval"
+    sides = [ci_side(e["degradation"][t]["delta_points_ci"]) for e in summary["pairs"].values()]
+    degradation = c["VL training costs text skill on strict graders"]
+    assert degradation.answer == ("agrees" if set(sides) == {-1} else "not established")
+    assert "p0 " in degradation.evidence and "Δ = VLM LM − base in points" in degradation.evidence
+    # qknorm-vl regains all but 2 lost prompts: Δ against the VLM LM above 0 on every lossy pair -> it protected
+    q = c["QK-RMSNorm injected after pretraining does not protect text skill through VL training"]
+    q_sides = [ci_side(e["interventions"]["qknorm-vl"][t]["vs_vlm"]["delta_points_ci"]) for e in summary["pairs"].values()]
+    assert q.answer == ("disagrees" if set(q_sides) == {1} else "not established")
+    assert "59.9 to 11.0" in q.evidence
+    m = c["Merging the base and the VLM LM after VL training does not recover the loss"]
+    recovered = [p for p, e in summary["pairs"].items() if ci_side(e["degradation"][t]["delta_points_ci"]) < 0
+                 and ci_side(e["interventions"]["linear"][t]["recovery"]["ci"]) > 0]
+    assert m.answer == ("disagrees" if recovered else "agrees") and f"{len(recovered)} of " in m.evidence
+    assert c["A stronger sink"].answer in ("agrees", "disagrees", "not established")
+    assert not any(k.startswith("Open direction") for k in c)  # text replay is the baseline, not a protection under test
+
+
+def test_a_protection_is_answered_only_where_every_seed_agrees(summary):
+    """Seed 0 keeps 10 more prompts than its control (CI above 0), seed 1 loses 10 (CI below 0) against the control
+    of seed 1: no answer across seeds, though seed 0 alone would say yes. The control's seed-1 replicate adds its own
+    degradation as a unit of the first claim."""
+    base, vlm, _ = _outcomes(12)
+    _, _, better = _outcomes(12, 10)
+    worse = vlm.copy()
+    worse[20:30] = False
+    arms = summary["pairs"]["p1"]["protection"]["arms"]
+    arms["control"]["training_seed"] = 0
+    arms["control-s1"] = _arm("control-s1", [], 1, vlm, replicate_of="control",
+                              extra={"vs_base": {t: compare(base, vlm, t, HEADLINE_METRICS[t], **KW).as_dict() for t in TASKS}})
+    arms["head"] = _arm("head", ["sink_head_freeze"], 0, better)
+    arms["head-s1"] = _arm("head-s1", ["sink_head_freeze"], 1, worse, replicate_of="head", control="control-s1")
+    c = _claims(summary)
+    head = next(x for k, x in c.items() if k.startswith("Open direction: does head"))
+    assert head.answer == "not established"
+    assert "p1 (seed 0): vs control +16.7" in head.evidence and "p1 (seed 1): vs control -16.7" in head.evidence
+    assert "p1 (seed 1) " in c["VL training costs text skill on strict graders"].evidence
+    from experiments.report import verdicts
+    line = next(v for v in verdicts(summary) if v.startswith("Does protection head "))
+    assert "on 1 of 2 pairs/seeds (worse on 1)" in line and "p1 seed 0:" in line and "p1 seed 1:" in line
+    assert not any(v.startswith("Does protection control-s1") for v in verdicts(summary))  # the seed's effect, not a protection
+    del arms["head-s1"]
+    assert next(x for k, x in _claims(summary).items() if k.startswith("Open direction: does head")).answer == "yes"
