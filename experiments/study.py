@@ -187,6 +187,7 @@ class Study:
     report: ReportSettings
     plugins: list = field(default_factory=list)  # the plug-ins loaded for this study (sinkstudy.plugins.Plugin)
     adapt: AdaptSection | None = None
+    seeds: list[int] | None = None  # training seeds to repeat the study over (experiments.seeds); None: once
 
     def expand(self, value: str) -> str:
         return value.replace("{out}", os.fspath(self.out))
@@ -230,6 +231,18 @@ def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
     return validate(raw, path=path, out=out)
 
 
+def _seeds(raw, where: str) -> list[int] | None:
+    """`seeds`: distinct training seeds (integers >= 0), at least two; None: the study runs once."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) < 2:
+        fail(where, f"a list of at least two training seeds, e.g. [0, 1, 2], got {raw!r}")
+    seeds = [integer(x, where, 0) for x in raw]
+    if len(set(seeds)) != len(seeds):
+        fail(where, f"seeds must be distinct, got {raw!r}")
+    return seeds
+
+
 def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | None = None) -> Study:
     where = os.fspath(path) if path else "study config"
     cfg = mapping(raw, where, TOP_KEYS)
@@ -264,8 +277,9 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
         fail(f"{where}: protocol", "must be a mapping")
     report = parse(ReportSettings, cfg.get("report"), f"{where}: report")
     adapt = parse_adapt(cfg.get("adapt"), path, [p.name for p in pairs], f"{where}: adapt", out_dir) if adapting else None
+    seeds = _seeds(cfg.get("seeds"), f"{where}: seeds")
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
-                  protocol, report, plugins, adapt)
+                  protocol, report, plugins, adapt, seeds)
     for p in study.pairs:
         for role in MODEL_ROLES:
             if isinstance(getattr(p, role), str):

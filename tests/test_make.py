@@ -53,11 +53,11 @@ def values(tmp_path_factory):
         model.mkdir(parents=True)
         (model / "config.json").write_text("{}")
     return {"LIMIT": "7", "TASKS": "sinkstudy_gsm", "DEVICE": "cuda", "DTYPE": "bfloat16", "OUT": str(d / "out"), "FORCE": "1",
-            "QUIET": "1", "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b"}
+            "QUIET": "1", "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b", "SEEDS": "0,1"}
 
 
 EXPECTED = {"--limit": ("limit", 7), "--tasks": ("tasks", "sinkstudy_gsm"), "--device": ("device", "cuda"),
-            "--dtype": ("dtype", "bfloat16"), "--force": ("force", True), "--quiet": ("quiet", True)}
+            "--dtype": ("dtype", "bfloat16"), "--force": ("force", True), "--quiet": ("quiet", True), "--seeds": ("seeds", [0, 1])}
 
 
 def test_every_variable_reaches_every_command_that_takes_its_flag(values):

@@ -235,3 +235,32 @@ def test_a_text_only_arm_trains_the_recipes_lm_stages_on_text_and_is_measured_wi
     assert stage["trainable"] == ["lm"] and stage["data"][0]["json"] == str(chats)
     assert {k: stage[k] for k in ("steps", "lr", "batch_size", "schedule")} == {k: vl[k] for k in ("steps", "lr", "batch_size", "schedule")}
     assert [p["stage"] for p in arm["adapt"]["trajectory"]][-1] == "stage2"
+
+
+def test_a_study_repeated_over_training_seeds_keeps_the_data_and_reports_the_spread(study_files, tmp_path):
+    """`seeds: [0, 1]`: the first seed's run in the study's out, seed 1's in out/seeds/1 with every training seed 1;
+    the base is graded on the same prompts with the same scores; the VLMs differ; a rerun reuses every step."""
+    import torch
+    from safetensors.torch import load_file
+
+    from experiments.runner import run_study
+    from experiments.seeds import run_seeds
+    from experiments.study import load_study
+
+    cfg = yaml.safe_load((study_files / "study.yaml").read_text())
+    cfg.update(plugins=[], interventions=[], seeds=[0, 1])
+    cfg["adapt"]["arms"] = [{"name": "control"}]
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out"
+    run_seeds(load_study(tmp_path / "study.yaml", out=out), lambda s: run_study(s, progress=False))
+    summary = json.loads((out / "summary.json").read_text())
+    second = summary["seeds"]["runs"]["1"]["summary"]
+    assert summary["seeds"]["seeds"] == [0, 1] and json.loads((out / "seeds" / "1" / "summary.json").read_text())["pairs"]
+    seeds = [json.loads((d / "adapt" / "p" / "control" / "request.json").read_text())["config"]["seed"] for d in (out, out / "seeds" / "1")]
+    assert seeds == [0, 1]
+    assert second["pairs"]["p"]["models"]["base"]["scores"] == summary["pairs"]["p"]["models"]["base"]["scores"]
+    a, b = (load_file(str(next(d.rglob("p-control-vlm/model.safetensors")))) for d in (out, out / "seeds" / "1"))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert "## Across training seeds" in (out / "report.md").read_text()
+    again = run_seeds(load_study(tmp_path / "study.yaml", out=out), lambda s: run_study(s, progress=False))
+    assert again["reused"] == again["steps"]
