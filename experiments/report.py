@@ -12,6 +12,7 @@ LM: negative = capability lost), relative = Δ / before.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -281,6 +282,8 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
     s = r.settings
     b: list[tuple] = [("h", 1, s.get("title") or f"sinkstudy report: {r.name}"),
                       ("p", f"Computed on: {describe_hardware(summary.get('hardware'))}.")]
+    if s.get("see_also"):  # related reports, by their path relative to this one
+        b += [("p", "See also:"), ("links", [(title, os.path.relpath(path, out)) for title, path in s["see_also"].items()])]
     runs = seeded(summary)  # a study repeated over training seeds: answers only where every seed agrees
     answered = [str(c) for c in (claims_across(runs) if runs else claims(r))]
     if answered:

@@ -131,6 +131,14 @@ class ModelSettings:
 class ReportSettings:
     title: str | None = None
     notes: str | None = None
+    # {title: report path}: related reports the report links to near its top (paths as `out` is written)
+    see_also: dict = checked(factory=dict, check=lambda v, w: _see_also(v, w))
+
+
+def _see_also(value, where: str) -> dict:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in value.items()):
+        fail(where, f"a mapping of link titles to report paths, got {value!r}")
+    return dict(value)
 
 
 @dataclass

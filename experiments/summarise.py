@@ -53,7 +53,8 @@ def settings(study) -> dict[str, Any]:
             "sink_metric": study.sink.metric, "apply_chat_template": ev.apply_chat_template, "max_gen_toks": ev.max_gen_toks,
             "batch_size": ev.batch_size, "n_boot": ev.n_boot, "confidence": ev.confidence,
             "interventions": [iv.name for iv in study.interventions],
-            "config": str(study.path) if study.path else None, "out": str(study.out), "seed": study.seed}
+            "config": str(study.path) if study.path else None, "out": str(study.out), "seed": study.seed,
+            "see_also": dict(study.report.see_also)}
 
 
 def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict:

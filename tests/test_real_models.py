@@ -200,9 +200,12 @@ def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, t
         assert link(["--chat", "--link-dir", str(out / "inputs"), "smollm2-135m-instruct", "gemma-3-270m"]) == 0
         assert write_chats([str(out / "inputs" / "text_chats.jsonl"), "--records", "50"]) == 0
         steps[config] = {s["id"] for s in plan_records(load_study(Path("experiments/configs") / f"{config}.yaml", out=out))}
-    assert {"smollm2/adapt/control", "smollm2/adapt/qknorm-unit", "smollm2/adapt/text-replay", "smollm2/adapt/head-freeze",
+    assert {"smollm2/adapt/control", "smollm2/adapt/control-s1", "smollm2/adapt/qknorm-unit", "smollm2/adapt/text-replay",
+            "smollm2/adapt/head-freeze", "smollm2/adapt/text-only", "smollm2/eval/text-only",
             "smollm2/intervene/ties"} <= steps["study_real_quick"] & steps["study_real"]
-    assert {"smollm2/adapt/control-s1", "smollm2/adapt/qknorm-scale", "smollm2/adapt/qknorm-unit-s1", "smollm2/adapt/head-freeze-s1",
-            "smollm2/adapt/preservation", "gemma/adapt/control", "gemma/adapt/control-s1", "gemma/adapt/qknorm-off",
-            "gemma/intervene/dare", "gemma/eval/base"} <= steps["study_real"]
-    assert not any(s.startswith(("gemma/adapt/head-freeze", "smollm2/adapt/qknorm-off")) for s in steps["study_real"])
+    assert {"smollm2/adapt/qknorm-scale", "smollm2/adapt/qknorm-unit-s1", "smollm2/adapt/head-freeze-s1",
+            "smollm2/adapt/preservation", "smollm2/adapt/freeze-below-sink", "smollm2/adapt/qk-projection",
+            "gemma/adapt/control", "gemma/adapt/qknorm-off", "gemma/intervene/dare", "gemma/eval/base"} <= steps["study_real"]
+    assert not any(s.startswith(("gemma/adapt/head-freeze", "gemma/adapt/control-s1", "smollm2/adapt/qknorm-off"))
+                   for s in steps["study_real"])
+    assert not any(s.startswith(("smollm2/vlskill/text-only", "smollm2/adapt/text-only-extract")) for s in steps["study_real"])

@@ -362,3 +362,12 @@ def test_sinkstudy_report_rerenders_a_run_from_its_summary_alone(report, tmp_pat
     capsys.readouterr()
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_see_also_links_related_reports_by_their_path_relative_to_this_one(maps_dir, tmp_path):
+    from experiments.report import write_report
+
+    summary = make_summary(maps_dir, n_pairs=2, interventions=False, protection=False)
+    summary["settings"]["see_also"] = {"The real-backbone study": str(tmp_path / "study-real" / "report.md")}
+    md = write_report(summary, tmp_path / "demo").read_text()
+    assert "- [The real-backbone study](../study-real/report.md)" in md.split("\n## ", 1)[0]  # before the first section
