@@ -154,7 +154,7 @@ def _protections(r: StudyResults) -> list[str]:
     for p, e in r.pairs.items():
         for arm, a in e.arms.items():
             group = a.replicate_of or arm  # seed replicates answer one question, each seed against its own control
-            if not a.vs_control or group == "control":
+            if not a.vs_control or group == "control" or a.text_only:  # text-only training: the trajectory claim's contrast
                 continue
             control = e.arms.get(a.control or "control")
             skill, ctrl_skill = _skill(a), _skill(control)
