@@ -57,9 +57,12 @@ def verdicts_across(runs: dict[int, StudyResults], verdicts) -> list[str]:
         return question, rest.split(":", 1)[0]
 
     first, *_ = runs
-    per_seed = {s: dict(split(line) for line in verdicts(r)) for s, r in runs.items()}
+    per_seed = {s: dict(split(line) for line in verdicts(r) if "? " in line) for s, r in runs.items()}
     out = []
     for line in verdicts(runs[first]):
+        if "? " not in line:  # a statement, not a question: its figures are the first seed's
+            out.append(f"{line} (Seed {first}'s figures; every seed's: Across training seeds.)")
+            continue
         question, answer = split(line)
         answers = {s: per_seed[s].get(question, "not measured") for s in runs}
         if len(set(answers.values())) == 1:

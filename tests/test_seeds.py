@@ -62,3 +62,14 @@ def test_the_report_states_only_what_every_seed_agrees_on_and_gives_the_spread(m
     row = next(x for x in table.splitlines() if x.startswith("| S base, p0 |"))
     assert row.rstrip(" |").endswith("| 0.71 | 1.00")  # SD of two values 1 apart, and their range
     assert "seed 1 in OUT/seeds/1" in table
+
+
+def test_verdict_lines_agree_across_seeds_by_question_and_statements_stay_the_first_seeds():
+    from experiments.report_seeds import verdicts_across
+
+    said = {0: ["No base reaches S > 0: S spans -3 to -1.", "Does X help? yes: +5 [+1, +9].", "Does Y help? no: -4 [-8, -1]."],
+            1: ["No base reaches S > 0: S spans -4 to -2.", "Does X help? yes: +3 [+1, +6].", "Does Y help? not established: -1 [-5, +3]."]}
+    lines = verdicts_across({0: 0, 1: 1}, lambda seed: said[seed])
+    assert lines[0] == "No base reaches S > 0: S spans -3 to -1. (Seed 0's figures; every seed's: Across training seeds.)"
+    assert lines[1] == "Does X help? yes: +5 [+1, +9]. Every seed (0, 1) gives this answer."
+    assert lines[2].startswith("Does Y help? not established (the seeds disagree: seed 0: no; seed 1: not established). Seed 0: no: -4")
