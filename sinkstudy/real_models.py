@@ -200,13 +200,17 @@ def main(argv=None) -> int:
     p.add_argument("--chat", action="store_true", help="print the chat-ready checkpoint (a base model gets its family's chat template)")
     p.add_argument("--link-dir", metavar="DIR", help="with --chat: the chat checkpoints as DIR/NAME (weights linked, not copied), "
                                                      "a stable path for configs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (the conversion's and transformers' included)")
     args = p.parse_args(argv)
     if args.link_dir and not args.chat:
         p.error("--link-dir goes with --chat")
+    from sinkstudy.progress import quiet
+
     try:
-        for name in args.names or REGISTRY:
-            path = chat_checkpoint(name, Path(args.link_dir) / name if args.link_dir else None) if args.chat else checkpoint(name)
-            print(f"{name}\t{path}")
+        with quiet(args.quiet):
+            for name in args.names or REGISTRY:
+                path = chat_checkpoint(name, Path(args.link_dir) / name if args.link_dir else None) if args.chat else checkpoint(name)
+                print(f"{name}\t{path}")
     except SinkstudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
