@@ -514,20 +514,21 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any],
     gen_kwargs = {**settings["gen_kwargs"], **({"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] else {})}
     seed = settings["seed"]
     try:
-        res = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=[s.spec for s in specs],
-            task_manager=task_manager,
-            limit=settings["limit"],
-            num_fewshot=settings["num_fewshot"],
-            log_samples=True,
-            apply_chat_template=settings["apply_chat_template"],
-            system_instruction=settings["system_instruction"],
-            gen_kwargs=gen_kwargs or None,
-            confirm_run_unsafe_code=confirm_run_unsafe_code,
-            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-            verbosity=None,
-        )
+        with _lean_env_info():
+            res = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=[s.spec for s in specs],
+                task_manager=task_manager,
+                limit=settings["limit"],
+                num_fewshot=settings["num_fewshot"],
+                log_samples=True,
+                apply_chat_template=settings["apply_chat_template"],
+                system_instruction=settings["system_instruction"],
+                gen_kwargs=gen_kwargs or None,
+                confirm_run_unsafe_code=confirm_run_unsafe_code,
+                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                verbosity=None,
+            )
     except (ConnectionError, OSError) as exc:
         names = ", ".join(s.name for s in specs if isinstance(s.spec, str))
         raise SinkstudyError(
@@ -537,6 +538,27 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any],
     if res is None:
         return None
     return {s.name: _record(res, s) for s in specs}
+
+
+@contextlib.contextmanager
+def _lean_env_info():
+    """lm-eval's `add_env_info` runs `pip list` and torch's collect_env on every `simple_evaluate` (about 0.9 s,
+    more than a small eval); no record keeps that block (each carries sinkstudy's own provenance), so within our
+    call it stores lm-eval's cheap fields only."""
+    import lm_eval.evaluator as evaluator
+
+    def lean(storage: dict) -> None:
+        from sinkstudy.provenance import package_versions
+
+        versions = package_versions()
+        storage.update({"pretty_env_info": "not collected (sinkstudy records its own provenance)",
+                        "transformers_version": versions["transformers"], "lm_eval_version": versions["lm_eval"]})
+
+    saved, evaluator.add_env_info = evaluator.add_env_info, lean
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = saved
 
 
 def _build_lm(model, tokenizer, settings, distributed=None):

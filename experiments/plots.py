@@ -2,7 +2,8 @@
 
 Every function returns None when the summary holds nothing to draw, else a record: `path` (the PNG,
 relative to the report), `svg`, and what was drawn (colour and axis ranges, points, lines, titles),
-so the report links both files and tests check that each figure follows the data it claims.
+so the report links both files and tests check that each figure follows the data it claims. A figure
+whose inputs did not change since it was drawn is not drawn again (experiments.figure_reuse).
 Convention: Δ = VLM LM − base in points (negative = capability lost), Δ/base relative; recovery =
 (intervened − VLM LM) / (base − VLM LM), stated only where the pair lost capability significantly.
 Colours: blue marks a measured value, grey what has no number; no colour means "good" or "bad".
@@ -16,6 +17,7 @@ from typing import Any
 
 from evals.sink.plot import axis_facts, pyplot, save_png_svg
 from evals.stats import ci_side
+from experiments.figure_reuse import reused
 from experiments.fmt import missing
 
 # Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
@@ -44,6 +46,7 @@ def _rho_text(c: dict | None, what: str, n_pairs: int) -> str:
 
 # --------------------------------------------------------------------------- sink maps and profiles
 
+@reused
 def sink_maps(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     """Per pair: base / VLM LM / shift on shared scales of the study's metric (evals.sink.plot_sink_shift)."""
     from evals.sink import SinkMaps, plot_sink_shift
@@ -59,6 +62,7 @@ def sink_maps(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     return figs
 
 
+@reused
 def layer_profiles(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     """Per pair: the per-layer sink profile of every measured model (base and VLM LM bold)."""
     from evals.sink import SinkMaps
@@ -78,6 +82,7 @@ def layer_profiles(summary: dict, metric: str, out: Path) -> dict[str, dict]:
 
 # --------------------------------------------------------------------------- S vs Δ
 
+@reused
 def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
     """S of the base against Δ points and Δ/base on `task` (two panels), pair labels, each pair's CI,
     and the across-pair Spearman ρ with its CI in each panel's title (from summary['correlation'])."""
@@ -114,6 +119,7 @@ def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- recovery
 
+@reused
 def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     """Recovery per (pair, intervention) on `task` as a dot with its CI (0 = VLM LM, 1 = base), in one
     colour; where the pair lost nothing significant, the words "no loss to recover" and no number.
@@ -175,6 +181,7 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- adaptation arms
 
+@reused
 def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     """Text retention vs VL skill per adaptation arm: the score on `task` (points) against held-out
     digit accuracy, one colour per pair, the control ringed; up-right is better on both."""
@@ -204,6 +211,7 @@ def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None
     return _save(fig, out, f"protect_pareto_{task}.png", points=points)
 
 
+@reused
 def adaptation_trajectory(summary: dict, pair: str, out: Path) -> dict[str, Any] | None:
     """S (and each strict score measured during training) against the optimizer step, one line per
     adaptation arm (interventions.adapt.trajectory's plot)."""
@@ -221,6 +229,7 @@ def adaptation_trajectory(summary: dict, pair: str, out: Path) -> dict[str, Any]
 
 # --------------------------------------------------------------------------- the demo's backbones
 
+@reused
 def pretrain_sink_curves(curves: dict[str, list[dict]], out: Path) -> dict[str, Any] | None:
     """Sink Strength against pretraining steps, one line per backbone (the demo's build; `curves`: name ->
     [{step, S}, ...]); None when no backbone has two points."""

@@ -59,6 +59,12 @@ _VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "tie_word_embe
 
 
 def package_versions() -> dict[str, str | None]:
+    return dict(_package_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _package_versions() -> dict[str, str | None]:
+    # once per process: each metadata lookup scans every installed distribution (~70 ms for the list)
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in _PACKAGES:
         try:

@@ -327,7 +327,7 @@ def test_recovery_is_a_dot_and_ci_per_pair_and_intervention(report):
     assert rows["p2 / replay"]["value"] == pytest.approx(1.0) and rows["p2 / head_restore"]["value"] == pytest.approx(0.0)
     # The axis spans the data and 0..1: here every CI lies within 0..1.
     stated = [r for r in rows.values() if r["status"] == "recovery"]
-    assert fig["axis"] == (pytest.approx(min(0.0, *(r["lo"] for r in stated))), pytest.approx(max(1.0, *(r["hi"] for r in stated))))
+    assert fig["axis"] == pytest.approx([min(0.0, *(r["lo"] for r in stated)), max(1.0, *(r["hi"] for r in stated))])
     empty = {**report.summary, "pairs": {p: {**e, "interventions": {}} for p, e in report.summary["pairs"].items()}}
     assert plots.recovery(empty, "sinkstudy_ifeval", report.out) is None
 
