@@ -554,7 +554,11 @@ def _lean_env_info():
         storage.update({"pretty_env_info": "not collected (sinkstudy records its own provenance)",
                         "transformers_version": versions["transformers"], "lm_eval_version": versions["lm_eval"]})
 
-    saved, evaluator.add_env_info = evaluator.add_env_info, lean
+    saved = getattr(evaluator, "add_env_info", None)
+    if saved is None:  # another lm-eval: nothing to skip
+        yield
+        return
+    evaluator.add_env_info = lean
     try:
         yield
     finally:
