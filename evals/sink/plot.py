@@ -71,8 +71,10 @@ def colour_range(values: list[torch.Tensor], diverging: bool) -> tuple[float, fl
 
 
 def axis_facts(ax) -> dict[str, Any]:
-    """An axis's ranges and the offset text matplotlib shows (always empty here), after drawing."""
-    ax.figure.canvas.draw()
+    """An axis's ranges and the offset text matplotlib shows (always empty here), after drawing (once: a figure
+    drawn since its last change is not drawn again for its next axis)."""
+    if ax.figure.stale:
+        ax.figure.canvas.draw()
     return {"xlim": tuple(float(x) for x in ax.get_xlim()), "ylim": tuple(float(y) for y in ax.get_ylim()),
             "offset": [ax.xaxis.get_offset_text().get_text(), ax.yaxis.get_offset_text().get_text()]}
 

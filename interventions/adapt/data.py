@@ -27,6 +27,7 @@ asks for (`replace_image_token`), wrapped as the VLM's own template wraps it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -302,23 +303,34 @@ def digits_records(split: str = "train", *, n_heldout: int = 200, seed: int = 0,
     default "What digit is this?" / "It is a {d}.". Each record also carries its `label`.
     """
     import numpy as np
-    from sklearn.datasets import load_digits
 
     if split not in ("train", "heldout"):
         raise DataError(f"digits split must be train or heldout, got {split!r}")
-    data = load_digits()
-    order = np.random.default_rng(seed).permutation(len(data.target))
+    images, targets = _digits()
+    order = np.random.default_rng(seed).permutation(len(targets))
     chosen = order[n_heldout:] if split == "train" else order[:n_heldout]
     rng = random.Random(seed)
     out = []
     for i in chosen:
-        label = int(data.target[i])
-        pixels = np.uint8(np.round(data.images[i] * 255 / 16))
+        label = int(targets[i])
+        pixels = images[i]
         question, answer = captions(label, rng) if captions else ("What digit is this?", f"It is a {label}.")
         out.append({"images": [np.repeat(pixels[:, :, None], 3, axis=2)],
                     "messages": [{"role": "user", "content": f"{IMAGE}\n{question}"}, {"role": "assistant", "content": answer}],
                     "label": label})
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _digits():
+    """The bundled digits as 8-bit greys and labels, read-only: parsed once per process (about 0.3 s a time)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images, targets = np.uint8(np.round(data.images * 255 / 16)), data.target.copy()
+    images.flags.writeable = targets.flags.writeable = False
+    return images, targets
 
 
 # --------------------------------------------------------------------------- encoding
