@@ -21,8 +21,8 @@ from sinkstudy.io import json_default, write_json_atomic
 
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
-# Every module that shapes what a figure shows.
-PLOT_CODE = (_HERE / "plots.py", _HERE / "fmt.py", _ROOT / "evals" / "sink" / "plot.py", _ROOT / "evals" / "stats.py",
+# Every module that shapes what a figure shows: evals/sink whole, as its plots read the maps through SinkMaps.
+PLOT_CODE = (_HERE / "plots.py", _HERE / "fmt.py", _ROOT / "evals" / "sink", _ROOT / "evals" / "stats.py",
              _ROOT / "interventions" / "adapt" / "trajectory.py", Path(__file__))
 UNDRAWN_KEYS = ("timings", "provenance")
 
