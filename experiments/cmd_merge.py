@@ -13,6 +13,7 @@ from typing import Any
 from experiments import argtypes, options
 from experiments.fmt import ci_text, finite_or_none, num
 from experiments.summary import Summary, cmd, existing
+from sinkstudy.io import reusable_json
 
 # CLI defaults for sparse methods: the paper's settings (TIES density 0.2, DARE drop 0.9).
 PAPER_DENSITY = {"ties": 0.2, "dare_ties": 0.1, "dare_linear": 0.1}
@@ -218,20 +219,6 @@ def digest(obj) -> str:
     import json
 
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def reusable_json(path: Path | None, key: str) -> dict[str, Any] | None:
-    """The JSON at `path` when it was written under `key` (None: absent, unreadable or stale)."""
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import read_json
-
-    if path is None or not path.is_file():
-        return None
-    try:
-        data = read_json(path)
-    except SinkstudyError:
-        return None
-    return data if isinstance(data, dict) and data.get("key") == key else None
 
 
 def _device_type(device: str | None) -> str:

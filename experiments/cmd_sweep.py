@@ -18,11 +18,11 @@ from experiments.cmd_merge import (
     mergekit_args,
     mergekit_options,
     pair_args,
-    reusable_json,
     weight_distance,
 )
 from experiments.fmt import ci_text, num
 from experiments.summary import Summary, cmd, existing, format_duration
+from sinkstudy.io import reusable_json
 
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent / "configs" / "merge_sweep.yaml"
 

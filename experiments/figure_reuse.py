@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from sinkstudy.io import json_default, write_json_atomic
+from sinkstudy.io import json_default, reusable_json, write_json_atomic
 
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
@@ -69,12 +69,9 @@ def reused(fn: Callable) -> Callable:
         out = Path(args[-1])
         slot = out / "plots" / ".reuse" / f"{fn.__name__}-{_digest(list(args[1:-1]))[:12]}.json"
         key = _digest({"figure": fn.__name__, "inputs": _drawn(list(args[:-1])), "code": _code_key()})
-        try:
-            record = json.loads(slot.read_text())
-            if record["key"] == key and all(file_sha256(out / f) == h for f, h in record["files"].items()):
-                return record["result"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # no record, or one that cannot be trusted: draw
+        record = reusable_json(slot, key)
+        if record is not None and all((out / f).is_file() and file_sha256(out / f) == h for f, h in record["files"].items()):
+            return record["result"]
         result = fn(*args)
         if result is None:
             return None
