@@ -69,9 +69,11 @@ def reused(fn: Callable) -> Callable:
         out = Path(args[-1])
         slot = out / "plots" / ".reuse" / f"{fn.__name__}-{_digest(list(args[1:-1]))[:12]}.json"
         key = _digest({"figure": fn.__name__, "inputs": _drawn(list(args[:-1])), "code": _code_key()})
-        record = reusable_json(slot, key)
-        if record is not None and all((out / f).is_file() and file_sha256(out / f) == h for f, h in record["files"].items()):
-            return record["result"]
+        record = reusable_json(slot, key) or {}
+        files = record.get("files")
+        if "result" in record and isinstance(files, dict) and all((out / f).is_file() and file_sha256(out / f) == h
+                                                                  for f, h in files.items()):
+            return record["result"]  # else no record, or one that cannot be trusted: draw
         result = fn(*args)
         if result is None:
             return None
