@@ -252,3 +252,35 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
                                 for i in changed["interventions"]]
     third = run_study(load_study(DEMO_CONFIG, out=out, overrides=changed), progress=False)
     assert third["steps"] - third["reused"] == len(backbones) * 3  # per pair: intervene, sink and eval of ties
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_probe_scores_each_answer_as_a_whole_forward_pass_does(tokenizer, family):
+    """The probe runs the shared image + question once and continues each answer from its cache: every answer's
+    log-probability must equal the one a plain forward pass of the whole row gives (the study's two backbones)."""
+    import torch
+
+    from experiments.demo.vl import answer_logprobs
+    from interventions.adapt.build import VisionSpec, build_vlm
+    from interventions.adapt.data import Encoder, collate, digits_records
+    from sinkstudy.tiny import tiny_causal_lm
+
+    torch.manual_seed(0)
+    base = tiny_causal_lm(family, vocab_size=len(tokenizer), tie_word_embeddings=family == "gemma3_text")
+    built = build_vlm(base, tokenizer, VisionSpec("tiny", tiny={"hidden_size": 32, "num_hidden_layers": 1,
+                                                                "num_attention_heads": 2, "patch_size": 4}))
+    vlm = built.model.eval()
+    encoder = Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    answers = [f"It is a {d}." for d in range(10)] + ["It is a large seven, drawn thin."]  # rows of unequal length
+    feats = [encoder({"images": rec["images"], "messages": [rec["messages"][0], {"role": "assistant", "content": a}]})
+             for rec in digits_records("heldout", n_heldout=3, seed=0) for a in answers]
+    batch = collate(feats, built.tokenizer.pad_token_id)
+    with torch.no_grad():
+        score, n_tokens = answer_logprobs(vlm, dict(batch), rows_per_image=len(answers))
+        labels = batch.pop("labels")
+        logp = torch.log_softmax(vlm(**batch, use_cache=False).logits[:, :-1].float(), -1)
+        answer = labels[:, 1:] != -100
+        ref = (logp.gather(-1, labels[:, 1:].clamp(min=0).unsqueeze(-1)).squeeze(-1) * answer).sum(1)
+    assert torch.equal(n_tokens, answer.sum(1).float())
+    assert torch.allclose(score, ref, atol=1e-4), (score - ref).abs().max()
+    assert len(set(score.tolist())) == len(score)  # the answers, and the images, really are scored apart

@@ -212,3 +212,32 @@ def test_an_eval_skips_lm_evals_pip_list_and_leaves_lm_eval_as_it_was(tokenizer,
     got = run_eval(tiny_causal_lm("qwen2", seed=1), tokenizer, tasks="sinkstudy_gsm", cache_dir=tmp_path,
                    **{**SETTINGS, "limit": 2, "max_gen_toks": 4})
     assert got.scores["sinkstudy_gsm"] and lm_eval.evaluator.add_env_info is original
+
+
+def test_the_task_index_read_back_from_the_cache_is_the_one_lm_eval_builds(monkeypatch, tmp_path):
+    """lm-eval's built-in index (every task name, for refusing unknown ones) is kept in the cache keyed by lm-eval's
+    version and its task tree: read back it equals what lm-eval builds, without parsing the tree again, and any
+    change to a task file is another key."""
+    from lm_eval.tasks._index import TaskIndex
+
+    from evals import tasks
+
+    monkeypatch.setenv("SINKSTUDY_CACHE", str(tmp_path / "cache"))
+    tasks.builtin_task_manager.cache_clear()
+    built = tasks.builtin_task_manager()
+    assert len(list((tmp_path / "cache" / "lm-eval-index").glob("*.pickle"))) == 1
+    tasks.builtin_task_manager.cache_clear()
+    monkeypatch.setattr(TaskIndex, "build", lambda self, paths: pytest.fail("the task tree was parsed again"))
+    read = tasks.builtin_task_manager()
+    entries = lambda tm: {name: (e.kind, e.yaml_path) for name, e in tm.task_index.items()}  # noqa: E731
+    assert read.all_tasks == built.all_tasks and entries(read) == entries(built) and "gsm8k" in read.all_tasks
+    tasks.builtin_task_manager.cache_clear()
+
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "t.yaml").write_text("task: t\n")
+    monkeypatch.setattr(tasks, "_lm_eval_tasks_dir", lambda: tree)
+    key = tasks._task_tree_key()
+    assert tasks._task_tree_key() == key
+    (tree / "sub" / "t.yaml").write_text("task: t2\n")
+    assert tasks._task_tree_key() != key
