@@ -19,6 +19,10 @@ os.environ.setdefault("SINKSTUDY_REAL_CACHE", os.environ.get("SINKSTUDY_CACHE") 
 # Hermetic: eval results, fingerprints and nltk tables cached by one run must not serve another.
 os.environ["SINKSTUDY_CACHE"] = tempfile.mkdtemp(prefix="sinkstudy-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SINKSTUDY_CACHE"], ignore_errors=True)
+# ...but lm-eval's task index (keyed by lm-eval's version and task files, ~13 s to build) is the installed
+# lm-eval's, whoever reads it: kept in the user's cache like the real checkpoints, built once for every worker.
+Path(os.environ["SINKSTUDY_REAL_CACHE"], "lm-eval-index").mkdir(parents=True, exist_ok=True)
+Path(os.environ["SINKSTUDY_CACHE"], "lm-eval-index").symlink_to(Path(os.environ["SINKSTUDY_REAL_CACHE"], "lm-eval-index"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
