@@ -189,6 +189,15 @@ def _agreement(ours_ci, paper: float) -> str:
     return ("same sign" if (side > 0) == (paper > 0) else "different sign") + ("; the paper's value is inside our CI" if inside else "")
 
 
+def _range_agreement(ours_ci, low: float, high: float) -> str:
+    """Our CI against a range of published values of one sign."""
+    side = ci_side(ours_ci)
+    if side == 0:
+        return "sign not established (our CI includes 0)"
+    overlap = ours_ci[0] <= high and ours_ci[1] >= low
+    return ("same sign" if (side > 0) == (high > 0) else "different sign") + ("; our CI overlaps the paper's range" if overlap else "")
+
+
 def paper_rows(r: StudyResults) -> list[list[str]]:
     """[figure, paper, ours with CI, agreement] for each published figure the study measured a counterpart of."""
     from experiments.published import load_published
@@ -199,12 +208,29 @@ def paper_rows(r: StudyResults) -> list[list[str]]:
     if corr:
         for c, label, ref in ((corr.points, "ρ(S, Δ points)", "spearman_points"), (corr.relative, "ρ(S, Δ/base)", "spearman_relative")):
             rows.append([label, f"{pub.reported[ref]:+.3f} (6 pairs)", f"{_rho(c)} ({corr.n} pairs)", _agreement(c.spearman_ci, pub.reported[ref])])
+    six = [x.ifeval_delta for x in pub.six]
     for p, e in r.pairs.items():
         published = e.published or {}
         d = e.degradation[t]
         if published.get("ifeval_delta") is not None and not missing(d.delta_points):
             rows.append([f"Δ points, {p}", f"{published['ifeval_delta']:+.1f}", _pts_ci(d), _agreement(d.delta_points_ci, published["ifeval_delta"])])
+            continue
+        # a pair the paper did not measure: beside the range of its six pairs, per training seed of the control
+        controls = [("", d)] + [(f" (seed {a.training_seed})", a.vs_base[t]) for name, a in e.arms.items()
+                                if a.replicate_of == "control" and a.vs_base]
+        for seed, c in controls:
+            if not missing(c.delta_points):
+                rows.append([f"Δ points from VL training, {p}{seed}", f"{max(six):+.1f} to {min(six):+.1f} (six pairs)", _pts_ci(c),
+                             _range_agreement(c.delta_points_ci, min(six), max(six))])
     q = pub.qknorm_injection
+    if q:  # arms trained from a base with the paper's unit-gain QK-norm injected (the paper's own experiment)
+        paper = (q["ifeval_after"] - q["ifeval_base"]) / q["ifeval_base"]
+        for p, e in r.pairs.items():
+            for name, a in e.arms.items():
+                vb = (e.interventions.get(a.label) or {}).get(t)
+                if (a.qknorm or {}).get("init") == "identity-gain" and vb is not None and not missing(vb.vs_base.delta_relative):
+                    rows.append([f"injected QK-norm + VL training, Δ/base, {p} {name}", f"{paper:+.3f} ({q['base']})", _rel_ci(vb.vs_base),
+                                 _agreement(vb.vs_base.delta_relative_ci, paper)])
     for name, per_pair in by_kind(r, "qknorm+vl").items():
         for p, per_task in per_pair.items():
             vb = per_task[t].vs_base

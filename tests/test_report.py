@@ -178,7 +178,8 @@ def test_the_report_opens_with_one_verdict_line_per_question(report):
 def test_paper_vs_ours_table_sets_each_published_figure_beside_ours(report):
     table = _section(report.md, "Paper vs ours")
     rows = {r.split(" | ")[0].lstrip("| "): r for r in table.splitlines() if r.startswith("| ") and "---" not in r}
-    assert set(rows) == {"figure", "ρ(S, Δ points)", "ρ(S, Δ/base)", "Δ points, p1", "injected QK-norm + VL training, Δ/base, p0",
+    assert set(rows) == {"figure", "ρ(S, Δ points)", "ρ(S, Δ/base)", "Δ points, p1", "Δ points from VL training, p0",
+                         "Δ points from VL training, p2", "injected QK-norm + VL training, Δ/base, p0",
                          "injected QK-norm + VL training, Δ/base, p1", "injected QK-norm + VL training, Δ/base, p2",
                          "merges that recover the loss"}
     d = report.summary["pairs"]["p1"]["degradation"]["sinkstudy_ifeval"]
@@ -187,6 +188,26 @@ def test_paper_vs_ours_table_sets_each_published_figure_beside_ours(report):
     assert "| +0.971 (6 pairs) |" in rows["ρ(S, Δ points)"]
     assert "| -0.816 (Qwen2.5-3B-Instruct) |" in rows["injected QK-norm + VL training, Δ/base, p2"]
     assert "| 0 of 7 |" in rows["merges that recover the loss"]
+
+
+def test_pairs_and_unit_gain_arms_the_paper_did_not_measure_stand_beside_its_range_and_its_injection(maps_dir):
+    """A pair without published figures is set beside the range of the paper's six Δs (per control seed); an arm
+    trained from a base with the paper's unit-gain QK-norm beside the paper's injection, a scale-preserving one not."""
+    from experiments.results import StudyResults
+    from experiments.verdicts import paper_rows
+
+    summary = make_summary(maps_dir)
+    arms = summary["pairs"]["p2"]["protection"]["arms"]
+    for name, init in (("qk-unit", "identity-gain"), ("qk-scale", "scale-preserving")):
+        arms[name] = {**arms["replay"], "label": "qknorm-vl", "protections": [], "qknorm": {"init": init}}
+    rows = {row[0]: row[1:] for row in paper_rows(StudyResults.of(summary))}
+    assert "injected QK-norm + VL training, Δ/base, p2 qk-unit" in rows and not any("qk-scale" in k for k in rows)
+    assert rows["injected QK-norm + VL training, Δ/base, p2 qk-unit"][0] == "-0.816 (Qwen2.5-3B-Instruct)"
+    for p in ("p0", "p2"):
+        paper, ours, agreement = rows[f"Δ points from VL training, {p}"]
+        lo, hi = summary["pairs"][p]["degradation"]["sinkstudy_ifeval"]["delta_points_ci"]
+        assert paper == "-1.8 to -18.7 (six pairs)" and hi < 0 and agreement.startswith("same sign")
+        assert agreement.endswith("overlaps the paper's range") is (lo <= -1.8 and hi >= -18.7)
 
 
 def test_missing_parts_are_skipped_not_printed_empty(maps_dir, tmp_path):
