@@ -3,6 +3,7 @@ graders, per-sample records re-graded independently, cache reuse, saved runs, th
 and the HFLM tie_weights trap. One evaluation per fixture, shared across assertions."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,27 +218,33 @@ def test_an_eval_skips_lm_evals_pip_list_and_leaves_lm_eval_as_it_was(tokenizer,
 def test_the_task_index_read_back_from_the_cache_is_the_one_lm_eval_builds(monkeypatch, tmp_path):
     """lm-eval's built-in index (every task name, for refusing unknown ones) is kept in the cache keyed by lm-eval's
     version and its task tree: read back it equals what lm-eval builds, without parsing the tree again, and any
-    change to a task file is another key."""
+    change to a task file is another key. (On a copy of two of lm-eval's task folders, for speed: lm-eval builds
+    its index of them as it does of all ~15k files.)"""
+    import shutil
+
+    import lm_eval.tasks
+    import lm_eval.tasks.manager
     from lm_eval.tasks._index import TaskIndex
 
     from evals import tasks
 
+    tree = tmp_path / "tasks"
+    for folder in ("gsm8k", "ifeval"):
+        shutil.copytree(Path(lm_eval.tasks.__file__).parent / folder, tree / folder)
+    monkeypatch.setattr(lm_eval.tasks.manager, "__file__", str(tree / "manager.py"))  # where TaskManager looks
+    monkeypatch.setattr(tasks, "_lm_eval_tasks_dir", lambda: tree)
     monkeypatch.setenv("SINKSTUDY_CACHE", str(tmp_path / "cache"))
     tasks.builtin_task_manager.cache_clear()
     built = tasks.builtin_task_manager()
-    assert len(list((tmp_path / "cache" / "lm-eval-index").glob("*.pickle"))) == 1
+    assert {"gsm8k", "gsm8k_cot", "ifeval"} <= set(built.all_tasks) and len(list((tmp_path / "cache" / "lm-eval-index").glob("*.pickle"))) == 1
     tasks.builtin_task_manager.cache_clear()
-    monkeypatch.setattr(TaskIndex, "build", lambda self, paths: pytest.fail("the task tree was parsed again"))
-    read = tasks.builtin_task_manager()
-    entries = lambda tm: {name: (e.kind, e.yaml_path) for name, e in tm.task_index.items()}  # noqa: E731
-    assert read.all_tasks == built.all_tasks and entries(read) == entries(built) and "gsm8k" in read.all_tasks
-    tasks.builtin_task_manager.cache_clear()
-
-    tree = tmp_path / "tree"
-    (tree / "sub").mkdir(parents=True)
-    (tree / "sub" / "t.yaml").write_text("task: t\n")
-    monkeypatch.setattr(tasks, "_lm_eval_tasks_dir", lambda: tree)
+    with monkeypatch.context() as m:
+        m.setattr(TaskIndex, "build", lambda self, paths: pytest.fail("the task tree was parsed again"))
+        read = tasks.builtin_task_manager()
+    entries = lambda tm: {name: (e.kind, e.yaml_path, e.cfg) for name, e in tm.task_index.items()}  # noqa: E731
+    assert read.all_tasks == built.all_tasks and entries(read) == entries(built)
     key = tasks._task_tree_key()
     assert tasks._task_tree_key() == key
-    (tree / "sub" / "t.yaml").write_text("task: t2\n")
+    (tree / "gsm8k" / "gsm8k.yaml").write_text((tree / "gsm8k" / "gsm8k.yaml").read_text() + "# edited\n")
     assert tasks._task_tree_key() != key
+    tasks.builtin_task_manager.cache_clear()  # the next caller builds the real index, not this copy's
