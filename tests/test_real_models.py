@@ -203,7 +203,7 @@ def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, t
     assert {"smollm2/adapt/control", "smollm2/adapt/control-s1", "smollm2/adapt/qknorm-unit", "smollm2/adapt/text-replay",
             "smollm2/adapt/head-freeze", "smollm2/adapt/text-only", "smollm2/eval/text-only",
             "smollm2/intervene/ties"} <= steps["study_real_quick"] & steps["study_real"]
-    assert {"smollm2/adapt/qknorm-scale", "smollm2/adapt/qknorm-unit-s1", "smollm2/adapt/head-freeze-s1", "smollm2/adapt/text-replay-s1",
+    assert {"smollm2/adapt/qknorm-scale", "smollm2/adapt/qknorm-unit-s1", "smollm2/adapt/text-replay-s1",
             "smollm2/adapt/preservation", "smollm2/adapt/freeze-below-sink", "smollm2/adapt/qk-projection",
             "gemma/adapt/control", "gemma/adapt/qknorm-off", "gemma/intervene/dare", "gemma/eval/base"} <= steps["study_real"]
     assert not any(s.startswith(("gemma/adapt/head-freeze", "gemma/adapt/control-s1", "smollm2/adapt/qknorm-off"))
