@@ -157,6 +157,8 @@ def plan_study(study) -> StudyPlan:
         out.plan.extend(study.build.steps(study.out, asdict(study.sink)))
     for pair in study.pairs:
         pp = PairPlan(study, out.plan, pair, study.build.makes(pair.name) if study.build is not None else [])
+        if study.adapt is not None:
+            protection.check_arms(pp)
         arms = protection.adapt_steps(pp) if study.adapt is not None else {}  # the control arm makes the pair's VLM
         pp.extract(vlm_deps=[arms[protection.CONTROL_ARM]] if arms else [])
         pp.measure("base", pair.base, pp.deps[:1])

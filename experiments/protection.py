@@ -23,6 +23,7 @@ from typing import Any
 from experiments.adapt_section import CONTROL_ARM
 from experiments.graph import Step
 from experiments.study import model_dir
+from sinkstudy import SinkstudyError
 from sinkstudy.io import read_json
 
 _HERE = Path(__file__).resolve().parent.parent
@@ -92,9 +93,39 @@ def vl_skill_step(study, vlm_dir: str) -> dict:
 
 
 def adapt_code_version() -> str:
+    """The adaptation engine and the protections' shared machinery. Each shipped protection's own module is
+    left out: the request carries the source hash of the protections an arm uses, so editing one reruns
+    exactly the arms that use it."""
+    import inspect
+
+    from interventions.protect import list_protections
     from sinkstudy.provenance import code_version
 
-    return code_version(_HERE / "interventions" / "adapt", _HERE / "interventions" / "protect")
+    protect = _HERE / "interventions" / "protect"
+    plugin_files = {Path(inspect.getsourcefile(spec.cls)).resolve() for spec in list_protections().values()}
+    shared = sorted(f for f in protect.rglob("*.py") if "__pycache__" not in f.parts and f.resolve() not in plugin_files)
+    return code_version(_HERE / "interventions" / "adapt", *shared)
+
+
+def check_arms(pp) -> None:
+    """Refuse, before any step runs, an arm whose protection cannot run on its pair's base (e.g.
+    `disable_qk_norm` on a backbone without native QK-norm), in one line naming the arm. Bases the study
+    builds, or that are not on disk (hub ids), are checked by the adaptation itself."""
+    from interventions.pairs.resolve import load_config
+
+    study, pair = pp.study, pp.pair
+    if not (Path(pair.base) / "config.json").is_file():
+        return
+    config = None
+    for arm in study.arms_of(pair.name):
+        if arm.qknorm or not arm.protections:
+            continue  # an injected base is made by a step
+        config = config or load_config(pair.base)
+        for hook in arm_hooks(arm):
+            try:
+                hook.check_base(config)
+            except SinkstudyError as exc:
+                raise SinkstudyError(f"pair {pair.name} arm {arm.name}: {exc}") from None
 
 
 def adapt_steps(pp) -> dict[str, str]:

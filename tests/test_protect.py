@@ -393,10 +393,21 @@ def test_disable_qk_norm_in_an_adaptation_and_its_refusals(tmp_path, tokenizer):
     for a, b in zip(base.model.layers, trained.model.layers):
         assert torch.equal(a.self_attn.q_norm.weight, b.self_attn.q_norm.weight)
         assert not torch.equal(a.self_attn.q_proj.weight, b.self_attn.q_proj.weight)
-    with pytest.raises(SinkstudyError, match="native per-head QK-norm") as err:
-        adapt(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer=tokenizer, config=_text_cfg(chats),
-              out=tmp_path / "qwen2", hooks=[make_protection("disable_qk_norm")], progress=False)
-    assert "\n" not in str(err.value) and not (tmp_path / "qwen2").exists()
+    # Gemma 3: its gains freeze (bit-identical after training); removing its norm has no twin and is refused.
+    gemma = tiny_causal_lm("gemma3_text", vocab_size=len(tokenizer), tie_word_embeddings=True)
+    report = adapt(copy.deepcopy(gemma), tokenizer=tokenizer, config=_text_cfg(chats), out=tmp_path / "gemma",
+                   hooks=[make_protection("disable_qk_norm", {"mode": "freeze_gains"})], progress=False)
+    trained, _ = load_causal_lm(report["model"])
+    assert report["stages"][0]["hooks"]["disable_qk_norm"]["frozen_gain_params"] > 0
+    for a, b in zip(gemma.model.layers, trained.model.layers):
+        assert torch.equal(a.self_attn.k_norm.weight, b.self_attn.k_norm.weight)
+        assert not torch.equal(a.self_attn.k_proj.weight, b.self_attn.k_proj.weight)
+    for base, hook, needle in [(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), make_protection("disable_qk_norm"),
+                                "native per-head QK-norm"),
+                               (gemma, make_protection("disable_qk_norm"), "mode remove needs a Qwen3.*use mode freeze_gains")]:
+        with pytest.raises(SinkstudyError, match=needle) as err:
+            adapt(base, tokenizer=tokenizer, config=_text_cfg(chats), out=tmp_path / "refused", hooks=[hook], progress=False)
+        assert "\n" not in str(err.value) and not (tmp_path / "refused").exists()
 
 
 # --------------------------------------------------------------------------- the command line

@@ -187,6 +187,25 @@ def test_the_qk_norm_switch_arm_is_measured_as_its_own_class(study_files, tmp_pa
     assert json.loads(lm.read_text())["model_type"] == "llama"
 
 
+def test_an_arm_its_base_cannot_run_is_refused_before_any_step(study_files, tmp_path, tokenizer):
+    """disable_qk_norm on a base without native QK-norm fails at planning, in one line naming the arm,
+    not after the other arms have trained."""
+    from experiments.runner import plan_records
+    from experiments.study import load_study
+    from sinkstudy import SinkstudyError
+    from sinkstudy.tiny import tiny_causal_lm
+
+    tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "q2")
+    cfg = yaml.safe_load((study_files / "study.yaml").read_text())
+    cfg.update(plugins=[], interventions=[], pairs=[{"name": "q", "base": str(tmp_path / "q2")}])
+    cfg["adapt"]["arms"] = [{"name": "freeze", "protection": "sink_head_freeze", "params": {"heads": [[0, 1]]}},
+                            {"name": "qknorm-off", "protection": "disable_qk_norm"}]
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(SinkstudyError, match="pair q arm qknorm-off: disable_qk_norm needs a backbone") as err:
+        plan_records(load_study(tmp_path / "study.yaml", out=tmp_path / "out"))
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
 def test_qk_norm_and_seed_arms_inject_before_the_recipe_and_train_another_draw(study_files, tmp_path):
     """An arm may differ from the control by QK-RMSNorm injected into the base before the same recipe (the
     paper's negative result 1 as an arm; its LM extracted with the injected norms) or by its training seed."""

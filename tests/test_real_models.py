@@ -205,7 +205,7 @@ def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, t
             "smollm2/intervene/ties"} <= steps["study_real_quick"] & steps["study_real"]
     assert {"smollm2/adapt/qknorm-scale", "smollm2/adapt/qknorm-unit-s1", "smollm2/adapt/text-replay-s1",
             "smollm2/adapt/preservation", "smollm2/adapt/freeze-below-sink", "smollm2/adapt/qk-projection",
-            "gemma/adapt/control", "gemma/adapt/qknorm-off", "gemma/intervene/dare", "gemma/eval/base"} <= steps["study_real"]
-    assert not any(s.startswith(("gemma/adapt/head-freeze", "gemma/adapt/control-s1", "smollm2/adapt/qknorm-off"))
+            "gemma/adapt/control", "gemma/adapt/qknorm-frozen", "gemma/intervene/dare", "gemma/eval/base"} <= steps["study_real"]
+    assert not any(s.startswith(("gemma/adapt/head-freeze", "gemma/adapt/control-s1", "smollm2/adapt/qknorm-frozen"))
                    for s in steps["study_real"])
     assert not any(s.startswith(("smollm2/vlskill/text-only", "smollm2/adapt/text-only-extract")) for s in steps["study_real"])

@@ -1,5 +1,6 @@
 """`disable_qk_norm`: the sufficiency test the paper suggests. On a backbone with native per-head
-QK-norm (Qwen3), adapt with the norm disabled and see whether its protection of text skill goes.
+QK-norm, adapt with the norm disabled (Qwen3) or its gains frozen (Qwen3, Gemma 3) and see whether its
+protection of text skill goes.
 
 mode `remove` (default): the per-head RMS normalisation of q and k is taken out of the model for the
 adaptation and after it, and replaced by the fixed linear map that best matches it on the
@@ -20,7 +21,9 @@ while removing what the paper asks about: nothing normalises q and k during adap
 so W_q / W_k updates can rescale the logits, the sink's included.
 
 mode `freeze_gains`: the norm stays and only its gains are frozen during adaptation. Weaker (q and
-k are still normalised per token); offered for contrast.
+k are still normalised per token, so it asks whether the learnable gains carry the change, not whether
+normalisation protects). The only mode on Gemma 3: no transformers architecture runs a Gemma 3 without
+its q/k norms (Gemma 2 lacks its per-layer-type RoPE), so there is no twin to remove them into.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from interventions.protect import Protection, register_protection
 from sinkstudy import SinkstudyError
 
 MODES = ("remove", "freeze_gains")
+# Text model types whose attention normalises q and k per head with learnable gains (q_norm / k_norm).
+NATIVE_PER_HEAD = ("qwen3", "gemma3_text")
 CHECK_TOLERANCE = 1e-3
 
 
@@ -45,10 +50,14 @@ class DisableQKNorm(Protection):
 
     def check_base(self, config) -> None:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        if text.model_type != "qwen3":
-            raise SinkstudyError(f"disable_qk_norm needs a backbone with native per-head QK-norm of the Qwen3 family; "
-                                 f"this base is {text.model_type!r}")
-        if getattr(text, "layer_types", None) and any(t != "full_attention" for t in text.layer_types):
+        mode = self.config["mode"]
+        if text.model_type not in NATIVE_PER_HEAD:
+            raise SinkstudyError(f"disable_qk_norm needs a backbone with native per-head QK-norm "
+                                 f"({', '.join(NATIVE_PER_HEAD)}); this base is {text.model_type!r}")
+        if mode == "remove" and text.model_type != "qwen3":
+            raise SinkstudyError(f"disable_qk_norm mode remove needs a Qwen3 (its Llama twin runs it without the norms); "
+                                 f"on {text.model_type!r} use mode freeze_gains")
+        if mode == "remove" and getattr(text, "layer_types", None) and any(t != "full_attention" for t in text.layer_types):
             raise SinkstudyError("disable_qk_norm: this Qwen3 has sliding-window layers, which its Llama twin cannot run")
 
     def prepare_base(self, lm, tokenizer, texts):
