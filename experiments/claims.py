@@ -154,10 +154,13 @@ def _merges(r: StudyResults) -> Claim | None:
 
 
 def _trajectory(r: StudyResults) -> Claim | None:
-    """VL training lowers S while text-only training of the same length does not, and text scores follow."""
+    """VL training lowers S while text-only training of the same length does not, and text scores follow.
+    Units: each text-only arm against the VL control of its pair and seed; and each VL control with no
+    text-only twin, which cannot confirm the contrast but refutes the claim's first half where S does not fall."""
     t, answers, parts = r.paper_task, [], []
     for p, e in r.pairs.items():
         controls = {a.training_seed: a for _, a in _seeded(e.arms, "control")}
+        twinned = set()
         for name, a in e.arms.items():
             vl = controls.get(a.training_seed)
             if not a.text_only or vl is None:
@@ -165,6 +168,7 @@ def _trajectory(r: StudyResults) -> Claim | None:
             s_vl, s_txt = _s_change(vl), _s_change(a)
             if s_vl is None or s_txt is None:
                 continue
+            twinned.add(a.training_seed)
             c = a.vs_control[t]
             if s_vl >= 0 or s_txt < s_vl or ci_side(c.delta_points_ci) < 0:
                 answers.append(DISAGREES)
@@ -174,12 +178,20 @@ def _trajectory(r: StudyResults) -> Claim | None:
                 answers.append(OPEN)
             parts.append(f"{p}{_seed(a)}: S {_s_text(vl)} under VL training, {_s_text(a)} under text-only training ({name}); "
                          f"Δ = text-only − VL control = {_pts(c.delta_points, c.delta_points_ci)} pts")
-    if not parts:
+        for seed, vl in controls.items():
+            s_vl = _s_change(vl)
+            if seed in twinned or s_vl is None:
+                continue
+            if s_vl >= 0:
+                answers.append(DISAGREES)
+            parts.append(f"{p}{_seed(vl)}: S {_s_text(vl)} under VL training (no text-only run of this seed"
+                         f"{': S did not fall' if s_vl >= 0 else ''})")
+    if not answers:
         return None
     return Claim("VL training lowers S while text-only training of the same length does not, and text skill follows",
                  overall(answers), "; ".join(parts) + " (S: first and last point of the run's trajectory, one run per seed, no CI; "
                  "agrees where S falls under VL training, falls less under text training, and the text-only run keeps more "
-                 "text skill with its CI above 0).")
+                 "text skill with its CI above 0; a VL control without a text-only twin disagrees where its S does not fall).")
 
 
 def _s_change(a: ArmResult) -> float | None:

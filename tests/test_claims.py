@@ -74,3 +74,26 @@ def test_a_protection_is_answered_only_where_every_seed_agrees(summary):
     assert not any(v.startswith("Does protection control-s1") for v in verdicts(summary))  # the seed's effect, not a protection
     del arms["head-s1"]
     assert next(x for k, x in _claims(summary).items() if k.startswith("Open direction: does head")).answer == "yes"
+
+
+def _trajectory(*s):
+    return {"trajectory": [{"step": 10 * i, "stage": "stage2", "sink_strength": x} for i, x in enumerate(s)]}
+
+
+def test_the_trajectory_claim_needs_every_seeds_vl_control_to_lower_s(summary):
+    """Seed 0: S falls under VL training, rises under text-only training, which keeps 10 more prompts -> agrees.
+    A seed-1 control with no text-only twin whose S does not fall refutes the claim's first half on that seed."""
+    base, vlm, _ = _outcomes(12)
+    _, _, better = _outcomes(12, 10)
+    arms = summary["pairs"]["p1"]["protection"]["arms"]
+    arms["control"].update(training_seed=0, adapt=_trajectory(1.5, 0.2, -0.3))
+    arms["text"] = _arm("text", [], 0, better, extra={"text_only": {"json": "chats.jsonl"}, "adapt": _trajectory(1.5, 1.6, 1.8)})
+    key = "VL training lowers S while text-only training of the same length does not, and text skill follows"
+    claim = _claims(summary)[key]
+    assert claim.answer == "agrees" and "p1 (seed 0): S +1.50 → -0.30 (Δ -1.80) under VL training" in claim.evidence
+    arms["control-s1"] = _arm("control-s1", [], 1, vlm, replicate_of="control", extra={"adapt": _trajectory(1.5, 1.52)})
+    claim = _claims(summary)[key]
+    assert claim.answer == "not established"
+    assert "p1 (seed 1): S +1.50 → +1.52 (Δ +0.02) under VL training (no text-only run of this seed: S did not fall)" in claim.evidence
+    arms["control-s1"]["adapt"] = _trajectory(1.5, 1.1)
+    assert _claims(summary)[key].answer == "agrees"
