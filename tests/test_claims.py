@@ -83,7 +83,7 @@ def _trajectory(*s):
 def test_the_trajectory_claim_needs_every_seeds_vl_control_to_lower_s(summary):
     """Seed 0: S falls under VL training, rises under text-only training, which keeps 10 more prompts -> agrees.
     A seed-1 control with no text-only twin whose S does not fall refutes the claim's first half on that seed."""
-    base, vlm, _ = _outcomes(12)
+    _, vlm, _ = _outcomes(12)
     _, _, better = _outcomes(12, 10)
     arms = summary["pairs"]["p1"]["protection"]["arms"]
     arms["control"].update(training_seed=0, adapt=_trajectory(1.5, 0.2, -0.3))

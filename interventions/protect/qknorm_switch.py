@@ -50,14 +50,15 @@ class DisableQKNorm(Protection):
 
     def check_base(self, config) -> None:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        mode = self.config["mode"]
         if text.model_type not in NATIVE_PER_HEAD:
             raise SinkstudyError(f"disable_qk_norm needs a backbone with native per-head QK-norm "
                                  f"({', '.join(NATIVE_PER_HEAD)}); this base is {text.model_type!r}")
-        if mode == "remove" and text.model_type != "qwen3":
+        if self.config["mode"] != "remove":
+            return
+        if text.model_type != "qwen3":
             raise SinkstudyError(f"disable_qk_norm mode remove needs a Qwen3 (its Llama twin runs it without the norms); "
                                  f"on {text.model_type!r} use mode freeze_gains")
-        if mode == "remove" and getattr(text, "layer_types", None) and any(t != "full_attention" for t in text.layer_types):
+        if getattr(text, "layer_types", None) and any(t != "full_attention" for t in text.layer_types):
             raise SinkstudyError("disable_qk_norm: this Qwen3 has sliding-window layers, which its Llama twin cannot run")
 
     def prepare_base(self, lm, tokenizer, texts):
