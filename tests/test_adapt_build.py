@@ -42,6 +42,19 @@ def test_tiny_llava_keeps_the_base_text_function(tokenizer, family):
     assert set(dict(vlm.named_parameters())) == groups["lm"] | groups["projector"] | groups["tower"]
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_rows_past_the_base_vocabulary_are_the_base_rows_mean(tokenizer, tied):
+    """A tiny/fresh LLaVA is created without initialising its tensors; the rows the base lacks (an added
+    image token) must not keep that memory (it made runs of one arm differ on one machine)."""
+    n = len(tokenizer) - 2  # the base knows all but the last two tokens
+    base = tiny_causal_lm("llama", vocab_size=n, tie_word_embeddings=tied)
+    vlm = build_vlm(base, tokenizer, VisionSpec("tiny", tiny=TINY)).model
+    for built, original in ((vlm.get_input_embeddings().weight, base.get_input_embeddings().weight),
+                            (vlm.get_output_embeddings().weight, base.get_output_embeddings().weight)):
+        assert built.shape[0] == len(tokenizer) and torch.equal(built[:n], original)
+        assert torch.equal(built[n:], original.mean(0, keepdim=True).expand(2, -1))
+
+
 def test_projector_and_tiny_tower_are_seeded_identically_across_bases(tokenizer):
     a = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer), seed=1), tokenizer, VisionSpec("tiny", tiny=TINY, seed=3)).model
     b = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer), seed=2), tokenizer, VisionSpec("tiny", tiny=TINY, seed=3)).model

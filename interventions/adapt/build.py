@@ -118,7 +118,7 @@ def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> 
     config, info = llava_config(lm.config, vision_config, family, vision, tokenizer.convert_tokens_to_ids(image_token), vocab)
     with no_init_weights():  # every tensor is set below
         vlm = LlavaForConditionalGeneration(config)
-    _load_language_model(vlm, lm, state, vocab)
+    _load_language_model(vlm, lm, state, vocab, own_rows=False)  # its rows are uninitialised memory
     tower_state, image_processor = _tower_weights(vision, vision_config)
     missing, unexpected = vlm.model.vision_tower.load_state_dict(_tower_names(tower_state, vlm.model.vision_tower), strict=False)
     if missing or unexpected:
@@ -274,15 +274,18 @@ def donor_model(lm, state: dict, source: str):
 
 # --------------------------------------------------------------------------- shared pieces
 
-def _load_language_model(vlm, lm, state: dict, vocab: int) -> None:
+def _load_language_model(vlm, lm, state: dict, vocab: int, own_rows: bool = True) -> None:
     """Copy the causal LM's decoder (`state`, names without "model.") and head into the VLM's.
 
-    Values are copied, never shared: training the VLM leaves `lm` untouched.
+    Rows past the base vocabulary keep the VLM's own values where it has trained ones (`own_rows`, a
+    donor); else they are the base rows' mean. Values are copied, never shared: training the VLM
+    leaves `lm` untouched.
     """
     decoder = vlm.get_decoder()
     if decoder.embed_tokens.weight.shape[0] != vocab:
         vlm.resize_token_embeddings(vocab, mean_resizing=False)
-    donor_embed, donor_head = decoder.embed_tokens.weight.detach(), vlm.get_output_embeddings().weight.detach()
+    donor_embed, donor_head = (decoder.embed_tokens.weight.detach(), vlm.get_output_embeddings().weight.detach()) if own_rows \
+        else (None, None)
     state = {**state, "embed_tokens.weight": _vocab_rows(state["embed_tokens.weight"], donor_embed, vocab)}
     head = _vocab_rows(lm.get_output_embeddings().weight.detach(), donor_head, vocab)
     tied = bool(lm.config.tie_word_embeddings)
@@ -301,12 +304,13 @@ def _load_language_model(vlm, lm, state: dict, vocab: int) -> None:
             out.weight.copy_(head)
 
 
-def _vocab_rows(base_rows: torch.Tensor, donor_rows: torch.Tensor, vocab: int) -> torch.Tensor:
+def _vocab_rows(base_rows: torch.Tensor, donor_rows: torch.Tensor | None, vocab: int) -> torch.Tensor:
     """`vocab` rows: the base's first, then the donor's own (image tokens), else the base rows' mean."""
     n = base_rows.shape[0]
     if vocab <= n:
         return base_rows[:vocab].clone()
-    extra = donor_rows[n:vocab] if donor_rows.shape[0] >= vocab and not donor_rows.is_meta else None
+    usable = donor_rows is not None and donor_rows.shape[0] >= vocab and not donor_rows.is_meta
+    extra = donor_rows[n:vocab] if usable else None
     if extra is None:
         extra = base_rows.float().mean(0, keepdim=True).expand(vocab - n, -1).to(base_rows.dtype)
     return torch.cat([base_rows, extra.to(base_rows.dtype)]).clone()
