@@ -197,7 +197,7 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     from experiments.study import load_study
 
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--quiet", "--out", str(out)]) == 0
+    assert main(["demo", "--quick", "--quiet", "--jobs", "1", "--out", str(out)]) == 0  # --jobs 2: test_determinism.py
     printed = capsys.readouterr().out.strip().splitlines()
     line = next(x for x in printed if x.startswith("sinkstudy: demo: report "))
     assert str(out / "report.md") in line

@@ -91,16 +91,25 @@ def builtin_task_manager():
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._index import TaskIndex
 
-    from sinkstudy.io import atomic_file, cache_root
+    from sinkstudy.io import atomic_file, cache_root, output_lock
 
     path = cache_root() / "lm-eval-index" / f"{_task_tree_key()}.pickle"
-    try:
-        index = pickle.loads(path.read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
-        manager = TaskManager()
-        with atomic_file(path) as tmp:
-            tmp.write_bytes(pickle.dumps(manager._index))
-        return manager
+
+    def read():
+        try:
+            return pickle.loads(path.read_bytes())
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+            return None
+
+    index = read()
+    if index is None:
+        with output_lock(path, wait=True):  # processes starting together (test workers, ranks) build it once
+            index = read()
+            if index is None:
+                manager = TaskManager()
+                with atomic_file(path) as tmp:
+                    tmp.write_bytes(pickle.dumps(manager._index))
+                return manager
     with mock.patch.object(TaskIndex, "build", lambda self, paths: index):
         return TaskManager()
 
