@@ -49,6 +49,12 @@ def _pts(delta, ci) -> str:
     return "n/a" if missing(delta) else f"{num(delta, '+.1f')} {ci_text(ci, '.1f')}".strip()
 
 
+def _same_prompts(c) -> str:
+    """A note where an arm passed exactly its control's prompts: no CI width can separate them then (a floor both
+    sit on, e.g. every model collapsed to one answer template, reads the same)."""
+    return " (the same prompts passed as the control)" if c.lost == 0 and c.gained == 0 and c.n else ""
+
+
 def _side_answer(ci, agree_side: int) -> str:
     side = ci_side(ci)
     return OPEN if side == 0 else AGREES if side == agree_side else DISAGREES
@@ -116,7 +122,8 @@ def _qknorm_injection(r: StudyResults) -> Claim | None:
             for name, a in _seeded(e.arms, g):
                 c = a.vs_control[t]
                 answers.append(_side_answer(c.delta_points_ci, -1))
-                parts.append(f"{p} {g} ({a.qknorm['init']}){_seed(a)}: Δ = arm − control = {_pts(c.delta_points, c.delta_points_ci)} pts")
+                parts.append(f"{p} {g} ({a.qknorm['init']}){_seed(a)}: Δ = arm − control = {_pts(c.delta_points, c.delta_points_ci)} pts"
+                             + _same_prompts(c))
     for name, per_pair in by_kind(r, "qknorm+vl").items():
         for p, per_task in per_pair.items():
             c = per_task[t].vs_vlm
@@ -221,7 +228,7 @@ def _protections(r: StudyResults) -> list[Claim]:
         parts = []
         for p, name, a in members:
             c = a.vs_control[t]
-            text = f"{p}{_seed(a)}: vs control {_pts(c.delta_points, c.delta_points_ci)} pts"
+            text = f"{p}{_seed(a)}: vs control {_pts(c.delta_points, c.delta_points_ci)} pts{_same_prompts(c)}"
             if a.vs_replay:
                 x = a.vs_replay[t]
                 text += f", vs text replay {_pts(x.delta_points, x.delta_points_ci)} pts"

@@ -97,3 +97,16 @@ def test_the_trajectory_claim_needs_every_seeds_vl_control_to_lower_s(summary):
     assert "p1 (seed 1): S +1.50 → +1.52 (Δ +0.02) under VL training (no text-only run of this seed: S did not fall)" in claim.evidence
     arms["control-s1"]["adapt"] = _trajectory(1.5, 1.1)
     assert _claims(summary)[key].answer == "agrees"
+
+
+def test_an_arm_passing_exactly_its_controls_prompts_is_said_to(summary):
+    """Δ 0.0 [0.0, 0.0] may hide a floor both sit on: the line says when not one prompt moved, and only then."""
+    base, vlm, _ = _outcomes(12)
+    _, _, better = _outcomes(12, 10)
+    arms = summary["pairs"]["p1"]["protection"]["arms"]
+    arms["same"] = _arm("same", ["sink_head_freeze"], None, vlm.copy())
+    arms["moved"] = _arm("moved", ["sink_head_freeze"], None, better)
+    c = _claims(summary)
+    same, moved = (c[f"Open direction: does {n}"] for n in ("same", "moved"))
+    assert "vs control +0.0 [0.0, 0.0] pts (the same prompts passed as the control)" in same.evidence
+    assert "the same prompts passed" not in moved.evidence
