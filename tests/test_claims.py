@@ -101,7 +101,7 @@ def test_the_trajectory_claim_needs_every_seeds_vl_control_to_lower_s(summary):
 
 def test_an_arm_passing_exactly_its_controls_prompts_is_said_to(summary):
     """Δ 0.0 [0.0, 0.0] may hide a floor both sit on: the line says when not one prompt moved, and only then."""
-    base, vlm, _ = _outcomes(12)
+    _, vlm, _ = _outcomes(12)
     _, _, better = _outcomes(12, 10)
     arms = summary["pairs"]["p1"]["protection"]["arms"]
     arms["same"] = _arm("same", ["sink_head_freeze"], None, vlm.copy())
