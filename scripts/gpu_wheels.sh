@@ -117,15 +117,18 @@ constraints["torch"] = f"torch @ {stub_wheel('torch', THERE['torch'].split('+')[
 (work / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
 
 for attempt in range(20):
-    r = pip("install", "--dry-run", "--ignore-installed", "--report", str(work / "report.json"), *TARGET,
+    # --target: pip refuses platform options without it (nothing is written: --dry-run)
+    r = pip("install", "--dry-run", "--ignore-installed", "--target", str(work / "target"), "--report", str(work / "report.json"), *TARGET,
             "--find-links", str(built), "-c", str(work / "constraints.txt"), "-r", str(work / "requirements.txt"))
     if r.returncode == 0:
         break
     errors = "\n".join(line for line in (r.stdout + r.stderr).splitlines()
                        if not line.startswith(("WARNING: Location", "Collecting", "  Downloading", "Processing", "  Using")))
-    # pip names a package without a usable distribution one of two ways
+    # pip names a package without a usable distribution one of four ways (older pips: as a conflict)
     m = re.search(r"No matching distribution found for ([A-Za-z0-9_.\-]+)", errors) or \
-        re.search(r"no matching distributions available for your environment:\n\s+([A-Za-z0-9_.\-]+)", errors)
+        re.search(r"no matching distributions available for your environment:\n\s+([A-Za-z0-9_.\-]+)", errors) or \
+        re.search(r"The user requested \(constraint\) ([A-Za-z0-9_.\-]+)==", errors) or \
+        re.search(r"Cannot install ([A-Za-z0-9_.\-]+?)[<>=!~ ]", errors)
     name = canonicalize_name(m.group(1)) if m else None
     spec = f"{name}=={local[name]}" if name in local else name
     if name is None or pip("download", "--no-deps", "--quiet", *TARGET, "-d", str(work / "probe"), spec).returncode == 0:
