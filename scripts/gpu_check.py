@@ -103,6 +103,8 @@ def same_weights(a: Path, b: Path) -> dict:
 
     ta = {k: v for f in sorted(a.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
     tb = {k: v for f in sorted(b.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    if not ta or not tb:
+        sys.exit(f"same-weights: no *.safetensors in {a if not ta else b}")
     if ta.keys() != tb.keys():
         return {"max_abs_diff": None, "note": "different tensor names"}
     diff = max((ta[k].double() - tb[k].double()).abs().max().item() for k in ta)
