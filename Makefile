@@ -222,7 +222,7 @@ paper-table: $(STAMP) ## the paper's published tables: rho on points and relativ
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
 	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-gpu-check: ## one CUDA GPU, ~8 min: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)
+gpu-check: ## one CUDA GPU, ~4 min on an H200: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)
 	scripts/gpu_check.sh $(OUT)
 
 clean: ## remove temporaries of killed runs (runs/, cache), then the virtualenv and caches (runs/ is kept)

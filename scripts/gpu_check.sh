@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sinkstudy's GPU check (issue 16.6): the paths CI cannot run, on one CUDA GPU, from a clean checkout.
-# About 8 minutes of checks on one H200 (set-up and installs are timed apart); never a test dependency.
+# About 3.5 minutes of checks on one H200 (measured 2026-12-04; set-up and installs timed apart); never a test dependency.
 #
 #   scripts/gpu_check.sh [RESULTS]            (default RESULTS: runs/gpu_check; logs and JSON land there)
 #
