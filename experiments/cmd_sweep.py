@@ -324,7 +324,7 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:
     fig.suptitle("Merges: text recovery vs VL-side proxy (outlined: Pareto front)"
                  + (f"; {without} point(s) without a loss to recover left out" if without else ""), fontsize=10)
     fig.tight_layout()
-    facts = {"points": drawn, "axes": [axis_facts(ax) for ax in axes[0]]}
     save_figure_atomic(fig, path, dpi=120)
+    facts = {"points": drawn, "axes": [axis_facts(ax) for ax in axes[0]]}  # as drawn: read after the save, no draw of its own
     plt.close(fig)
     return facts

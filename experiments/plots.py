@@ -26,8 +26,10 @@ COLOUR = "tab:blue"  # a measured value; grey: no number
 
 
 def _save(fig, out: Path, name: str, **facts) -> dict[str, Any]:
-    facts["axes"] = [axis_facts(ax) for ax in fig.axes if ax.get_label() != "<colorbar>"]
-    png, svg = save_png_svg(fig, out / "plots" / name)
+    def read(drawn):
+        facts["axes"] = [axis_facts(ax) for ax in drawn.axes if ax.get_label() != "<colorbar>"]
+
+    png, svg = save_png_svg(fig, out / "plots" / name, on_drawn=read)
     return {"path": os.path.relpath(png, out), "svg": os.path.relpath(svg, out), **facts}
 
 

@@ -131,7 +131,7 @@ def test_a_figure_is_drawn_again_only_when_its_inputs_or_files_changed(tmp_path,
 
     drawn = []
     real_save = sink_plot.save_png_svg
-    monkeypatch.setattr(plots, "save_png_svg", lambda fig, path: drawn.append(path.name) or real_save(fig, path))
+    monkeypatch.setattr(plots, "save_png_svg", lambda fig, path, **kw: drawn.append(path.name) or real_save(fig, path, **kw))
     rows = {"p1": ([-30.0, -5.0], {"recovery": 0.4, "ci": [0.1, 0.9], "status": "recovery"})}
     summary = {**_summary(rows), "timings": {"eval": 3.0}}
     first = plots.recovery(summary, "t", tmp_path)

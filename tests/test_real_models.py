@@ -66,30 +66,38 @@ def test_gguf_path_is_a_model_path_and_the_sink_pass_finds_a_sink(gemma, tmp_pat
 
 def test_extraction_round_trip_through_a_gemma3_vlm_built_around_the_real_lm(gemma, tmp_path):
     from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3ForConditionalGeneration
+    from transformers.initialization import no_init_weights
 
     from interventions.pairs import plan_extraction, write_language_model
     from sinkstudy.checkpoint import load_tokenizer
 
     _, converted = gemma
     lm = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32, attn_implementation="eager").eval()
+    tokenizer = load_tokenizer(converted)
     vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=2, image_size=8, patch_size=4)
     vocab = lm.config.vocab_size
     config = Gemma3Config(text_config=lm.config.to_dict(), vision_config=vision, mm_tokens_per_image=4,
                           image_token_index=vocab - 1, boi_token_index=vocab - 2, eoi_token_index=vocab - 3)
-    vlm = Gemma3ForConditionalGeneration(config).eval()
+    with no_init_weights():  # the language model's tensors are all loaded below; the tiny vision side is set after
+        vlm = Gemma3ForConditionalGeneration(config).eval()
     missing, unexpected = vlm.model.language_model.load_state_dict(lm.model.state_dict(), strict=False)
     assert not missing and not unexpected
+    generator = torch.Generator().manual_seed(0)
+    for name, p in vlm.named_parameters():
+        if not name.startswith(("model.language_model.", "lm_head.")):
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
     vlm.tie_weights()
     vlm.save_pretrained(tmp_path / "vlm", max_shard_size="300MB")
-    load_tokenizer(converted).save_pretrained(tmp_path / "vlm")
+    tokenizer.save_pretrained(tmp_path / "vlm")
     del vlm
 
     plan = plan_extraction(tmp_path / "vlm", converted)
     assert plan.report.tied and plan.report.dropped_rows == [] and plan.report.config_changes == {}
     out = write_language_model(plan, tmp_path / "lm", max_shard_bytes=300 << 20)
     again = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    ids = load_tokenizer(converted)("The capital of France is", return_tensors="pt")["input_ids"]
+    ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.equal(again(ids).logits, lm(ids).logits)
 

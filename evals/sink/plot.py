@@ -16,7 +16,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -71,9 +71,10 @@ def colour_range(values: list[torch.Tensor], diverging: bool) -> tuple[float, fl
 
 
 def axis_facts(ax) -> dict[str, Any]:
-    """An axis's ranges and the offset text matplotlib shows (always empty here), after drawing (once: a figure
-    drawn since its last change is not drawn again for its next axis)."""
-    if ax.figure.stale:
+    """An axis's ranges and the offset text matplotlib shows (always empty here), as drawn: the figure is drawn
+    first only if the axis changed since its last draw (read after saving, as save_png_svg's `on_drawn` does,
+    this costs no draw of its own)."""
+    if ax.stale:
         ax.figure.canvas.draw()
     return {"xlim": tuple(float(x) for x in ax.get_xlim()), "ylim": tuple(float(y) for y in ax.get_ylim()),
             "offset": [ax.xaxis.get_offset_text().get_text(), ax.yaxis.get_offset_text().get_text()]}
@@ -90,14 +91,19 @@ def pyplot():
     return plt
 
 
-def save_png_svg(fig, path: str | os.PathLike) -> list[Path]:
-    """Write the figure as PATH (.png) and beside it as .svg, atomically; close it."""
+def save_png_svg(fig, path: str | os.PathLike, on_drawn: Callable[[Any], None] | None = None) -> list[Path]:
+    """Write the figure as PATH (.png) and beside it as .svg, atomically; close it. `on_drawn(fig)` runs between
+    the two, when the figure is laid out and drawn: what it reads off the axes (axis_facts) is what was drawn,
+    without a draw of its own (each draw is about a quarter of a figure's cost)."""
     from sinkstudy.io import save_figure_atomic
 
     path = Path(path)
     try:
         fig.tight_layout()
-        return [save_figure_atomic(fig, path.with_suffix(".png"), dpi=120), save_figure_atomic(fig, path.with_suffix(".svg"))]
+        png = save_figure_atomic(fig, path.with_suffix(".png"), dpi=120)
+        if on_drawn is not None:
+            on_drawn(fig)
+        return [png, save_figure_atomic(fig, path.with_suffix(".svg"))]
     finally:
         pyplot().close(fig)
 
@@ -224,5 +230,6 @@ def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *,
         ax.set_ylim(*MASS_RANGE)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
-    axes = axis_facts(ax)
-    return {"paths": save_png_svg(fig, path), "lines": lines, "ylabel": ylabel, "axes": axes}
+    facts: dict[str, Any] = {}
+    paths = save_png_svg(fig, path, on_drawn=lambda _: facts.update(axis_facts(ax)))
+    return {"paths": paths, "lines": lines, "ylabel": ylabel, "axes": facts}

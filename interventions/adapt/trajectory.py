@@ -126,8 +126,8 @@ def plot_trajectories(arms: dict[str, list[dict]], path, *, title: str = "Sink S
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    facts = [axis_facts(ax) for ax in axes[0]]
     out = save_figure_atomic(fig, path, dpi=120)
+    facts = [axis_facts(ax) for ax in axes[0]]  # as drawn: read after the save, no draw of its own
     second = save_figure_atomic(fig, Path(path).with_suffix(".svg")) if svg else None
     plt.close(fig)
     return {"path": out, "svg": second, "axes": facts}
