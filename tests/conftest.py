@@ -26,19 +26,12 @@ Path(os.environ["SINKSTUDY_REAL_CACHE"], "lm-eval-index").mkdir(parents=True, ex
 Path(os.environ["SINKSTUDY_CACHE"], "lm-eval-index").symlink_to(Path(os.environ["SINKSTUDY_REAL_CACHE"], "lm-eval-index"))
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
-
-# Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine the thread
-# pool's spin-waits made single forwards tens of times slower.
-torch.set_num_threads(1)
 
 
 def _freeze_library_objects() -> None:
     """Import the libraries nearly every test uses, then move their ~0.5 M objects out of the garbage
     collector's reach: each full collection (accelerate's `free_memory` after every Trainer run calls one)
     otherwise walks them all, about 0.5 s a time."""
-    import gc
-
     import accelerate  # noqa: F401
     import lm_eval.evaluator  # noqa: F401
     import transformers  # noqa: F401
@@ -49,7 +42,17 @@ def _freeze_library_objects() -> None:
     gc.freeze()
 
 
-_freeze_library_objects()
+def pytest_configure(config):
+    """Set up a process that runs tests; pytest-xdist's controller only hands tests to its workers, and
+    importing the libraries there (about 6 s) would hold back every worker's start."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import torch
+
+    # Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine the thread
+    # pool's spin-waits made single forwards tens of times slower.
+    torch.set_num_threads(1)
+    _freeze_library_objects()
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -64,6 +67,8 @@ def pytest_terminal_summary(terminalreporter, config):
 def _isolated():
     """No test sees what another left: plug-ins and registered names, environment variables, torch's
     thread count and its global random generator are put back (and the generator seeded) around each."""
+    import torch
+
     from sinkstudy.plugins import isolated
 
     environ, threads = dict(os.environ), torch.get_num_threads()
