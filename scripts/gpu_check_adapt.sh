@@ -20,10 +20,13 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_site.sh
 PY=${PYTHON:-python3}
 # GPU_CHECK_SMOKE=1 runs the same code on CPU with tiny shapes (to check the script without a GPU).
-NEED_CUDA='import os, torch, transformers, accelerate, lm_eval, mergekit; assert os.environ.get("GPU_CHECK_SMOKE") == "1" or torch.cuda.is_available()'
-if ! "$PY" -c "$NEED_CUDA" 2>/dev/null; then
+# CUDA first: without it the check stops after importing torch alone.
+NEED_CUDA='import os, torch
+assert os.environ.get("GPU_CHECK_SMOKE") == "1" or torch.cuda.is_available(), "no CUDA device"
+import transformers, accelerate, lm_eval, mergekit'
+if ! why=$("$PY" -c "$NEED_CUDA" 2>&1); then
     if [ "$GPU_WHEELS" = 1 ]; then  # no network there: say what is missing instead of trying PyPI
-        echo "gpu_check_adapt: $PY with .whl/ cannot run the check: $("$PY" -c "$NEED_CUDA" 2>&1 | tail -n 1)" >&2; exit 2
+        echo "gpu_check_adapt: $PY with .whl/ cannot run the check: $(tail -n 1 <<< "$why")" >&2; exit 2
     fi
     if [ ! -x .venv-gpu/bin/python ] || ! .venv-gpu/bin/python -c "$NEED_CUDA" 2>/dev/null; then
         echo "gpu_check_adapt: installing the project into .venv-gpu (torch with CUDA from PyPI)" >&2
