@@ -55,6 +55,23 @@ def pytest_configure(config):
     _freeze_library_objects()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Longest modules first, each where the shuffle put it among modules of like cost. `--dist loadscope`
+    hands a worker one module at a time in this order, so a long module drawn last runs on one core while the
+    other idles: over shuffled orders of a measured suite that cost 19 s on average and 55 s one time in ten;
+    longest first, about 1 s. A module's cost is estimated from its tests: one on the real backbones about
+    30 s (their module also converts both checkpoints), an end-to-end (`slow`) one about 15 s, any other 0.3 s."""
+    def cost(item) -> float:
+        return 30.0 if item.get_closest_marker("real") else 15.0 if item.get_closest_marker("slow") else 0.3
+
+    module_cost: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        module_cost[module] = module_cost.get(module, 0.0) + cost(item)
+    items.sort(key=lambda item: -module_cost[item.nodeid.split("::")[0]])  # stable: the shuffled order otherwise
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The random order's seed, last (pytest -q shows no header), so any failing order can be replayed."""
     seed = getattr(config.option, "randomly_seed", None)
