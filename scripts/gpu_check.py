@@ -97,18 +97,40 @@ def same_outputs(a: Path, b: Path) -> dict:
     return {"same": same, "total": total, "scores_a": ra.scores, "scores_b": rb.scores}
 
 
-def same_weights(a: Path, b: Path) -> dict:
-    import torch
+def _tensors(folder: Path) -> dict:
     from safetensors.torch import load_file
 
-    ta = {k: v for f in sorted(a.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
-    tb = {k: v for f in sorted(b.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
-    if not ta or not tb:
-        sys.exit(f"same-weights: no *.safetensors in {a if not ta else b}")
+    found = {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    if not found:
+        sys.exit(f"same-weights: no *.safetensors in {folder}")
+    return found
+
+
+def same_weights(a: Path, b: Path, pair: tuple[Path, Path] | None = None, density: float | None = None) -> dict:
+    """max |a - b| over two checkpoints' tensors. With the merged pair (BASE, VLM) and a TIES/magnitude density:
+    where they differ, whether |VLM - BASE| there equals the tensor's k-th largest |VLM - BASE| (the top-k
+    cut), i.e. whether the two merges only broke ties at the cut differently."""
+    import torch
+
+    ta, tb = _tensors(a), _tensors(b)
     if ta.keys() != tb.keys():
         return {"max_abs_diff": None, "note": "different tensor names"}
     diff = max((ta[k].double() - tb[k].double()).abs().max().item() for k in ta)
-    return {"max_abs_diff": diff, "tensors": len(ta), "bit_identical": all(torch.equal(ta[k], tb[k]) for k in ta)}
+    out = {"max_abs_diff": diff, "tensors": len(ta), "bit_identical": all(torch.equal(ta[k], tb[k]) for k in ta)}
+    if pair is not None and density is not None:
+        base, vlm = _tensors(pair[0]), _tensors(pair[1])
+        differing = [k for k in ta if not torch.equal(ta[k], tb[k])]
+        elements = at_cut = ties = 0
+        for k in differing:
+            delta = (vlm[k].float() - base[k].float()).abs().reshape(-1)
+            cut = torch.topk(delta, max(1, int(density * delta.numel()))).values[-1]
+            where = (ta[k] != tb[k]).reshape(-1)
+            elements += int(where.sum())
+            at_cut += int((delta[where] == cut).sum())
+            ties += int((delta == cut).sum())
+        out.update(tensors_differing=differing[:8], n_tensors_differing=len(differing), elements_differing=elements,
+                   differing_at_the_cut=at_cut, elements_tied_at_the_cut=ties)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("same-weights")
     w.add_argument("a", type=Path)
     w.add_argument("b", type=Path)
+    w.add_argument("--pair", type=Path, nargs=2, metavar=("BASE", "VLM"), help="the merged pair: explain differences at the top-k cut")
+    w.add_argument("--density", type=float)
     args = p.parse_args(argv)
     if args.cmd == "sink":
         out = sink(args.lengths, args.repeat, args.device, args.small)
@@ -138,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "same-outputs":
         out = same_outputs(args.a, args.b)
     else:
-        out = same_weights(args.a, args.b)
+        out = same_weights(args.a, args.b, args.pair, args.density)
     print(json.dumps(out))
     return 0
 
