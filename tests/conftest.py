@@ -1,7 +1,8 @@
 """Shared fixtures: everything offline, tiny and built locally; every test starts from the same state.
 
 `make test` runs the suite on all cores (pytest-xdist: each worker imports this file, so each has its own
-cache) in random order (pytest-randomly; the seed is printed last, `--randomly-seed=N` replays an order).
+cache) in random order (pytest-randomly; the seed is printed last, `--randomly-seed=N` replays an order),
+the longest modules handed out first (pytest_collection_modifyitems below).
 """
 
 import atexit
@@ -30,7 +31,7 @@ import pytest  # noqa: E402
 
 def _freeze_library_objects() -> None:
     """Import the libraries nearly every test uses, then move their ~0.5 M objects out of the garbage
-    collector's reach: each full collection (accelerate's `free_memory` after every Trainer run calls one)
+    collector's reach: each full collection (accelerate's `free_memory` at the start of every Trainer run calls one)
     otherwise walks them all, about 0.5 s a time."""
     import accelerate  # noqa: F401
     import lm_eval.evaluator  # noqa: F401
