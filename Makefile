@@ -93,7 +93,7 @@ PIP_FIND_LINKS = $(eval PIP_FIND_LINKS := $(shell python3 -m pip config get glob
 # and uv adds pip with torch (scripts/gpu_wheels.sh uses the venv's pip).
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv --without-pip $(VENV)
-	test -x $(VENV)/bin/uv || python3 -m pip --python $(PY) install -q uv 2>/dev/null || { $(PY) -m ensurepip -q && $(PY) -m pip install -q uv; }
+	test -x $(VENV)/bin/uv || python3 -m pip --python $(PY) install -q uv 2>/dev/null || { $(PY) -m ensurepip > /dev/null && $(PY) -m pip install -q uv; }
 	$(PY) -c "import torch" 2>/dev/null || $(UV) pip "$(TORCH_SPEC)"
 	$(UV) -e ".[dev]"
 	$(UV) --no-deps $(NO_DEPS)
