@@ -116,10 +116,10 @@ def same_weights(a: Path, b: Path, pair: tuple[Path, Path] | None = None, densit
     if ta.keys() != tb.keys():
         return {"max_abs_diff": None, "note": "different tensor names"}
     diff = max((ta[k].double() - tb[k].double()).abs().max().item() for k in ta)
-    out = {"max_abs_diff": diff, "tensors": len(ta), "bit_identical": all(torch.equal(ta[k], tb[k]) for k in ta)}
+    differing = [k for k in ta if not torch.equal(ta[k], tb[k])]
+    out = {"max_abs_diff": diff, "tensors": len(ta), "bit_identical": not differing}
     if pair is not None and density is not None:
         base, vlm = _tensors(pair[0]), _tensors(pair[1])
-        differing = [k for k in ta if not torch.equal(ta[k], tb[k])]
         elements = at_cut = ties = 0
         for k in differing:
             delta = (vlm[k].float() - base[k].float()).abs().reshape(-1)
