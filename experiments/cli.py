@@ -20,6 +20,7 @@ import time
 
 from experiments.summary import Summary
 from sinkstudy import SinkstudyError, __version__
+from sinkstudy.distributed import leave_process_group
 from sinkstudy.io import disk_full
 from sinkstudy.progress import quiet
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with quiet(getattr(args, "quiet", False)):  # --quiet: the libraries' progress bars too
             result = args.func(args)
+        leave_process_group()
         if isinstance(result, Summary):
             print(result.format(time.perf_counter() - started), flush=True)
             return result.exit_code

@@ -7,6 +7,7 @@ tests check that two ranks really ran."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from sinkstudy.tiny import tiny_causal_lm
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-          "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "experiments.cli"]
+          "--mixed_precision", "no", "--dynamo_backend", "no"]
 RECIPE = """\
 seed: 0
 precision: fp32
@@ -30,12 +31,20 @@ trajectory: {every: 2}
 """
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _launch(args, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # HF_HOME: no user accelerate config can change the launch; the flags above say everything.
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT),
                HF_HOME=str(tmp_path / "hf"), SINKSTUDY_CACHE=str(tmp_path / "cache"))
-    run = subprocess.run([*LAUNCH, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    # A port of its own: launches in other test processes run at the same time (accelerate's default is one port).
+    port = ["--main_process_port", str(_free_port())]
+    run = subprocess.run([*LAUNCH, *port, "-m", "experiments.cli", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -82,3 +91,20 @@ def test_eval_under_accelerate_launch_equals_one_process(base, tmp_path, backend
     a, b = EvalRun.load(tmp_path / "dp"), EvalRun.load(tmp_path / "one")
     assert a.samples == b.samples and a.scores == b.scores
     assert [s["doc_id"] for s in a.samples["sinkstudy_gsm"]] == list(range(5))
+
+
+def test_a_command_that_joined_a_process_group_leaves_it_before_exiting(tmp_path):
+    """A rank that exits still in its gloo group can abort at interpreter shutdown (SIGABRT: gloo's threads outlive
+    the group), failing a launch whose work was done. In a fresh interpreter (no group leaks into this one): join a
+    one-rank gloo group, run a command, and the group is gone when `main` returns."""
+    script = f"""
+import torch.distributed as dist
+from experiments.cli import main
+dist.init_process_group("gloo", init_method={(tmp_path / 'store').as_uri()!r}, rank=0, world_size=1)
+code = main(["paper-table", "--n-boot", "10", "--quiet"])
+print("exit", code, "still in the group:", dist.is_initialized())
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "exit 0 still in the group: False"
