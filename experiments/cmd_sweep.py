@@ -170,7 +170,11 @@ def run_sweep(args) -> Summary | int:
     check_pair_args(args, "merge-sweep")
     sweep = load_sweep(args.sweep)  # every point valid before any work
     points = spread(sweep["points"], args.max_points)
-    options = check_mergekit_options(mergekit_options(args))  # used by the mergekit points; the others run as they do
+    options = check_mergekit_options(mergekit_options(args))
+
+    def options_for(method: str) -> dict[str, bool] | None:  # the mergekit points' (the others run as they do)
+        return options if method in MERGEKIT_METHODS else None
+
     check_measure_args(args)
     out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.sweep).stem, "merge-sweep")
     root = local_checkpoint(sweep["root"]) if sweep.get("root") else None
@@ -185,7 +189,8 @@ def run_sweep(args) -> Summary | int:
         keys, finished = {}, {}
         for pt in points:
             params = point_params(pt, root if takes_root(pt["method"]) else None)
-            keys[pt["name"]] = digest({"request": intervention_request(pt["method"], base, vlm_lm, params, seed),
+            keys[pt["name"]] = digest({"request": intervention_request(pt["method"], base, vlm_lm, params, seed,
+                                                                       mergekit_options=options_for(pt["method"])),
                                        "measure": measure.identity, "references": pair})
             row = None if args.force else reusable_json(out / "points" / pt["name"] / "measure.json", keys[pt["name"]])
             if row is not None:
@@ -208,7 +213,7 @@ def run_sweep(args) -> Summary | int:
             if row is None:
                 started = time.perf_counter()
                 model_dir = apply_intervention(pt["method"], base, vlm_lm, params, pdir / "model", seed=seed, force=args.force,
-                                               progress=not args.quiet, mergekit_options=options if pt["method"] in MERGEKIT_METHODS else None)
+                                               progress=not args.quiet, mergekit_options=options_for(pt["method"]))
                 row = {"name": pt["name"], "method": pt["method"], "params": {k: str(v) if k == "root" else v for k, v in params.items()},
                        **measure.summary(measure.measure(model_dir, pdir)),
                        "weight_distance_to_vlm": weight_distance(model_dir, vlm_lm, base), "key": key,

@@ -352,7 +352,8 @@ def run_mergekit_merge(
     run before mergekit; the output is scanned for non-finite tensors before it is moved into place.
     `request` (the registry's identity of this intervention) is stored in `intervention.json`.
     `options` go to mergekit's `MergeOptions` as `mergekit-yaml` flags would: cuda, lazy_unpickle,
-    low_cpu_memory (how it runs, not what it computes: recorded beside the request, not in it).
+    low_cpu_memory (recorded beside the request; `cuda` also changes what it computes, and the
+    registry's request holds it).
     """
     from sinkstudy.io import atomic_output_dir, check_output_dir
 

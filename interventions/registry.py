@@ -8,7 +8,8 @@ Each writes an HF causal-LM checkpoint plus `intervention.json` (with the reques
 
 The request (`intervention_request`) is the identity of the result: the fingerprints of every
 input model (base, vlm as given — a VLM or its extracted LM —, root), the full method settings
-(calibration texts and sink maps by content), the seed, and the code that computes it (the
+(calibration texts and sink maps by content), the seed, the device where that changes the numbers
+(a mergekit merge run with `cuda`; TSV / STAR's `device` setting), and the code that computes it (the
 sinkstudy module, mergekit's version, or a mitigation plug-in's source hash). A finished `out_dir`
 made by the same request is reused (resumable sweeps and studies); one made by anything else —
 another pair, other settings, edited code — is refused in one line unless `force` replaces it.
@@ -107,9 +108,11 @@ def _spectral_kwargs(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None, seed: int = 0,
-                         revisions: Mapping[str, str] | None = None) -> dict[str, Any]:
+                         revisions: Mapping[str, str] | None = None,
+                         mergekit_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The identity of intervention `name` on (base, vlm) with `params` and `seed` (module doc); `revisions`
-    ({"base" | "vlm" | "root": revision}) pins hub ids, whose fingerprints then name the revision."""
+    ({"base" | "vlm" | "root": revision}) pins hub ids, whose fingerprints then name the revision;
+    `mergekit_options` as given to `apply_intervention` (of them, only `cuda` changes the numbers)."""
     from sinkstudy.provenance import file_digest, model_fingerprint
 
     params = dict(params or {})
@@ -123,6 +126,10 @@ def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None,
     if params.get("root") is not None:
         models["root"] = model_fingerprint(params["root"], revisions.get("root"))
     request = {"name": name, "params": public, "seed": seed, "models": models, "code": _code_identity(name)}
+    if name in MERGEKIT_METHODS and (mergekit_options or {}).get("cuda"):
+        # mergekit on a GPU computes other numbers: its argsort breaks ties in |delta| at a TIES / magnitude
+        # cut another way (and ranks fp16/bf16 without upcasting), DARE draws its drops from the CUDA generator.
+        request["device"] = "cuda"
     texts = params.get("texts")
     if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
         request["texts_sha256"] = file_digest(texts)
@@ -204,8 +211,9 @@ def apply_intervention(
     """Apply intervention `name` (see `list_interventions`) and return the output checkpoint dir.
 
     Holds `out_dir`'s lock from the reuse check to the end: a second writer fails at once.
-    `mergekit_options` (mergekit methods: cuda, lazy_unpickle, low_cpu_memory) say how mergekit
-    runs, not what it computes: recorded in intervention.json, not part of the request.
+    `mergekit_options` (mergekit methods: cuda, lazy_unpickle, low_cpu_memory) say how mergekit runs,
+    recorded in intervention.json; `cuda` also changes what it computes, so it is part of the request
+    (a merge made on the CPU is not reused for a `cuda` one, nor the reverse).
     """
     from interventions.merge import local_checkpoint
     from sinkstudy.io import output_lock
@@ -215,7 +223,8 @@ def apply_intervention(
     options = execution_options(name, mergekit_options)
     root = params.get("root")
     request = intervention_request(name, local_checkpoint(base_path), local_checkpoint(vlm_lm_path),
-                                   {**params, **({"root": local_checkpoint(root)} if root is not None else {})}, seed)
+                                   {**params, **({"root": local_checkpoint(root)} if root is not None else {})}, seed,
+                                   mergekit_options=options)
     out_dir = Path(out_dir)
     with output_lock(out_dir):
         existing = recorded_request(out_dir)

@@ -1,6 +1,7 @@
 """Scale-out seams that run on CPU: mergekit's execution options on `sinkstudy merge` (how mergekit
-runs, recorded beside the merge, never changing what it computes) and their one-line refusals;
-the GPU check script's shape. The GPU paths themselves run in scripts/gpu_check.sh."""
+runs, recorded beside the merge; of them only --cuda changes what it computes, so only --cuda is part
+of the merge's identity) and their one-line refusals; the GPU check script's shape. The GPU paths
+themselves run in scripts/gpu_check.sh."""
 
 import json
 import subprocess
@@ -39,6 +40,26 @@ def test_lazy_unpickle_merge_is_identical_and_recorded(pair, tmp_path, capsys):
     # how mergekit ran is not part of what was asked: the plain merge's request is the same
     plain = json.loads((plain_dir / "intervention.json").read_text())
     assert plain["request"] == info["request"]
+
+
+def test_a_cpu_merge_is_not_reused_for_a_cuda_one(pair, tmp_path, monkeypatch):
+    """mergekit on a GPU keeps other entries at a TIES / magnitude cut (its argsort breaks ties another way) and
+    draws DARE's drops from the CUDA generator: --cuda is part of the request, the other options are not."""
+    from interventions.merge import MergeError
+    from interventions.registry import apply_intervention, intervention_request
+
+    base, vlm = pair
+    params = {"weight": 1.0, "density": 0.2}
+    cpu = intervention_request("ties", base, vlm, params)
+    assert intervention_request("ties", base, vlm, params, mergekit_options={"lazy_unpickle": True}) == cpu
+    cuda = intervention_request("ties", base, vlm, params, mergekit_options={"cuda": True, "low_cpu_memory": True})
+    assert cuda == {**cpu, "device": "cuda"}
+    out = apply_intervention("ties", base, vlm, params, tmp_path / "m")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the no-GPU refusal, up to the reuse check
+    with pytest.raises(MergeError, match=r"made by another request \(device differ\)"):
+        apply_intervention("ties", base, vlm, params, out, mergekit_options={"cuda": True})
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 @pytest.mark.parametrize("extra, needle", [
