@@ -108,8 +108,9 @@ def _tensors(folder: Path) -> dict:
 
 def same_weights(a: Path, b: Path, pair: tuple[Path, Path] | None = None, density: float | None = None) -> dict:
     """max |a - b| over two checkpoints' tensors. With the merged pair (BASE, VLM) and a TIES/magnitude density:
-    where they differ, whether |VLM - BASE| there equals the tensor's k-th largest |VLM - BASE| (the top-k
-    cut), i.e. whether the two merges only broke ties at the cut differently."""
+    where the merges differ, how far each element's |VLM - BASE| ranks from the tensor's top-k cut. Distance 0 is
+    a tie that straddles the cut (equal |delta| kept by one merge, dropped by the other: a sort's tie-breaking);
+    a small distance, a near-tie ranked differently; a large one, a difference the cut does not explain."""
     import torch
 
     ta, tb = _tensors(a), _tensors(b)
@@ -120,17 +121,28 @@ def same_weights(a: Path, b: Path, pair: tuple[Path, Path] | None = None, densit
     out = {"max_abs_diff": diff, "tensors": len(ta), "bit_identical": not differing}
     if pair is not None and density is not None:
         base, vlm = _tensors(pair[0]), _tensors(pair[1])
-        elements = at_cut = ties = 0
+        elements = at_cut = farthest = 0
         for k in differing:
             delta = (vlm[k].float() - base[k].float()).abs().reshape(-1)
-            cut = torch.topk(delta, max(1, int(density * delta.numel()))).values[-1]
-            where = (ta[k] != tb[k]).reshape(-1)
-            elements += int(where.sum())
-            at_cut += int((delta[where] == cut).sum())
-            ties += int((delta == cut).sum())
+            distance = _ranks_from_cut(delta, (ta[k] != tb[k]).reshape(-1), max(1, int(density * delta.numel())))
+            elements += distance.numel()
+            at_cut += int((distance == 0).sum())
+            farthest = max(farthest, int(distance.max()))
         out.update(tensors_differing=differing[:8], n_tensors_differing=len(differing), elements_differing=elements,
-                   differing_at_the_cut=at_cut, elements_tied_at_the_cut=ties)
+                   differing_at_the_cut=at_cut, max_rank_distance_from_the_cut=farthest)
     return out
+
+
+def _ranks_from_cut(delta, where, keep: int):
+    """For each element of `delta` selected by `where`: 0 when its value's tie group straddles the top-`keep` cut,
+    else the ranks between the group and the cut (ranks from the top, 0-based; kept: 0 .. keep - 1)."""
+    import torch
+
+    ascending = delta.sort().values
+    values, n = delta[where], delta.numel()
+    greater = n - torch.searchsorted(ascending, values, right=True)  # the group's first rank
+    end = n - torch.searchsorted(ascending, values, right=False)  # one past its last rank
+    return torch.where(end <= keep, keep - end + 1, torch.where(greater >= keep, greater - keep + 1, 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -172,7 +172,7 @@ if wanted merge; then
                 row "merge --cuda" ok "TIES d=0.2 on CUDA in ${gpu_s}s (the CPU merge to compare with failed: see $RESULTS/merge.log)" $((SECONDS - t))
             elif "$PY" scripts/gpu_check.py same-weights "$RESULTS/merge_cpu/model" "$RESULTS/merge_cuda/model" \
                 --pair "$RESULTS/mbase" "$RESULTS/mvlm" --density 0.2 > "$RESULTS/merge.json" 2>> "$RESULTS/merge.log"; then
-                row "merge --cuda" ok "TIES d=0.2, 200M-param pair: CUDA ${gpu_s}s vs CPU ${cpu_s}s; max |CUDA - CPU| $(field "$RESULTS/merge.json" max_abs_diff), bit-identical $(field "$RESULTS/merge.json" bit_identical); $(field "$RESULTS/merge.json" elements_differing) elements differ, $(field "$RESULTS/merge.json" differing_at_the_cut) of them tied at the top-k cut" $((SECONDS - t))
+                row "merge --cuda" ok "TIES d=0.2, 200M-param pair: CUDA ${gpu_s}s vs CPU ${cpu_s}s; max |CUDA - CPU| $(field "$RESULTS/merge.json" max_abs_diff), bit-identical $(field "$RESULTS/merge.json" bit_identical); $(field "$RESULTS/merge.json" elements_differing) elements differ, $(field "$RESULTS/merge.json" differing_at_the_cut) of them tied across the top-k cut, the farthest $(field "$RESULTS/merge.json" max_rank_distance_from_the_cut) ranks from it" $((SECONDS - t))
             else
                 row "merge --cuda" fail "CUDA ${gpu_s}s, CPU ${cpu_s}s; comparing them failed: $(last_line "$RESULTS/merge.log")" $((SECONDS - t))
             fi

@@ -94,3 +94,23 @@ def test_gpu_check_script_parses_and_refuses_without_a_gpu(tmp_path):
     r = subprocess.run([str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
                        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(tmp_path)})
     assert r.returncode == 1 and r.stdout.strip() == f"no CUDA device visible to {sys.executable}: this check needs one GPU"
+
+
+def test_the_gpu_merge_check_places_differences_relative_to_the_top_k_cut(tmp_path):
+    """scripts/gpu_check.py same-weights on two merges that keep different members of a tie across the cut (distance
+    0) and differ once more far below it (distance 3): the diagnostic the CUDA-vs-CPU merge comparison reports."""
+    import importlib.util
+
+    from safetensors.torch import save_file
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    delta = torch.tensor([5.0, 4.0, 3.0, 3.0, 2.0, 1.0])  # density 0.5 keeps 3: ranks 0, 1 and one of the two 3s
+    kept_a, kept_b = torch.tensor([1, 1, 1, 0, 0, 0.0]), torch.tensor([1, 1, 0, 1, 0, 1.0])
+    for name, t in (("base", torch.zeros(6)), ("vlm", delta), ("a", delta * kept_a), ("b", delta * kept_b)):
+        (tmp_path / name).mkdir()
+        save_file({"w": t}, str(tmp_path / name / "model.safetensors"))
+    out = gpu_check.same_weights(tmp_path / "a", tmp_path / "b", (tmp_path / "base", tmp_path / "vlm"), 0.5)
+    assert out["max_abs_diff"] == 3.0 and not out["bit_identical"]
+    assert (out["elements_differing"], out["differing_at_the_cut"], out["max_rank_distance_from_the_cut"]) == (3, 2, 3)
