@@ -128,7 +128,7 @@ def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None,
     request = {"name": name, "params": public, "seed": seed, "models": models, "code": _code_identity(name)}
     if name in MERGEKIT_METHODS and (mergekit_options or {}).get("cuda"):
         # mergekit on a GPU computes other numbers: its argsort breaks ties in |delta| at a TIES / magnitude
-        # cut another way (and ranks fp16/bf16 without upcasting), DARE draws its drops from the CUDA generator.
+        # cut another way (fp16/bf16 weights tie often), DARE draws its drops from the CUDA generator.
         request["device"] = "cuda"
     texts = params.get("texts")
     if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
