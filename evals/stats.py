@@ -427,7 +427,27 @@ def _pairs_of(x, ys) -> tuple[np.ndarray, list[np.ndarray]]:
     finite = int(np.sum(np.isfinite(xs) & np.logical_and.reduce([np.isfinite(y) for y in ys])))
     if len(xs) < 3 or finite < len(xs):
         raise SinkstudyError(f"correlation needs at least 3 pairs, all finite; got {len(xs)} pairs, {finite} finite")
-    return xs, ys
+    return _tied(xs), [_tied(y) for y in ys]
+
+
+TIE_TOLERANCE = 1e-9  # relative: far above float rounding, far below any difference a score can show
+
+
+def _tied(values: np.ndarray) -> np.ndarray:
+    """Values equal up to float rounding made equal, so ranks tie them: two pairs that each lost 11 of 120
+    prompts have Δ = 100 * (72/120 - 83/120) and 100 * (58/120 - 69/120), which differ in the last bits
+    (-9.166666666666668 vs -9.166666666666663) and would otherwise rank apart. Each value within the tolerance
+    of the smallest member of its run of close values takes that member's value."""
+    out = values.copy()
+    order = np.argsort(values, kind="stable")
+    anchor = None
+    for i in order:
+        v = values[i]
+        if anchor is not None and v - anchor <= TIE_TOLERANCE * max(1.0, abs(anchor)):
+            out[i] = anchor
+        else:
+            anchor = v
+    return out
 
 
 def _coefficients(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:

@@ -205,3 +205,27 @@ def test_statistics_come_back_from_their_stored_form():
     stored = lambda x: json.loads(json.dumps(x.as_dict()))  # noqa: E731  (tuples come back as lists)
     assert Comparison.from_dict(stored(c)) == c and Recovery.from_dict(stored(r)) == r and SinkCorrelation.from_dict(stored(s)) == s
     assert isinstance(Comparison.from_dict(stored(c)).delta_points_ci, tuple)
+
+
+def test_equal_changes_reached_along_different_float_paths_rank_as_ties():
+    """Two pairs that each lose 11 of 120 prompts (83 -> 72 and 69 -> 58) get Δ points that differ in the last bits;
+    ranked apart they would move Spearman's ρ (0.26 instead of 0.44 here). ρ equals scipy's on the exact values."""
+    from fractions import Fraction
+
+    counts = [(72, 66), (83, 72), (66, 52), (85, 63), (80, 66), (69, 58)]  # (base, VLM) prompts passed of 120
+    s = [-2.39, -3.34, -3.40, -3.65, -4.71, -9.26]
+
+    def outcomes(passed):
+        return np.r_[np.ones(passed), np.zeros(120 - passed)]
+
+    changes = [compare(outcomes(b), outcomes(v), n_boot=10) for b, v in counts]
+    points, relative = [c.delta_points for c in changes], [c.delta_relative for c in changes]
+    assert points[1] != points[5]  # the float paths differ: what ranking has to see through
+    exact_points = [float(Fraction(100 * (v - b), 120)) for b, v in counts]
+    exact_relative = [float(Fraction(v - b, b)) for b, v in counts]
+    c = sink_correlation(s, points, relative, n_boot=200)
+    assert c.points.spearman == pytest.approx(scipy.stats.spearmanr(s, exact_points).statistic)
+    assert c.relative.spearman == pytest.approx(scipy.stats.spearmanr(s, exact_relative).statistic)
+    assert c.points.spearman == pytest.approx(0.4414, abs=1e-4)
+    # values apart by more than rounding stay apart
+    assert correlation([1.0, 2.0, 3.0], [0.0, 1e-6, 2e-6], n_boot=10).spearman == pytest.approx(1.0)
