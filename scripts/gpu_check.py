@@ -116,8 +116,8 @@ def same_weights(a: Path, b: Path, pair: tuple[Path, Path] | None = None, densit
     ta, tb = _tensors(a), _tensors(b)
     if ta.keys() != tb.keys():
         return {"max_abs_diff": None, "note": "different tensor names"}
-    diff = max((ta[k].double() - tb[k].double()).abs().max().item() for k in ta)
     differing = [k for k in ta if not torch.equal(ta[k], tb[k])]
+    diff = max(((ta[k].double() - tb[k].double()).abs().max().item() for k in differing), default=0.0)
     out = {"max_abs_diff": diff, "tensors": len(ta), "bit_identical": not differing}
     if pair is not None and density is not None:
         base, vlm = _tensors(pair[0]), _tensors(pair[1])
