@@ -143,11 +143,11 @@ def test_eval_cache_reruns_when_config_generation_config_template_or_code_change
 
 
 def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_path, monkeypatch, tokenizer):
-    import experiments.bodies as runner_mod
-    from experiments.graph import Plan
-    from experiments.pipeline import PairPlan, StudyPlan
-    from experiments.runner import engine_for
-    from experiments.study import validate
+    import experiments.study.pair_steps as runner_mod
+    from experiments.study.graph import Plan
+    from experiments.study.pipeline import PairPlan, StudyPlan
+    from experiments.study.runner import engine_for
+    from experiments.study.config import validate
 
     vlm = _save_model(_perturbed(__import__("sinkstudy.tiny", fromlist=["x"]).tiny_causal_lm("qwen2", seed=0), 3), tokenizer,
                       tmp_path / "vlm")
@@ -186,7 +186,7 @@ def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_p
 
 
 def test_merge_measurements_in_a_dir_key_on_model_captions_content_and_code(ckpt, tmp_path, monkeypatch, tokenizer):
-    from experiments.cmd_merge import Measure
+    from experiments.cli.cmd_merge import Measure
     from sinkstudy.tiny import tiny_causal_lm
 
     vlm = _save_model(_perturbed(tiny_causal_lm("qwen2", seed=0), 3), tokenizer, tmp_path / "vlm")

@@ -1,7 +1,7 @@
 """The paper's claims answered from a summary: each claim agrees or disagrees only where every unit (pair,
 and each training seed an arm ran with) says so through its CI; otherwise it is not established. Built on
 the report tests' summary (real paired statistics over per-prompt outcomes), with seed replicates added
-the way `experiments.protection.protection_summary` writes them."""
+the way `experiments.study.arms.protection_summary` writes them."""
 
 import pytest
 
@@ -16,8 +16,8 @@ def summary(maps_dir):
 
 
 def _claims(summary):
-    from experiments.claims import claims
-    from experiments.results import StudyResults
+    from experiments.report.claims import claims
+    from experiments.report.results import StudyResults
 
     return {c.claim.split(" (")[0]: c for c in claims(StudyResults.of(summary))}
 
@@ -68,7 +68,7 @@ def test_a_protection_is_answered_only_where_every_seed_agrees(summary):
     assert head.answer == "not established"
     assert "p1 (seed 0): vs control +16.7" in head.evidence and "p1 (seed 1): vs control -16.7" in head.evidence
     assert "p1 (seed 1) " in c["VL training costs text skill on strict graders"].evidence
-    from experiments.report import verdicts
+    from experiments.report.document import verdicts
     line = next(v for v in verdicts(summary) if v.startswith("Does protection head "))
     assert "on 1 of 2 pairs/seeds (worse on 1)" in line and "p1 seed 0:" in line and "p1 seed 1:" in line
     assert not any(v.startswith("Does protection control-s1") for v in verdicts(summary))  # the seed's effect, not a protection

@@ -49,7 +49,7 @@ def test_recovery_is_a_number_only_where_there_is_a_loss_to_recover():
 
 
 def test_merge_lines_say_no_loss_to_recover_and_name_gsm_by_both_graders():
-    from experiments.cmd_merge import _summary, recovery_text
+    from experiments.cli.cmd_merge import _summary, recovery_text
 
     row = {"metric": FLEX, "base": 0.0, "vlm": 0.5, "score": 0.0, "recovery": None, "ci": [None, None], "status": "no loss to recover",
            "loss_points": 50.0, "loss_points_ci": [20.0, 80.0], "n": 2}
@@ -66,7 +66,7 @@ def test_merge_lines_say_no_loss_to_recover_and_name_gsm_by_both_graders():
 
 
 def test_eval_headline_names_both_gsm_graders_and_other_data(tmp_path):
-    from experiments.cmd_eval import data_sources, headline
+    from experiments.cli.cmd_eval import data_sources, headline
 
     shipped = EvalRun.load(_run(tmp_path / "a", {STRICT: [1, 0, 0, 0], FLEX: [1, 1, 0, 0]}))
     assert headline(shipped) == "sinkstudy_gsm exact_match,strict-match 0.2500 / exact_match,flexible-extract 0.5000"

@@ -111,8 +111,8 @@ RECIPE_KNOBS = ("family", "hidden_size", "num_hidden_layers", "num_attention_hea
 def test_demo_backbones_vary_the_knobs_linked_to_sinks():
     """The demo's backbones are >= 6 config entries that vary every knob the literature links to sinks
     (native QK-norm on/off, lr, weight decay, data mix, depth), all on the same corpus."""
-    from experiments.cmd_study import DEMO_CONFIG
-    from experiments.study import load_study
+    from experiments.cli.cmd_study import DEMO_CONFIG
+    from experiments.study.config import load_study
 
     backbones = load_study(DEMO_CONFIG).build.backbones
     assert len(backbones) >= 6
@@ -123,12 +123,12 @@ def test_demo_backbones_vary_the_knobs_linked_to_sinks():
 
 
 def test_demo_build_and_study_schema_import_each_other_in_neither_direction():
-    """experiments.demo.build (the build section's schema) and experiments.study (the study schema) share
-    experiments.schema; loading the build module does not load the study module."""
+    """experiments.demo.build (the build section's schema) and experiments.study.config (the study schema) share
+    experiments.study.schema; loading the build module does not load the study module."""
     import subprocess
     import sys
 
-    code = "import sys, experiments.demo.build; sys.exit('experiments.study' in sys.modules)"
+    code = "import sys, experiments.demo.build; sys.exit('experiments.study.config' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
@@ -137,7 +137,7 @@ def test_step_clock_prints_elapsed_and_an_estimate_from_the_stage_means():
     finished steps of each stage (other stages: the mean over stages), divided by the parallel jobs."""
     import io
 
-    from experiments.clock import StepClock
+    from experiments.study.clock import StepClock
 
     stream = io.StringIO()
     clock = StepClock(["build/pretrain/a", "build/pretrain/b", "build/vl/a", "a/eval/base", "a/eval/vlm"], jobs=2, stream=stream)
@@ -191,10 +191,10 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     import yaml
 
     from experiments.cli import main
-    from experiments.cmd_study import DEMO_CONFIG
+    from experiments.cli.cmd_study import DEMO_CONFIG
     from experiments.demo.build import quick_overrides
-    from experiments.runner import run_study
-    from experiments.study import load_study
+    from experiments.study.runner import run_study
+    from experiments.study.config import load_study
 
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--quiet", "--jobs", "1", "--out", str(out)]) == 0  # --jobs 2: test_determinism.py

@@ -13,9 +13,9 @@ import yaml
 
 def _tiny_demo_config(path):
     """The demo's config, `--quick`'s shrinking, then smaller still: one backbone (a qwen3), a few steps."""
-    from experiments.cmd_study import DEMO_CONFIG
+    from experiments.cli.cmd_study import DEMO_CONFIG
     from experiments.demo.build import quick_overrides
-    from experiments.schema import deep_merge
+    from experiments.study.schema import deep_merge
 
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     quick = quick_overrides(raw)

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from experiments.engine import Engine, StepContext
-from experiments.graph import Plan, PlanError, Step
+from experiments.study.engine import Engine, StepContext
+from experiments.study.graph import Plan, PlanError, Step
 
 
 def _plan(tmp_path, calls: list, reader_setting: int = 0) -> Plan:

@@ -14,9 +14,9 @@ PACKAGES = ("sinkstudy", "evals", "interventions", "experiments")
 BELOW = {"sinkstudy": set(), "evals": {"sinkstudy"}, "interventions": {"sinkstudy", "evals"},
          "experiments": {"sinkstudy", "evals", "interventions"}}
 # Generic study machinery: the demo's build reaches it only as the study's build section (`Build.steps`).
-GENERIC = ("experiments.graph", "experiments.engine", "experiments.clock", "experiments.pipeline", "experiments.bodies",
-           "experiments.methods", "experiments.runner", "experiments.jobs", "experiments.summarise", "experiments.results",
-           "experiments.verdicts", "experiments.render", "experiments.report", "experiments.report_build", "experiments.plots")
+GENERIC = ("experiments.study.graph", "experiments.study.engine", "experiments.study.clock", "experiments.study.pipeline", "experiments.study.pair_steps",
+           "experiments.study.methods", "experiments.study.runner", "experiments.study.jobs", "experiments.report.summarise", "experiments.report.results",
+           "experiments.report.verdicts", "experiments.report.render", "experiments.report.document", "experiments.report.build_section", "experiments.report.plots")
 MAX_LINES = 450
 
 
@@ -101,7 +101,7 @@ def test_experiments_import_each_other_without_a_circle():
     sub = {m: {d for d in deps if d.startswith("experiments")} for m, deps in graph.items() if m.startswith("experiments")}
     assert not _circles(sub)
     # the rule reads the tree: an added back edge is a circle it finds
-    assert _circles({**sub, "experiments.graph": sub["experiments.graph"] | {"experiments.runner"}})
+    assert _circles({**sub, "experiments.study.graph": sub["experiments.study.graph"] | {"experiments.study.runner"}})
 
 
 def test_the_generic_study_machinery_never_imports_the_demo():

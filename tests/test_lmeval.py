@@ -12,7 +12,7 @@ from evals import lmeval
 from evals.lmeval import EvalRun, run_eval
 from evals.tasks import SHIPPED_TASKS, UnknownTaskError, load_task_yaml
 from experiments.cli import main as cli_main
-from experiments.loaders import load_model
+from experiments.study.loaders import load_model
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm
 

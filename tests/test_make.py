@@ -107,7 +107,7 @@ def test_make_adapt_hands_device_and_dtype_on(values):
 def test_eval_without_tasks_is_offline_and_without_a_model_says_what_to_pass(values, tmp_path):
     from evals.tasks import SHIPPED_TASKS
     from experiments.cli import build_parser
-    from experiments.options import eval_tasks
+    from experiments.cli.options import eval_tasks
 
     dry = _make("-n", "eval", "MODEL=m")
     (line,) = [x for x in dry.stdout.splitlines() if "sinkstudy" in x]
@@ -139,7 +139,7 @@ def test_hub_tasks_fail_in_one_line_before_any_work_when_the_hub_is_unreachable(
     assert main(["merge", "--method", "linear", "--base", "b", "--vlm", "v", "--tasks", "gsm8k_cot", "--out", str(out)]) == 2
     assert "gsm8k_cot load their data from the Hugging Face hub" in capsys.readouterr().err
     # A hub task given a local data file needs no hub; an unknown name is refused as such, not as a hub task.
-    from experiments.options import check_hub_tasks
+    from experiments.cli.options import check_hub_tasks
     from sinkstudy import SinkstudyError
 
     local = tmp_path / "ifeval.jsonl"
@@ -168,8 +168,8 @@ def test_the_hub_probe_reads_the_offline_variables_and_a_real_connection(monkeyp
 
 def test_study_commands_take_the_eval_overrides():
     from experiments.cli import build_parser
-    from experiments.cmd_study import DEMO_CONFIG, _overrides
-    from experiments.study import load_study
+    from experiments.cli.cmd_study import DEMO_CONFIG, _overrides
+    from experiments.study.config import load_study
 
     args = build_parser().parse_args(["run", str(DEMO_CONFIG), "--limit", "0.5", "--tasks", "sinkstudy_gsm", "--device", "cuda",
                                       "--dtype", "bfloat16"])

@@ -326,7 +326,7 @@ def test_cli_merge_and_mitigate_list(trio, tmp_path, capsys):
 
 
 def test_sweep_configs_expand_and_pareto_front():
-    from experiments.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
+    from experiments.cli.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
 
     small = load_sweep(DEFAULT_SWEEP_CONFIG)["points"]  # the default: small enough to run as it is
     assert len(small) <= 9 and {p["method"] for p in small} == {"linear", "ties", "dare_ties"}
@@ -347,7 +347,7 @@ def test_sweep_configs_expand_and_pareto_front():
 
 
 def test_max_points_keeps_an_even_deterministic_spread_over_the_grid():
-    from experiments.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, spread
+    from experiments.cli.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, spread
 
     grid = load_sweep(DEFAULT_SWEEP_CONFIG.parent / "merge_sweep_full.yaml")["points"]
     assert [p["name"] for p in spread(grid, 3)] == [grid[0]["name"], grid[31]["name"], grid[62]["name"]]
@@ -362,7 +362,7 @@ def test_max_points_keeps_an_even_deterministic_spread_over_the_grid():
 
 
 def test_sweep_summary_table_and_plot(tmp_path):
-    from experiments.cmd_sweep import format_sweep, plot_pareto
+    from experiments.cli.cmd_sweep import format_sweep, plot_pareto
 
     def row(name, method, rec, dist, nll):
         return {"name": name, "method": method, "weight_distance_to_vlm": dist, "caption_nll": {"value": nll},
@@ -515,7 +515,7 @@ class _FakeMeasure:
 def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, monkeypatch, capsys):
     import yaml
 
-    import experiments.cmd_sweep as cm
+    import experiments.cli.cmd_sweep as cm
     from experiments.cli import main
     from sinkstudy import SinkstudyError
 
@@ -546,7 +546,7 @@ def test_sweep_prints_its_plan_before_any_work_and_runs_the_spread(trio, tmp_pat
 
     import yaml
 
-    import experiments.cmd_sweep as cm
+    import experiments.cli.cmd_sweep as cm
     import interventions.registry
     from experiments.cli import main
 
@@ -592,7 +592,7 @@ def test_sweep_mergekit_options_reach_the_mergekit_points_only(trio, tmp_path, m
 
     import yaml
 
-    import experiments.cmd_sweep as cm
+    import experiments.cli.cmd_sweep as cm
     from experiments.cli import main
 
     monkeypatch.setattr(cm, "Measure", _FakeMeasure)

@@ -331,8 +331,8 @@ def test_the_study_extract_step_streams_and_never_builds_the_vision_tower(tmp_pa
     (a weightless layout), the language model never built in memory; the written LM equals the VLM's."""
     from types import SimpleNamespace
 
-    from experiments.bodies import extract_step
-    from experiments.study import ModelSettings, Pair
+    from experiments.study.pair_steps import extract_step
+    from experiments.study.config import ModelSettings, Pair
 
     vlm_dir = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", "qwen2", tokenizer=tokenizer, max_shard_size="40KB")
     reference = tiny_vlm("qwen2_5_vl", "qwen2")

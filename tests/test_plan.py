@@ -151,18 +151,18 @@ def test_step_jobs_lock_their_step_and_a_plan_locks_nothing(config, tmp_path, ca
 def test_a_plan_keys_made_models_on_their_steps_records(config, tmp_path, monkeypatch):
     """Planning fingerprints no model at all; a single step keys the checkpoints other steps make (the VLM
     LM, interventions) on those steps' records (the folders may not exist here), its inputs on their content."""
-    import experiments.bodies
-    import experiments.engine as engine_mod
+    import experiments.study.pair_steps
+    import experiments.study.engine as engine_mod
     import sinkstudy.provenance
-    from experiments.runner import engine_for, plan_study
-    from experiments.study import load_study
+    from experiments.study.runner import engine_for, plan_study
+    from experiments.study.config import load_study
 
     out = tmp_path / "run"
     read = []
     spy = lambda path, revision=None: read.append(str(path)) or "fp"  # noqa: E731
     monkeypatch.setattr(engine_mod, "model_fingerprint", spy)
     monkeypatch.setattr(sinkstudy.provenance, "model_fingerprint", spy)
-    monkeypatch.setattr(experiments.bodies, "model_fingerprint", spy)
+    monkeypatch.setattr(experiments.study.pair_steps, "model_fingerprint", spy)
     plan = plan_study(load_study(config, out=out))
     assert not read  # a plan reads nothing
     made = {"fingerprints": {str(out / "models" / f"{PAIR}-vlm-lm"): "fp-recorded"}}

@@ -82,7 +82,7 @@ def _summary(rows: dict) -> dict:
 
 
 def test_recovery_marks_every_clip_names_no_loss_and_uses_one_colour(tmp_path):
-    from experiments import plots
+    from experiments.report import plots
 
     summary = _summary({
         "far": ([-30.0, -5.0], {"recovery": -2.33, "ci": [-12.0, -0.73], "status": "recovery"}),  # the estimate off the axis
@@ -103,8 +103,8 @@ def test_recovery_marks_every_clip_names_no_loss_and_uses_one_colour(tmp_path):
 
 
 def test_scatter_pretrain_and_sweep_pareto_return_their_axes(tmp_path):
-    from experiments import plots
-    from experiments.cmd_sweep import plot_pareto
+    from experiments.report import plots
+    from experiments.cli.cmd_sweep import plot_pareto
 
     summary = _summary({p: ([-30.0, -5.0], {"recovery": 0.5, "ci": [0.1, 0.9], "status": "recovery"}) for p in ("a", "b", "c")})
     scatter = plots.scatter(summary, "t", tmp_path)
@@ -127,7 +127,7 @@ def test_a_figure_is_drawn_again_only_when_its_inputs_or_files_changed(tmp_path,
     """Reruns reuse a figure whose inputs (timings and provenance aside), plotting code and files are unchanged;
     changed data, another task, or a file edited since are drawn anew."""
     from evals.sink import plot as sink_plot
-    from experiments import plots
+    from experiments.report import plots
 
     drawn = []
     real_save = sink_plot.save_png_svg

@@ -83,8 +83,8 @@ def study_files(tmp_path_factory, tokenizer):
 
 
 def _run(root, out):
-    from experiments.runner import run_study
-    from experiments.study import load_study
+    from experiments.study.runner import run_study
+    from experiments.study.config import load_study
 
     log = run_study(load_study(root / "study.yaml", out=out), progress=False)["log"]
     return {e["step"]: e["reused"] for e in log}
@@ -124,7 +124,7 @@ def test_protection_study_runs_compares_arms_and_reruns_exactly_what_a_plugin_ed
 
 
 def test_adapt_section_errors_are_one_line(study_files, tmp_path):
-    from experiments.study import StudyConfigError, validate
+    from experiments.study.config import StudyConfigError, validate
 
     base = yaml.safe_load((study_files / "study.yaml").read_text())
     base["plugins"] = [str(study_files / "my_plugin.py")]
@@ -157,8 +157,8 @@ def test_adapt_section_errors_are_one_line(study_files, tmp_path):
 
 
 def test_the_plan_lists_the_arms_steps_with_their_dependencies(study_files, tmp_path):
-    from experiments.runner import plan_records
-    from experiments.study import load_study
+    from experiments.study.runner import plan_records
+    from experiments.study.config import load_study
 
     steps = {s["id"]: s for s in plan_records(load_study(study_files / "study.yaml", out=tmp_path / "out"))}
     assert {f"p/adapt/{a}" for a in ARMS} | {"p/adapt/damp-extract", "p/vlskill/freeze", "p/eval/damp"} <= set(steps)
@@ -190,8 +190,8 @@ def test_the_qk_norm_switch_arm_is_measured_as_its_own_class(study_files, tmp_pa
 def test_an_arm_its_base_cannot_run_is_refused_before_any_step(study_files, tmp_path, tokenizer):
     """disable_qk_norm on a base without native QK-norm fails at planning, in one line naming the arm,
     not after the other arms have trained."""
-    from experiments.runner import plan_records
-    from experiments.study import load_study
+    from experiments.study.runner import plan_records
+    from experiments.study.config import load_study
     from sinkstudy import SinkstudyError
     from sinkstudy.tiny import tiny_causal_lm
 
@@ -262,9 +262,9 @@ def test_a_study_repeated_over_training_seeds_keeps_the_data_and_reports_the_spr
     import torch
     from safetensors.torch import load_file
 
-    from experiments.runner import run_study
-    from experiments.seeds import run_seeds
-    from experiments.study import load_study
+    from experiments.study.runner import run_study
+    from experiments.study.seeds import run_seeds
+    from experiments.study.config import load_study
 
     cfg = yaml.safe_load((study_files / "study.yaml").read_text())
     cfg.update(plugins=[], interventions=[], seeds=[0, 1])

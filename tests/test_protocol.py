@@ -211,7 +211,7 @@ def test_merge_and_qknorm_take_the_protocol_flags():
                  ["merge-sweep", "--base", "b", "--vlm", "v"], ["qknorm", "b"]):
         args = parser.parse_args([*argv, "--chat-template-kwargs", "enable_thinking=false", "--system-instruction", "S",
                                   "--gen-kwargs", "temperature=0", "--num-fewshot", "0"])
-        from experiments.options import protocol_kwargs
+        from experiments.cli.options import protocol_kwargs
 
         assert protocol_kwargs(args) == {"chat_template_kwargs": {"enable_thinking": False}, "system_instruction": "S",
                                          "gen_kwargs": {"temperature": 0}, "num_fewshot": 0, "confirm_run_unsafe_code": False}
@@ -282,7 +282,7 @@ def test_evals_imports_nothing_from_the_layers_above():
 
 @pytest.mark.slow
 def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
-    from experiments.study import load_study
+    from experiments.study.config import load_study
 
     study = load_study(ROOT / "experiments" / "configs" / "paper_six_pairs.yaml")
     ev = study.evals
@@ -305,7 +305,7 @@ def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
     ({"batch_size": "auto:"}, "evals.batch_size: batch size must be an integer >= 1, 'auto' or 'auto:N'"),
 ])
 def test_study_evals_protocol_keys_are_checked_in_one_line(patch, needle):
-    from experiments.study import StudyConfigError, validate
+    from experiments.study.config import StudyConfigError, validate
 
     raw = {"name": "t", "pairs": [{"name": "p", "base": "a/b", "vlm": "c/d"}], "evals": {"tasks": ["sinkstudy_gsm"], **patch}}
     with pytest.raises(StudyConfigError) as exc:

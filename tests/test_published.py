@@ -11,7 +11,7 @@ import yaml
 from evals.lmeval import EvalRun
 from evals.stats import compare, mcnemar_counts, sink_correlation
 from experiments.cli import main
-from experiments.published import PUBLISHED, PairChange, beside, correlate, load_published, paper_table
+from experiments.report.published import PUBLISHED, PairChange, beside, correlate, load_published, paper_table
 from sinkstudy import SinkstudyError
 
 METRIC = "prompt_level_strict_acc,none"
@@ -187,13 +187,13 @@ def _rho_sentence(findings):
 
 
 def _results(summary):
-    from experiments.results import StudyResults
+    from experiments.report.results import StudyResults
 
     return StudyResults.of({"study": "t", "headline": {}, **summary})
 
 
 def test_report_verdict_names_the_convention_and_reads_the_sign_right():
-    from experiments.verdicts import paper_rows, verdicts
+    from experiments.report.verdicts import paper_rows, verdicts
 
     strengths = [0.2, 0.6, 1.0, 1.4, 1.8, 2.2]
     # The paper's relation: a stronger sink, less loss (Δ closer to 0): ρ(S, Δ) > 0.
@@ -211,7 +211,7 @@ def test_report_verdict_names_the_convention_and_reads_the_sign_right():
 
 
 def test_report_puts_the_pairs_beside_the_published_values():
-    from experiments.report import published_blocks
+    from experiments.report.document import published_blocks
 
     summary = _summary([2.0, 1.0, 0.5], [_outcomes(k) for k in (2, 10, 20)])
     summary["pairs"]["p0"]["published"] = {"sink_strength": 2.36, "ifeval_delta": -5.4, "ifeval_base": 83.18}
@@ -226,7 +226,7 @@ def test_report_puts_the_pairs_beside_the_published_values():
 
 
 def test_paper_config_states_both_conventions():
-    from experiments.study import load_study
+    from experiments.study.config import load_study
 
     label = load_study("experiments/configs/paper_six_pairs.yaml").protocol["correlation"]
     assert "relative degradation) = 0.971" not in label

@@ -177,7 +177,7 @@ def test_training_gains_only_changes_only_gains(tokenizer):
 
 def test_cli_choices_match_the_library():
     import interventions.qknorm as lib
-    from experiments import cmd_qknorm
+    from experiments.cli import cmd_qknorm
 
     assert (cmd_qknorm.INIT_MODES, cmd_qknorm.TRAINABLE_MODES) == (lib.INIT_MODES, lib.TRAINABLE_MODES)
 

@@ -198,8 +198,8 @@ def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, t
     """make study-real's inputs (chat checkpoints linked, the corpus chats) make both study configs valid, and
     their plans hold every arm the paper's claims need, on the pairs they name."""
     from experiments.demo.corpus import main as write_chats
-    from experiments.runner import plan_records
-    from experiments.study import load_study
+    from experiments.study.runner import plan_records
+    from experiments.study.config import load_study
     from sinkstudy.real_models import main as link
 
     steps = {}

@@ -3,7 +3,7 @@ the paper beside ours, readable HTML (tables that scroll in their box, examples 
 linked), and figures that follow the data they claim (colour ranges, ρ in the scatter's title,
 recovery dots and CIs, per-layer profiles, trajectories, Pareto).
 
-The summary is built the way `experiments.summarise.summarise` builds it: real sink maps of tiny
+The summary is built the way `experiments.report.summarise.summarise` builds it: real sink maps of tiny
 models (`compute_sink_maps`), real paired statistics (`evals.stats`) over per-prompt outcomes; the report
 is rendered from it alone.
 """
@@ -125,7 +125,7 @@ def make_summary(maps_dir, *, n_pairs: int = 3, interventions: bool = True, prot
 
 @pytest.fixture(scope="module")
 def report(maps_dir, tmp_path_factory):
-    from experiments.report import write_report
+    from experiments.report.document import write_report
 
     out = tmp_path_factory.mktemp("report")
     summary = make_summary(maps_dir)
@@ -193,8 +193,8 @@ def test_paper_vs_ours_table_sets_each_published_figure_beside_ours(report):
 def test_pairs_and_unit_gain_arms_the_paper_did_not_measure_stand_beside_its_range_and_its_injection(maps_dir):
     """A pair without published figures is set beside the range of the paper's six Δs (per control seed); an arm
     trained from a base with the paper's unit-gain QK-norm beside the paper's injection, a scale-preserving one not."""
-    from experiments.results import StudyResults
-    from experiments.verdicts import paper_rows
+    from experiments.report.results import StudyResults
+    from experiments.report.verdicts import paper_rows
 
     summary = make_summary(maps_dir)
     arms = summary["pairs"]["p2"]["protection"]["arms"]
@@ -211,7 +211,7 @@ def test_pairs_and_unit_gain_arms_the_paper_did_not_measure_stand_beside_its_ran
 
 
 def test_missing_parts_are_skipped_not_printed_empty(maps_dir, tmp_path):
-    from experiments.report import build_blocks, verdicts
+    from experiments.report.document import build_blocks, verdicts
 
     summary = make_summary(maps_dir, n_pairs=2, interventions=False, protection=False)
     assert verdicts(summary) == []  # two pairs: no correlation; no intervention, no arm
@@ -258,7 +258,7 @@ def test_examples_are_text_with_prompt_expected_answer_and_verdict(report):
 
 
 def test_chat_markup_is_removed_from_prompts():
-    from experiments.report import chat_text
+    from experiments.report.document import chat_text
 
     assert chat_text(DEMO_PROMPT) == ("Describe the vase in one sentence. Wrap your entire response with double quotation marks.")
     assert chat_text(CHATML_PROMPT) == "Q: Lena has 8 vases and gives away 6. How many vases are left?\nA:"
@@ -304,7 +304,7 @@ def test_sink_maps_colour_ranges_follow_the_values_and_the_metric(maps_dir, tmp_
 
 def test_report_sink_maps_and_profiles_use_the_study_metric(report, maps_dir):
     from evals.sink import SinkMaps
-    from experiments import plots
+    from experiments.report import plots
 
     summary, out = report.summary, report.out
     figs = plots.sink_maps(summary, "logodds", out)
@@ -323,7 +323,7 @@ def test_report_sink_maps_and_profiles_use_the_study_metric(report, maps_dir):
 def test_scatter_title_holds_the_rho_of_the_plotted_points(report):
     from scipy.stats import spearmanr
 
-    from experiments import plots
+    from experiments.report import plots
 
     fig = plots.scatter(report.summary, "sinkstudy_ifeval", report.out)
     corr = report.summary["correlation"]["sinkstudy_ifeval"]
@@ -337,7 +337,7 @@ def test_scatter_title_holds_the_rho_of_the_plotted_points(report):
 
 
 def test_recovery_is_a_dot_and_ci_per_pair_and_intervention(report):
-    from experiments import plots
+    from experiments.report import plots
 
     fig = plots.recovery(report.summary, "sinkstudy_ifeval", report.out)
     rows = {r["label"]: r for r in fig["rows"]}
@@ -354,7 +354,7 @@ def test_recovery_is_a_dot_and_ci_per_pair_and_intervention(report):
 
 
 def test_adaptation_trajectories_and_pareto_come_from_the_arms(report):
-    from experiments import plots
+    from experiments.report import plots
 
     traj = plots.adaptation_trajectory(report.summary, "p1", report.out)
     arms = report.summary["pairs"]["p1"]["protection"]["arms"]
@@ -386,7 +386,7 @@ def test_sinkstudy_report_rerenders_a_run_from_its_summary_alone(report, tmp_pat
 
 
 def test_see_also_links_related_reports_by_their_path_relative_to_this_one(maps_dir, tmp_path):
-    from experiments.report import write_report
+    from experiments.report.document import write_report
 
     summary = make_summary(maps_dir, n_pairs=2, interventions=False, protection=False)
     summary["settings"]["see_also"] = {"The real-backbone study": str(tmp_path / "study-real" / "report.md")}

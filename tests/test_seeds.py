@@ -13,8 +13,8 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def test_reseed_replaces_every_training_seed_and_keeps_the_data():
-    from experiments.seeds import reseed
-    from experiments.study import validate
+    from experiments.study.seeds import reseed
+    from experiments.study.config import validate
 
     raw = yaml.safe_load((ROOT / "experiments" / "configs" / "demo.yaml").read_text())
     raw["seeds"] = [0, 4]
@@ -31,7 +31,7 @@ def test_reseed_replaces_every_training_seed_and_keeps_the_data():
 
 @pytest.mark.parametrize("seeds, needle", [([1], "at least two"), ([0, 0], "distinct"), ([0, -1], ">= 0"), ("0,1", "a list")])
 def test_bad_seeds_fail_in_one_line(seeds, needle, tmp_path):
-    from experiments.study import StudyConfigError, validate
+    from experiments.study.config import StudyConfigError, validate
 
     raw = yaml.safe_load((ROOT / "experiments" / "configs" / "demo.yaml").read_text())
     with pytest.raises(StudyConfigError, match=needle) as err:
@@ -40,7 +40,7 @@ def test_bad_seeds_fail_in_one_line(seeds, needle, tmp_path):
 
 
 def test_the_report_states_only_what_every_seed_agrees_on_and_gives_the_spread(maps_dir, tmp_path):  # noqa: F811
-    from experiments.report import verdicts, write_report
+    from experiments.report.document import verdicts, write_report
 
     first = make_summary(maps_dir)
     second = copy.deepcopy(first)
@@ -65,7 +65,7 @@ def test_the_report_states_only_what_every_seed_agrees_on_and_gives_the_spread(m
 
 
 def test_verdict_lines_agree_across_seeds_by_question_and_statements_stay_the_first_seeds():
-    from experiments.report_seeds import verdicts_across
+    from experiments.report.across_seeds import verdicts_across
 
     said = {0: ["No base reaches S > 0: S spans -3 to -1.", "Does X help? yes: +5 [+1, +9].", "Does Y help? no: -4 [-8, -1]."],
             1: ["No base reaches S > 0: S spans -4 to -2.", "Does X help? yes: +3 [+1, +6].", "Does Y help? not established: -1 [-5, +3]."]}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.study import StudyConfigError, deep_merge, load_study, validate
+from experiments.study.config import StudyConfigError, deep_merge, load_study, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "experiments" / "configs"
@@ -97,8 +97,8 @@ def test_load_validates_settings_tasks_inputs_and_names(patch, needle):
      "used twice"),
 ])
 def test_the_plan_refuses_two_steps_with_one_output_or_name(patch, needle):
-    from experiments.graph import PlanError
-    from experiments.pipeline import plan_study
+    from experiments.study.graph import PlanError
+    from experiments.study.pipeline import plan_study
 
     study = validate({**MINIMAL, **patch})
     with pytest.raises(PlanError) as exc:
@@ -178,7 +178,7 @@ def test_paper_dry_run_prints_all_six_pairs_offline():
 
 
 def test_paper_plan_estimates_follow_parameter_counts():
-    from experiments.paper import BYTES_PER_PARAM, GPU_OVERHEAD, plan
+    from experiments.study.paper import BYTES_PER_PARAM, GPU_OVERHEAD, plan
 
     study = load_study(CONFIGS / "paper_six_pairs.yaml")
     e = plan(study)["estimates"]
@@ -203,8 +203,8 @@ def test_paper_refuses_without_cuda_unless_limited():
 def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path):
     import json
 
-    from experiments.engine import Engine
-    from experiments.graph import Plan, Step
+    from experiments.study.engine import Engine
+    from experiments.study.graph import Plan, Step
 
     study = validate({**MINIMAL, "out": str(tmp_path)})
     calls = []

@@ -1,4 +1,4 @@
-"""Issue 17 item 6: every command ends with a summary (experiments.summary): the one-line result,
+"""Issue 17 item 6: every command ends with a summary (experiments.cli.closing): the one-line result,
 where its outputs are (paths that exist), how long it took, and what to run next (command lines the
 CLI parses). Run here over the commands with cheap paths on tiny real models; the demo's is checked
 in tests/test_demo.py."""
@@ -78,7 +78,7 @@ def test_merge_mitigate_pair_and_sink_end_with_a_summary(pair, tmp_path, capsys)
 def test_sweep_paper_table_and_clean_end_with_a_summary(pair, tmp_path, monkeypatch, capsys):
     import yaml
 
-    import experiments.cmd_sweep as cm
+    import experiments.cli.cmd_sweep as cm
     from experiments.cli import main
 
     monkeypatch.setattr(cm, "Measure", _FakeMeasure)  # the sweep's own logic; Measure is tested in test_merge

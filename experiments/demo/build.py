@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from experiments.schema import StudyConfigError, deep_merge
+from experiments.study.schema import StudyConfigError, deep_merge
 from sinkstudy import SinkstudyError
 
 DEFAULTS = {
@@ -61,7 +61,7 @@ QUICK_BACKBONES = 3
 
 # Typical seconds per step of each stage of the demo on one thread of the 2-core machine (measured
 # 2026-12-03, `make demo`): the progress line's estimate of the time left before a stage has run a step
-# in this run (experiments.clock.StepClock scales them by how fast this run's finished steps went).
+# in this run (experiments.study.clock.StepClock scales them by how fast this run's finished steps went).
 STAGE_SECONDS = {"corpus": 0.1, "tokenizer": 1.5, "reference": 15.0, "pretrain": 55.0, "vl": 32.0, "extract": 0.3,
                  "sink": 0.3, "eval": 4.0, "intervene": 0.5, "intervene/qknorm": 8.0, "intervene/qknorm-vl": 35.0}
 QUICK_BACKBONE = {"hidden_size": 64, "num_hidden_layers": 2, "steps": 30, "batch_size": 8, "seq_len": 128}
@@ -166,7 +166,7 @@ class Build:
     references: list[str]
     vl: dict
 
-    stage_seconds: ClassVar[dict[str, float]] = STAGE_SECONDS  # the progress line's priors (experiments.clock)
+    stage_seconds: ClassVar[dict[str, float]] = STAGE_SECONDS  # the progress line's priors (experiments.study.clock)
 
     def pair_entries(self) -> list[dict]:
         """The study's `pairs:` when it gives none: one per backbone, its base and VLM under OUT."""
@@ -174,7 +174,7 @@ class Build:
                  "native_qk_norm": b["native_qk_norm"]} for b in self.backbones]
 
     def steps(self, out: Path, sink: dict) -> list:
-        """Every build step (`experiments.graph.Step`) under `out`; `sink`: the study's sink settings."""
+        """Every build step (`experiments.study.graph.Step`) under `out`; `sink`: the study's sink settings."""
         from experiments.demo.steps import build_steps
 
         return build_steps(self, Path(out), sink)

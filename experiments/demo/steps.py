@@ -1,4 +1,4 @@
-"""The demo's build steps, as plan records (`experiments.graph.Step`), and their bodies.
+"""The demo's build steps, as plan records (`experiments.study.graph.Step`), and their bodies.
 
 corpus -> tokenizer -> pretrain/<backbone> -> vl/<backbone>, and reference/<model> (the Sink
 Strength of a real pretrained LLM, beside the miniatures'). Each is keyed by the engine on its
@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from experiments.graph import Step
+from experiments.study.graph import Step
 from sinkstudy import SinkstudyError
 
 _ROOT = Path(__file__).resolve().parent.parent.parent

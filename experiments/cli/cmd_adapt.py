@@ -1,0 +1,212 @@
+"""`sinkstudy adapt`: LLaVA-style VL adaptation of a base LLM (the engine in interventions/adapt).
+
+    sinkstudy adapt --base B (--vision ID|PATH | --donor ID|PATH | --tiny-vision | --text-only)
+                    --train-data [STAGE=]SPEC ... [--recipe YAML] [--train-steps [STAGE=]N ...]
+                    [--out DIR] [--resume] [--force] [--estimate] [--device DEVICE] [--dtype DTYPE]
+                    [--protect NAME ... [--protect-param [NAME.]KEY=VALUE ...]] [--plugin FILE.py|MODULE ...]
+
+The recipe is the paper's two stages (--text-only: one "text" stage training the LM) unless --recipe
+gives another (docs/adapt.md); --train-data without STAGE= feeds every stage, with it one stage
+(replacing that stage's data from the recipe).
+"""
+
+from __future__ import annotations
+
+import json
+
+from experiments.report.fmt import brief as _f
+from experiments.cli.closing import Summary, cmd
+
+
+def register(subparsers) -> None:
+    from experiments.cli import options
+    from experiments.cli.argtypes import add_plugin_option
+
+    p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
+    p.add_argument("--base", default=None, help="base causal LM: hub id or local path (required)")
+    options.add_vision_options(p, required=True)
+    t = p.add_argument_group("training")
+    options.add_train_data_option(t, help="training data")
+    options.add_recipe_option(t, help="adaptation recipe (default: the paper's two stages)")
+    options.add_train_steps_option(t)
+    t.add_argument("--qknorm", metavar="INIT", help="inject QK-RMSNorm into the base first (identity-gain, scale-preserving, blend)")
+    t.add_argument("--protect", action="append", default=[], metavar="NAME",
+                   help="a training-time protection (repeatable; `--protect list` lists them; docs/protect.md)")
+    t.add_argument("--protect-param", action="append", default=[], metavar="[NAME.]KEY=VALUE",
+                   help="a protection setting, VALUE as YAML (NAME. needed with several --protect), e.g. heads='{by: mass, top_k: 8}'")
+    t.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its last checkpoint")
+    add_plugin_option(p)
+    options.add_model_options(p, device="cuda when available, else cpu", dtype="the recipe's precision")
+    options.add_output_options(p, out="runs/adapt/<base> (the model in OUT/model)")
+    e = p.add_argument_group("estimate (nothing trained)")
+    e.add_argument("--estimate", action="store_true", help="print GPU memory and time per stage and exit (nothing trained)")
+    e.add_argument("--gpu", default="H200", help="GPU for --estimate (H200, H100, A100, L40S; default H200)")
+    e.add_argument("--gpus", type=int, default=1, help="number of GPUs for --estimate (default 1)")
+    e.add_argument("--tokens-per-example", type=int, default=None, help="--estimate: sequence length (default image tokens + 128)")
+    e.add_argument("--examples", action="append", default=[], metavar="[STAGE=]N",
+                   help="--estimate: training examples per stage when the data is not counted locally (e.g. stage1=558128)")
+    options.add_progress_options(p)
+    p.set_defaults(func=main)
+
+
+def parse_stage_values(values: list[str], stage_names: list[str], what: str) -> dict[str, list[str]]:
+    """[STAGE=]VALUE items -> {stage: [values]}; an item without STAGE= goes to every stage."""
+    from sinkstudy import SinkstudyError
+
+    out: dict[str, list[str]] = {}
+    for item in values:
+        stage, sep, value = item.partition("=")
+        if sep and stage in stage_names:
+            out.setdefault(stage, []).append(value)
+        elif sep and not stage.startswith(("hf:", "json:")) and "/" not in stage and "." not in stage:
+            raise SinkstudyError(f"--{what} {item}: no stage named {stage!r}; stages: {', '.join(stage_names)}")
+        else:
+            for name in stage_names:
+                out.setdefault(name, []).append(item)
+    return out
+
+
+PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}  # --dtype -> the recipe's precision
+
+
+def build_request(args):
+    """(VisionSpec | None, AdaptConfig) from the command line, validated before any work."""
+    from experiments.cli.options import default_out
+    from interventions.adapt import VisionSpec, load_config, paper_recipe, text_recipe
+    from sinkstudy import SinkstudyError
+
+    if not args.base:
+        raise SinkstudyError("adapt needs --base (the base causal LM: hub id or local path)")
+    if not (args.vision or args.donor or args.tiny_vision or args.text_only):
+        raise SinkstudyError("adapt needs a vision side: --vision ID|PATH, --donor ID|PATH, --tiny-vision or --text-only")
+    config = load_config(args.recipe) if args.recipe else text_recipe() if args.text_only else paper_recipe()
+    names = [s.name for s in config.stages]
+    for stage, specs in parse_stage_values(args.train_data, names, "train-data").items():
+        config.stage(stage).data = list(specs)
+    for stage, steps in parse_stage_values(args.train_steps, names, "train-steps").items():
+        config.stage(stage).steps = _int(steps[-1], "--train-steps")
+    if args.dtype is not None:  # the weights' dtype in training: fp32, or bf16 autocast (the recipe's `precision`)
+        if args.dtype not in PRECISIONS:
+            raise SinkstudyError(f"--dtype {args.dtype}: adapt trains in {' or '.join(PRECISIONS)} (the recipe's precision)")
+        config.precision = PRECISIONS[args.dtype]
+    if args.vision:
+        vision = VisionSpec("fresh", args.vision, seed=config.seed)
+    elif args.donor:
+        vision = VisionSpec("donor", args.donor, seed=config.seed)
+    elif args.tiny_vision:
+        vision = VisionSpec("tiny", seed=config.seed)
+    else:
+        vision = None
+    if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
+        raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
+    args.out = args.out or str(default_out("adapt", args.base))
+    return vision, config
+
+
+def _int(value: str, flag: str) -> int:
+    from sinkstudy import SinkstudyError
+
+    try:
+        n = int(value)
+    except ValueError:
+        raise SinkstudyError(f"{flag} {value}: not an integer") from None
+    if n < 1:
+        raise SinkstudyError(f"{flag} must be positive, got {n}")
+    return n
+
+
+def protections(args) -> list:
+    """The --protect hooks with their --protect-param settings, validated before any work."""
+    import yaml
+
+    from interventions.protect import get_protection, make_protection
+    from sinkstudy import SinkstudyError
+
+    for name in args.protect:
+        get_protection(name)
+    params: dict[str, dict] = {name: {} for name in args.protect}
+    for item in args.protect_param:
+        key, sep, value = item.partition("=")
+        name, dot, key = key.rpartition(".") if "." in key else ("", "", key)
+        if not sep or not key:
+            raise SinkstudyError(f"--protect-param {item}: use [NAME.]KEY=VALUE")
+        if not name:
+            if len(args.protect) != 1:
+                raise SinkstudyError(f"--protect-param {item}: say which protection (NAME.KEY=VALUE) with {len(args.protect)} --protect")
+            name = args.protect[0]
+        if name not in params:
+            raise SinkstudyError(f"--protect-param {item}: {name!r} is not one of the --protect names ({', '.join(args.protect) or 'none'})")
+        try:
+            params[name][key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise SinkstudyError(f"--protect-param {item}: VALUE is not valid YAML") from None
+    return [make_protection(name, params[name]) for name in args.protect]
+
+
+def print_protections() -> None:
+    from interventions.protect import list_protections
+
+    for name, spec in list_protections().items():
+        print(f"  {name:<26} {spec.description}")
+        print(f"  {'':<26} settings: " + ", ".join(f"{k}={v!r}" for k, v in spec.defaults.items()))
+
+
+def main(args) -> Summary | int:
+    from experiments.cli.argtypes import load_plugin_options
+
+    load_plugin_options(args)
+    if args.protect == ["list"]:
+        print_protections()
+        return 0
+    vision, config = build_request(args)
+    hooks = protections(args)
+    if args.estimate:
+        from interventions.adapt.estimate import estimate, format_estimate
+
+        examples = {stage: _int(v[-1], "--examples") for stage, v in
+                    parse_stage_values(args.examples, [s.name for s in config.stages], "examples").items()}
+        print(format_estimate(estimate(args.base, vision, config, gpu=args.gpu, world=args.gpus,
+                                       tokens_per_example=args.tokens_per_example, examples=examples)))
+        return 0
+    from interventions.adapt import adapt
+
+    tokenizer = None
+    if args.tokenizer:
+        from sinkstudy.checkpoint import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    report = adapt(args.base, vision=vision, config=config, out=args.out, resume=args.resume, force=args.force,
+                   qknorm={"init": args.qknorm} if args.qknorm else None, hooks=hooks, progress=not args.quiet,
+                   device=args.device, tokenizer=tokenizer)
+    if report:
+        print(format_summary(report))
+        for stage in report["stages"]:
+            for name, summary in (stage.get("hooks") or {}).items():
+                print(f"{stage['stage']} {name}: {json.dumps(summary, default=str)}")
+        print(f"wrote {args.out} (model: {report['model']})")
+    if not report:
+        return 0  # a data-parallel worker: rank 0 reports
+    from interventions.adapt.run import run_summary
+
+    s = run_summary(report)
+    steps = ", ".join(f"{r['stage']} {r['steps']} steps (final loss {_f(r['final_loss'])}, the mean of its last "
+                      f"{r['final_loss_steps']} step(s))" for r in s["stages"])
+    sink = (f"; Sink Strength of the LM {_f(s['sink_strength'][0])} -> {_f(s['sink_strength'][1])}" if s["sink_strength"] else "")
+    return Summary("adapt", f"{args.base} adapted: {steps}{sink}", outputs=[args.out, report["model"]],
+                   next=[cmd("sinkstudy", "eval", report["model"]), cmd("sinkstudy", "sink", report["model"])])
+
+
+def format_summary(report: dict) -> str:
+    from interventions.adapt.run import run_summary
+
+    s = run_summary(report)
+    lines = [f"{'stage':<10} {'steps':>6} {'final loss':>11} {'(last N)':>8} {'mean loss':>10} {'steps/s':>8} {'tokens/s':>9} "
+             f"{'trainable':>11}"]
+    for r in s["stages"]:
+        lines.append(f"{r['stage']:<10} {r['steps']:>6} {_f(r['final_loss']):>11} {r.get('final_loss_steps') or '-':>8} "
+                     f"{_f(r.get('mean_loss')):>10} {_f(r['steps_per_second']):>8} {_f(r['tokens_per_second']):>9} "
+                     f"{r['trainable_params']:>11,}")
+    lines.append("final loss: the mean over the stage's last N steps; mean loss: over the whole stage")
+    if s["sink_strength"]:
+        lines.append(f"Sink Strength of the LM: {_f(s['sink_strength'][0])} before -> {_f(s['sink_strength'][1])} after")
+    return "\n".join(lines)

@@ -1,0 +1,257 @@
+"""`sinkstudy eval` (strict-grader evals through lm-eval) and `sinkstudy compare` (paired statistics)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.cli import argtypes
+from experiments.cli import options
+from experiments.cli.options import (  # noqa: F401  (eval_kwargs: also reached through this module)
+    DEFAULT_TASKS,
+    PAPER_TASKS,
+    check_hub_tasks,
+    eval_kwargs,
+    eval_tasks,
+)
+from experiments.cli.closing import Summary, cmd
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="strict-grader evals of a model through lm-eval (cached per task)",
+                              description="Evaluate MODEL (local path or hub id) on lm-eval tasks: by default the shipped "
+                              f"offline task sets {DEFAULT_TASKS}; lm-eval's own tasks (e.g. the paper's {PAPER_TASKS}) "
+                              "need the hub, or --data TASK=FILE. The run (results.json + samples/) is written to --out "
+                              "(default runs/eval/<model>); a rerun with the same settings reuses it.")
+    p.add_argument("model", help="checkpoint path or hub id")
+    options.add_eval_options(p)
+    options.add_model_options(p, dtype="float32 on hf, the checkpoint's on vllm")
+    options.add_output_options(p, out="runs/eval/<model>", cache=True)
+    options.add_seed_option(p, "lm-eval's sampling and few-shot choice")
+    options.add_progress_options(p)
+    p.set_defaults(func=_eval)
+
+    c = subparsers.add_parser("compare", help="paired comparison of two eval runs (bootstrap CI, McNemar)",
+                              description="Per task and metric: A, B, Δ = B − A in points (score × 100) and Δ / A with "
+                              "paired bootstrap CIs (prompts resampled) and McNemar's exact p, on the prompts both runs share. "
+                              "A run is an `eval` output, or a merge / mitigate output holding one (OUT/eval). "
+                              "--published sets the pair (A = base, B = VLM LM) beside the seed paper's six.")
+    c.add_argument("run_a", help="eval run dir (the reference, e.g. the base LLM)")
+    c.add_argument("run_b", help="eval run dir (e.g. the VLM's language model)")
+    options.add_task_option(c, default="every task both runs hold")
+    options.add_bootstrap_options(c)
+    options.add_seed_option(c, "the bootstrap")
+    c.add_argument("--json", default=None, metavar="FILE", help="also write the comparisons as JSON")
+    c.add_argument("--published", action="store_true",
+                   help="put this pair's IFEval prompt-level strict Δ beside the paper's six pairs and recompute rho over "
+                        "the union (left out, with a one-line warning, when the task or prompts differ from the paper's)")
+    sink = c.add_mutually_exclusive_group()
+    sink.add_argument("--sink-strength", type=argtypes.finite_float, default=None, metavar="S",
+                      help="--published: Sink Strength S of A (the base)")
+    sink.add_argument("--sink-json", default=None, metavar="FILE", help="--published: a sink.json of A from `sinkstudy sink` (logodds metric)")
+    options.add_progress_options(c)
+    c.set_defaults(func=_compare)
+
+
+def _eval(args) -> Summary | int:
+    from evals.lmeval import run_eval
+    from experiments.study.loaders import load_model
+
+    tasks = eval_tasks(args)
+    kwargs = eval_kwargs(args)
+    check_hub_tasks(tasks, kwargs["data_files"])
+    out = Path(args.out) if args.out else options.default_out("eval", args.model)
+    run = run_eval(
+        args.model, args.tokenizer, tasks=tasks, out_dir=out, force=args.force, device=args.device, dtype=args.dtype,
+        seed=args.seed, loader=load_model, progress=not args.quiet, **kwargs,
+    )
+    if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
+        return 0
+    for task, source in data_sources(run).items():  # the run header: a task on other data says so
+        print(f"{task}: prompts from {source}, not the task's default data")
+    print(run.summary())
+    print(f"eval run written to {out}")
+    limited = f" (first {args.limit} prompts per task)" if args.limit else ""
+    return Summary("eval", f"{args.model}: {headline(run)}{limited}", outputs=[out],
+                   next=[cmd("sinkstudy", "compare", "OTHER_RUN", out)])
+
+
+def headline(run) -> str:
+    """Each requested task's headline score(s) in one line: the paper's metric, and both strict-match
+    and flexible-extract for a task graded both ways (GSM8K-CoT); a task on other data names it."""
+    from evals.stats import headline_metrics
+
+    sources = data_sources(run)
+    parts = []
+    for task in run.tasks:
+        if not run.metrics(task):
+            continue
+        values = [(m.removesuffix(",none"), run.scores[task][m]) for m in headline_metrics(run, task)]
+        text = " / ".join(f"{name} {v:.4f}" if isinstance(v, float) else f"{name} {v}" for name, v in values)
+        parts.append(f"{task}{f' [data {Path(sources[task]).name}]' if task in sources else ''} {text}")
+    return "; ".join(parts) or "no scores"
+
+
+def data_sources(run) -> dict[str, str]:
+    """{task: its data file} for the tasks of `run` whose prompts are not the task's default data
+    (the shipped set of a shipped task, the hub's of lm-eval's own); the file is named when the run
+    recorded it, else by its sha256."""
+    from evals.tasks import SHIPPED_TASKS, load_task_yaml
+    from sinkstudy.provenance import file_sha256
+
+    prov = run.provenance or {}
+    out = {}
+    for task, identity in (prov.get("tasks") or {}).items():
+        sha = (identity or {}).get("data_sha256")
+        if task in SHIPPED_TASKS:
+            default = next(iter(load_task_yaml(SHIPPED_TASKS[task])["dataset_kwargs"]["data_files"].values()))
+            if sha is None or sha == file_sha256(default):
+                continue
+        elif sha is None:
+            continue
+        out[task] = (prov.get("data_files") or {}).get(task) or f"a local file (sha256 {sha[:12]}…)"
+    return out
+
+
+def resolve_run(path: str) -> Path:
+    """An eval run directory: PATH itself, or the run a merge / mitigate output holds (PATH/eval);
+    one line naming what is missing otherwise."""
+    from evals.lmeval import RESULTS_FILE
+    from sinkstudy import SinkstudyError
+
+    p = Path(path)
+    for candidate in (p, p / "eval"):
+        if (candidate / RESULTS_FILE).is_file():
+            return candidate
+    raise SinkstudyError(f"{path} is not an eval run: no {RESULTS_FILE} in it (nor in {p / 'eval'}); "
+                         "give an `sinkstudy eval` output or a merge / mitigate output")
+
+
+def _compare(args) -> Summary | int:
+    from evals.lmeval import EvalRun
+    from evals.stats import compare_runs, format_table
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import write_json_atomic
+    from sinkstudy.provenance import provenance
+
+    sink = _published_sink(args)  # every input checked before the runs are read
+    dir_a, dir_b = resolve_run(args.run_a), resolve_run(args.run_b)
+    a, b = EvalRun.load(dir_a), EvalRun.load(dir_b)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    if args.tasks is not None and not tasks:
+        raise SinkstudyError("--tasks is empty")
+    ifeval = _published_task(a, b, tasks) if args.published else None
+    for run, path in ((a, dir_a), (b, dir_b)):
+        missing = [t for t in tasks or [] if t not in run.samples and t not in run.groups]
+        if missing:
+            raise SinkstudyError(f"run {path} has no task {', '.join(missing)}; it has {', '.join([*run.samples, *run.groups]) or 'none'}")
+    check_same_data(a, b, tasks or [t for t in a.scores if t in b.scores])
+    comps = compare_runs(a, b, tasks, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
+    print(f"A = {dir_a} ({a.model_name})\nB = {dir_b} ({b.model_name})")
+    print(format_table(comps))
+    published = None
+    if args.published:
+        published = _beside_published(args, next(c for c in comps if (c.task, c.metric) == (ifeval, PUBLISHED_METRIC)), sink, a)
+    if args.json:
+        write_json_atomic(args.json, {"run_a": str(dir_a), "run_b": str(dir_b),
+                                      "convention": "Δ = B − A in points (score × 100; negative = B lost capability); relative = Δ / A",
+                                      "comparisons": [c.as_dict() for c in comps],
+                                      "published": published,
+                                      "provenance": provenance(model_fingerprints={str(dir_a): a.fingerprint, str(dir_b): b.fingerprint},
+                                                               seeds={"bootstrap": args.seed})})
+    first = comps[0] if comps else None
+    result = (f"{first.task} {str(first.metric).removesuffix(',none')}: Δ = B − A = {first.delta_points:+.1f} points "
+              f"[{first.delta_points_ci[0]:+.1f}, {first.delta_points_ci[1]:+.1f}], n = {first.n}"
+              + (f" (+ {len(comps) - 1} more rows above)" if len(comps) > 1 else "") if first else "nothing to compare")
+    return Summary("compare", result, outputs=[args.json] if args.json else [],
+                   next=[] if args.published else [cmd("sinkstudy", "compare", args.run_a, args.run_b, "--published", "--sink-json",
+                                                       "BASE_SINK_JSON")])
+
+
+def check_same_data(a, b, tasks) -> None:
+    """Two runs of a task on different prompts are not compared: one line saying which --data would
+    make them comparable."""
+    from sinkstudy import SinkstudyError
+
+    ids_a, ids_b = (r.provenance.get("tasks") or {} for r in (a, b))
+    src_a, src_b = data_sources(a), data_sources(b)
+    for task in tasks:
+        sha_a, sha_b = ((ids.get(task) or {}).get("data_sha256") for ids in (ids_a, ids_b))
+        if task not in ids_a or task not in ids_b or sha_a == sha_b:
+            continue
+        where = lambda src: src.get(task, "the task's default data")  # noqa: E731
+        fix = (f"rerun B with --data {task}={src_a[task]}" if task in src_a and task not in src_b
+               else f"rerun A with --data {task}={src_b[task]}" if task in src_b and task not in src_a
+               else f"rerun one of them with the other's --data {task}=FILE")
+        raise SinkstudyError(f"{task}: A was evaluated on {where(src_a)}, B on {where(src_b)}: not the same prompts; {fix}")
+
+
+PUBLISHED_METRIC = "prompt_level_strict_acc,none"  # the paper's headline: IFEval prompt-level strict
+
+
+def _published_sink(args) -> float | None:
+    """S of run A for --published, from --sink-strength or a sink.json; refuses what cannot be compared."""
+    import math
+
+    from sinkstudy import SinkstudyError
+    from sinkstudy.io import read_json
+
+    if not args.published:
+        if args.sink_strength is not None or args.sink_json:
+            raise SinkstudyError("--sink-strength / --sink-json only apply with --published")
+        return None
+    if args.sink_json:
+        try:
+            data = read_json(args.sink_json)
+        except (OSError, ValueError, SinkstudyError) as exc:
+            raise SinkstudyError(f"cannot read --sink-json {args.sink_json}: {exc}") from None
+        metric = data.get("metric") if isinstance(data, dict) else None
+        if metric != "logodds":
+            raise SinkstudyError(f"--sink-json {args.sink_json}: not a logodds sink.json (metric {metric!r}); the paper's S is the logodds metric")
+        value = data.get("value")
+    elif args.sink_strength is not None:
+        value = args.sink_strength
+    else:
+        raise SinkstudyError("--published needs the base's Sink Strength: --sink-strength S or --sink-json FILE")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SinkstudyError(f"the Sink Strength must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _published_task(a, b, tasks) -> str:
+    """The one compared task that carries the paper's metric in both runs."""
+    from sinkstudy import SinkstudyError
+
+    found = [t for t in (tasks or a.scores) if PUBLISHED_METRIC in a.metrics(t) and PUBLISHED_METRIC in b.metrics(t)]
+    if len(found) != 1:
+        raise SinkstudyError(f"--published compares IFEval {PUBLISHED_METRIC}: need exactly one compared task with it in both runs, "
+                             f"found {', '.join(found) or 'none'}" + (" (narrow with --tasks)" if found else ""))
+    return found[0]
+
+
+def published_mismatch(c, run, tables) -> list[str]:
+    """How this comparison differs from the paper's IFEval measurement (task, prompt count, limit); empty: it does not."""
+    out = []
+    if c.task != "ifeval":
+        out.append(f"task {c.task}, not ifeval")
+    if c.n != tables.n_prompts:
+        out.append(f"{c.n} prompts, not {tables.n_prompts}")
+    if (run.settings or {}).get("limit") is not None:
+        out.append(f"--limit {run.settings['limit']}")
+    return out
+
+
+def _beside_published(args, c, sink: float, run) -> dict:
+    import sys
+
+    from experiments.report.published import PairChange, beside, format_beside, load_published
+
+    tables = load_published()
+    differs = published_mismatch(c, run, tables)
+    if differs:
+        print(f"sinkstudy: warning: not the paper's measurement ({'; '.join(differs)}): this pair is shown beside the "
+              "paper's six, and rho is not recomputed with it", file=sys.stderr)
+    ours = PairChange(f"this pair ({c.task})", sink, c.delta_points, 100 * c.before, source="ours", delta_points_ci=c.delta_points_ci)
+    result = beside([ours], tables, union=not differs, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
+    print()
+    print(format_beside(result))
+    return {**result, "not_comparable": differs}

@@ -1,0 +1,121 @@
+"""`sinkstudy pair extract` and `sinkstudy pair diff`: the VLM's language model in the base LLM's class.
+
+Both stream: `extract` writes the language model shard by shard (never the vision tower, never the whole
+model in memory), `diff` reads one tensor of each model at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.cli.closing import Summary, cmd
+
+def register(subparsers) -> None:
+    from experiments.cli import options
+
+    pair = subparsers.add_parser("pair", help="extract a VLM's language model / diff it against its base LLM")
+    sub = pair.add_subparsers(dest="pair_command", metavar="SUBCOMMAND", required=True)
+
+    ext = sub.add_parser("extract", help="write the VLM's language model as a causal-LM checkpoint in the base's class")
+    _common(ext)
+    options.add_model_options(ext, device=None, dtype="the VLM checkpoint's own, e.g. bfloat16", tokenizer=False)
+    ext.add_argument("--max-shard-size", default="1GB", type=_bytes,
+                     help="largest output shard, e.g. 1GB or 500MB (peak memory is about one shard; default 1GB)")
+    options.add_output_options(ext, out="runs/pair/<vlm>-lm")
+    options.add_progress_options(ext)
+    ext.set_defaults(func=run_extract)
+
+    diff = sub.add_parser("diff", help="per-layer relative weight change ||W_vlm - W_base|| / ||W_base||")
+    _common(diff)
+    options.add_model_options(diff, dtype="as stored; the sums are float32/float64 either way", tokenizer=False)
+    diff.add_argument("--json", metavar="FILE", help="also write every tensor's row and the summary as JSON")
+    diff.add_argument("--force", action="store_true", help="replace an existing --json file")
+    options.add_progress_options(diff)
+    diff.set_defaults(func=run_diff)
+
+
+def _common(p) -> None:
+    from experiments.cli.options import add_pair_options
+
+    add_pair_options(p)
+
+
+def _bytes(text: str) -> int:
+    import argparse
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*", text.upper())
+    if not m or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 1GB, 500MB)")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)])
+
+
+def _provenance_extra(args, report) -> dict:
+    from sinkstudy.provenance import model_fingerprint
+
+    return {
+        "base": args.base, "vlm": args.vlm, "dtype": args.dtype,
+        "base_fingerprint": model_fingerprint(args.base), "vlm_fingerprint": model_fingerprint(args.vlm),
+        "extraction": report.to_dict(),
+    }
+
+
+def run_extract(args) -> Summary | int:
+    from interventions.pairs import plan_extraction, resolve, write_language_model
+    from interventions.pairs.resolve import resolve_dtype
+    from sinkstudy.checkpoint import try_load_tokenizer
+    from sinkstudy.io import check_output_dir
+
+    from experiments.cli.options import check_pair_options, default_out
+
+    args.out = args.out or str(default_out("pair", f"{Path(str(args.vlm).rstrip('/')).name}-lm"))
+    check_pair_options(args, "pair extract")
+    check_output_dir(args.out, args.force)  # before any loading
+    if args.dtype is not None:
+        resolve_dtype(args.dtype)
+    base = resolve(args.base)
+    plan = plan_extraction(args.vlm, base)  # every check before any weight is read
+    print(plan.report.summary())
+    out = write_language_model(plan, args.out, tokenizer=try_load_tokenizer(base.tokenizer_path or args.base),
+                               dtype=args.dtype, force=args.force, max_shard_bytes=args.max_shard_size,
+                               extra=_provenance_extra(args, plan.report), progress=not args.quiet)
+    print(f"wrote {out}")
+    return Summary("pair extract", f"{plan.report.source_arch} -> {plan.report.target_class}: the language model of {args.vlm} "
+                   f"in {args.base}'s architecture", outputs=[out],
+                   next=[cmd("sinkstudy", "pair", "diff", "--base", args.base, "--vlm", args.vlm),
+                         cmd("sinkstudy", "sink", out), cmd("sinkstudy", "eval", out)])
+
+
+def run_diff(args) -> Summary | int:
+    from interventions.pairs import diff_summary, format_diff_table, plan_extraction, resolve, tensors_of, weight_diff
+    from interventions.pairs.resolve import resolve_dtype
+    from sinkstudy.io import check_output_dir, write_json_atomic
+    from sinkstudy.provenance import provenance
+
+    from experiments.cli.options import check_pair_options
+
+    check_pair_options(args, "pair diff")
+    if args.json:
+        check_output_dir(args.json, args.force)  # before any loading
+    dtype = resolve_dtype(args.dtype) if args.dtype else None
+    base = resolve(args.base)
+    plan = plan_extraction(args.vlm, base)
+    print(plan.report.summary())
+    rows = weight_diff(tensors_of(base), plan.tensors, dtype=dtype, device=args.device, progress=not args.quiet)
+    print("relative change ||W_vlm - W_base|| / ||W_base|| per layer and group ('-': outside the layers)")
+    print(format_diff_table(rows))
+    if args.json:
+        write_json_atomic(args.json, {
+            "base": args.base, "vlm": args.vlm,
+            "summary": diff_summary(rows), "rows": rows,
+            "provenance": provenance(**_provenance_extra(args, plan.report)),
+        })
+        print(f"wrote {args.json}")
+    changed = [r for r in diff_summary(rows) if r["rel_change"] is not None]
+    top = max(changed, key=lambda r: r["rel_change"], default=None)
+    where = f"layer {top['layer']}" if top and top["layer"] is not None else "the tensors outside the layers"
+    result = (f"largest relative change {top['rel_change']:.4g} in {top['group']} of {where}" if top
+              else "no tensor to compare") + f" ({len(rows)} tensors)"
+    return Summary("pair diff", result, outputs=[args.json] if args.json else [],
+                   next=[cmd("sinkstudy", "pair", "extract", "--base", args.base, "--vlm", args.vlm)]
+                   + ([] if args.json else [cmd("sinkstudy", "pair", "diff", "--base", args.base, "--vlm", args.vlm, "--json", "diff.json")]))

@@ -1,0 +1,216 @@
+"""The option groups the commands share, each defined once: model loading, evals (lm-eval and its
+protocol), output and caching, progress. A command that does one of these things takes the group,
+so a flag has one name, one meaning and one default on every command (tests/test_cli_options.py
+walks every parser to keep it so). Where a default depends on the command (`--device` of `adapt`
+uses the GPU when there is one; `run` keeps its config's tasks), the flag's default is None and the
+command's help says what None means. Commands import this module at start-up: it imports nothing
+heavy, so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evals.protocol import BACKENDS
+from experiments.cli import argtypes
+
+DTYPES = ("float32", "bfloat16", "float16")
+# The shipped offline task sets (evals.tasks.SHIPPED_TASKS, copied so --help stays light; a test keeps
+# them equal): a run without --tasks never needs the hub. The paper's hub tasks are opt-in.
+DEFAULT_TASKS = "sinkstudy_ifeval,sinkstudy_gsm"
+PAPER_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"
+
+
+# --------------------------------------------------------------------------- model loading
+
+def add_model_options(p, *, device: str | None = "cpu", dtype: str = "float32", tokenizer: bool = True) -> None:
+    """--dtype, --device (device=None: the command takes none) and --tokenizer: how the command loads
+    the models it runs. `device` / `dtype` word the help: what the command does when the flag is left out."""
+    g = p.add_argument_group("model loading")
+    g.add_argument("--dtype", choices=DTYPES, default=None, help=f"dtype the models are loaded in (default: {dtype})")
+    if device is not None:
+        g.add_argument("--device", default=None, metavar="DEVICE", help=f"torch device the models run on, e.g. cuda (default: {device})")
+    if tokenizer:
+        g.add_argument("--tokenizer", default=None, metavar="ID|PATH", help="tokenizer path or hub id when it is not beside the model")
+
+
+# --------------------------------------------------------------------------- evals
+
+def add_task_option(p, *, default: str = f"{DEFAULT_TASKS}, offline; hub tasks are opt-in") -> None:
+    p.add_argument("--tasks", default=None, metavar="TASK,...", help=f"comma-separated lm-eval tasks (default: {default})")
+
+
+def add_limit_option(p) -> None:
+    p.add_argument("--limit", type=argtypes.limit, default=None, metavar="N",
+                   help="evaluate only the first N prompts of each task (a fraction < 1: that share)")
+
+
+def add_eval_options(p) -> None:
+    """How an evaluating command runs lm-eval: the flags of `sinkstudy eval`, on every command that
+    evaluates (`eval_kwargs` reads them back)."""
+    g = p.add_argument_group("evals (lm-eval)")
+    add_task_option(g)
+    add_limit_option(g)
+    g.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=256, metavar="N",
+                   help="generation cap per prompt (default 256; 0 keeps each task's own)")
+    g.add_argument("--batch-size", type=argtypes.batch_size, default=8, metavar="N|auto",
+                   help="eval batch size: an integer, or auto / auto:N (lm-eval detects it; default 8)")
+    g.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
+    g.add_argument("--data", dest="eval_data", action="append", default=None, metavar="TASK=FILE",
+                   help="a task's prompts from this local jsonl instead of its default data (repeatable)")
+    g.add_argument("--backend", choices=BACKENDS, default="hf",
+                   help="hf-continuous: lm-eval's HF backend with continuous-batching greedy generation (docs/evals.md); "
+                        "vllm: lm-eval's vLLM backend (GPU)")
+    g.add_argument("--backend-args", default=None, metavar="JSON|K=V,...",
+                   help="backend constructor arguments as a JSON object or K=V pairs (quote values with commas), "
+                        "e.g. tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.85")
+    add_protocol_options(p)
+
+
+def add_protocol_options(p) -> None:
+    """The eval protocol's knobs (`evals.protocol` says where each goes)."""
+    g = p.add_argument_group("eval protocol (handed to lm-eval)")
+    g.add_argument("--chat-template-kwargs", default=None, metavar="JSON|K=V,...",
+                   help="chat template variables, e.g. '{\"enable_thinking\": false}' for Qwen3 (the paper's protocol)")
+    g.add_argument("--system-instruction", default=None, metavar="TEXT", help="a system message before every prompt")
+    g.add_argument("--gen-kwargs", default=None, metavar="JSON|K=V,...",
+                   help="generation settings over each task's own, e.g. temperature=0,do_sample=false,until=[\"</s>\"]")
+    g.add_argument("--num-fewshot", type=argtypes.int_at_least(0), default=None, metavar="N",
+                   help="override the tasks' few-shot count (the paper: 0)")
+    g.add_argument("--confirm-run-unsafe-code", action="store_true",
+                   help="let tasks that execute model-written code run (MBPP)")
+
+
+def eval_tasks(args) -> str:
+    """--tasks, or the shipped offline sets."""
+    return args.tasks or DEFAULT_TASKS
+
+
+def eval_kwargs(args) -> dict:
+    """run_eval's keyword arguments from the flags of `add_eval_options` (and the eval cache's of
+    `add_output_options`), checked (one line on bad input); JSON data, so a command can record them."""
+    from evals.protocol import check_backend, parse_kwargs
+
+    check_backend(args.backend)
+    return {"limit": args.limit, "batch_size": args.batch_size, "apply_chat_template": not args.no_chat_template,
+            "max_gen_toks": args.max_gen_toks or None, "data_files": args.eval_data, "backend": args.backend,
+            "backend_args": parse_kwargs(args.backend_args, "--backend-args"), **protocol_kwargs(args),
+            "use_cache": not args.no_cache, "cache_dir": args.cache_dir}
+
+
+def protocol_kwargs(args) -> dict:
+    """run_eval's protocol arguments from the flags of `add_protocol_options`, checked (one line on bad input)."""
+    from evals.protocol import check_gen_kwargs, check_system_instruction, parse_kwargs
+
+    return {"chat_template_kwargs": parse_kwargs(args.chat_template_kwargs, "--chat-template-kwargs"),
+            "system_instruction": check_system_instruction(args.system_instruction),
+            "gen_kwargs": check_gen_kwargs(parse_kwargs(args.gen_kwargs, "--gen-kwargs")),
+            "num_fewshot": args.num_fewshot,
+            "confirm_run_unsafe_code": args.confirm_run_unsafe_code}
+
+
+def check_hub_tasks(tasks, data_files=None) -> None:
+    """Tasks whose data comes from the hub (lm-eval's own, without a local --data file) fail at once,
+    in one line, when the hub is unreachable (`sinkstudy.hub`), not after the libraries' retries.
+    Unknown names are refused first, as such."""
+    from evals.lmeval import check_task_names
+    from evals.tasks import SHIPPED_TASKS, parse_data_files
+    from sinkstudy import SinkstudyError
+    from sinkstudy.hub import hub_unreachable
+
+    local = parse_data_files(data_files)
+    remote = [t for t in check_task_names(tasks) if t not in SHIPPED_TASKS and t not in local]
+    if remote:
+        reason = hub_unreachable()
+        if reason:
+            raise SinkstudyError(f"task(s) {', '.join(remote)} load their data from the Hugging Face hub, which is unreachable "
+                                 f"({reason}); use the shipped offline tasks ({', '.join(SHIPPED_TASKS)}) "
+                                 "or give a local file with --data TASK=FILE")
+
+
+# --------------------------------------------------------------------------- a (base LLM, VLM) pair
+
+def add_pair_options(p) -> None:
+    """--base / --vlm: every pair command needs both; checked after parsing (`check_pair_options`), so
+    that a listing (`mitigate --list`) works alone."""
+    p.add_argument("--base", default=None, help="base LLM: local path, hub id or .gguf file (required)")
+    p.add_argument("--vlm", default=None, help="VLM, or its already extracted language model: local path or hub id (required)")
+
+
+def check_pair_options(args, command: str) -> None:
+    from sinkstudy import SinkstudyError
+
+    missing = [f"--{k}" for k in ("base", "vlm") if not getattr(args, k)]
+    if missing:
+        raise SinkstudyError(f"{command} needs {' and '.join(missing)}")
+
+
+# --------------------------------------------------------------------------- training (adapt, qknorm)
+
+def add_train_steps_option(p) -> None:
+    p.add_argument("--train-steps", action="append", default=[], metavar="[STAGE=]N",
+                   help="optimizer steps of training (without STAGE=: every stage); repeatable")
+
+
+def add_train_data_option(p, help: str) -> None:
+    p.add_argument("--train-data", action="append", default=[], metavar="[STAGE=]SPEC",
+                   help=f"{help}: digits | FILE.json[l] | json:FILE[@IMAGES] | hf:NAME[:SPLIT][@IMAGES]; without STAGE= every stage; repeatable")
+
+
+def add_recipe_option(p, help: str) -> None:
+    p.add_argument("--recipe", metavar="YAML", default=None, help=help)
+
+
+def add_vision_options(p, *, required: bool) -> None:
+    """The vision side of an adaptation: one of --vision / --donor (/ --tiny-vision / --text-only for
+    `adapt`, where one is required: checked after parsing, so that `--protect list` works alone)."""
+    side = p.add_mutually_exclusive_group() if required else p
+    side.add_argument("--vision", metavar="ID|PATH", help="fresh LLaVA: a CLIP or SigLIP tower + a new 2-layer GELU projector"
+                                                          + ("" if required else " (default: a tiny local tower)"))
+    side.add_argument("--donor", metavar="ID|PATH", help="an existing VLM (Qwen2/2.5-VL, LLaVA) whose tower + projector to keep")
+    if required:
+        side.add_argument("--tiny-vision", action="store_true", help="a tiny random CLIP tower built locally (offline tests, the demo)")
+        side.add_argument("--text-only", action="store_true", help="no vision: train the LM itself on text (the Tülu-style contrast)")
+
+
+# --------------------------------------------------------------------------- statistics
+
+def add_bootstrap_options(p) -> None:
+    """--n-boot and --confidence of the paired bootstrap CIs."""
+    p.add_argument("--n-boot", type=argtypes.n_boot, default=10_000, metavar="N", help="bootstrap replicates (>= 1; default 10000)")
+    p.add_argument("--confidence", type=argtypes.confidence, default=0.95, help="confidence of the intervals (default 0.95)")
+
+
+def add_seed_option(p, what: str = "every random choice of the command") -> None:
+    p.add_argument("--seed", type=int, default=0, help=f"seed of {what} (default 0)")
+
+
+# --------------------------------------------------------------------------- output and caching
+
+def add_output_options(p, *, out: str, force: str = "replace an existing --out that holds a different result",
+                       cache: bool = False) -> None:
+    """--out DIR (default None: `out` words where the command writes then), --force, and with `cache`
+    --no-cache / --cache-dir of the per-task eval cache."""
+    g = p.add_argument_group("output and caching")
+    g.add_argument("--out", default=None, metavar="DIR", help=f"output directory (default: {out}); a rerun into it reuses "
+                                                              "what is finished")
+    g.add_argument("--force", action="store_true", help=force)
+    if cache:
+        g.add_argument("--no-cache", action="store_true", help="evaluate even when a cached result exists")
+        g.add_argument("--cache-dir", default=None, metavar="DIR", help="per-task eval cache (default $SINKSTUDY_CACHE/evals)")
+
+
+def default_out(command: str, *names) -> Path:
+    """runs/<command>/<name>[-<name>...]: where a command writes without --out (names slugified)."""
+    from sinkstudy.io import slugify
+
+    parts = [slugify(Path(str(n).rstrip("/")).name or str(n)) for n in names if n]
+    return Path("runs") / command / "-".join(parts)
+
+
+# --------------------------------------------------------------------------- progress
+
+def add_progress_options(p) -> None:
+    g = p.add_argument_group("progress")
+    g.add_argument("--quiet", action="store_true",
+                   help="no progress bars: neither ours nor the libraries' (transformers, lm-eval, datasets, mergekit)")

@@ -1,0 +1,249 @@
+"""The study report's figures, from summary.json (matplotlib Agg; PNG + SVG side by side under OUT/plots).
+
+Every function returns None when the summary holds nothing to draw, else a record: `path` (the PNG,
+relative to the report), `svg`, and what was drawn (colour and axis ranges, points, lines, titles),
+so the report links both files and tests check that each figure follows the data it claims. A figure
+whose inputs did not change since it was drawn is not drawn again (experiments.report.figure_reuse).
+Convention: Δ = VLM LM − base in points (negative = capability lost), Δ/base relative; recovery =
+(intervened − VLM LM) / (base − VLM LM), stated only where the pair lost capability significantly.
+Colours: blue marks a measured value, grey what has no number; no colour means "good" or "bad".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from evals.sink.plot import axis_facts, pyplot, save_png_svg
+from evals.stats import ci_side
+from experiments.report.figure_reuse import reused
+from experiments.report.fmt import missing
+
+# Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
+RECOVERY_AXIS = (-1.5, 2.5)
+COLOUR = "tab:blue"  # a measured value; grey: no number
+
+
+def _save(fig, out: Path, name: str, **facts) -> dict[str, Any]:
+    def read(drawn):
+        facts["axes"] = [axis_facts(ax) for ax in drawn.axes if ax.get_label() != "<colorbar>"]
+
+    png, svg = save_png_svg(fig, out / "plots" / name, on_drawn=read)
+    return {"path": os.path.relpath(png, out), "svg": os.path.relpath(svg, out), **facts}
+
+
+def significant_loss(d: dict) -> bool:
+    """The base -> VLM Δ's CI lies below 0 (a loss): there is something to recover."""
+    return ci_side(d.get("delta_points_ci")) < 0
+
+
+def _rho_text(c: dict | None, what: str, n_pairs: int) -> str:
+    if not c:
+        return f"ρ(S, {what}): needs ≥ 3 pairs with defined values (n = {n_pairs})"
+    lo, hi = c["spearman_ci"]
+    ci = "" if missing(lo) or missing(hi) else f" [{lo:+.2f}, {hi:+.2f}]"
+    return f"Spearman ρ(S, {what}) = {c['spearman']:+.2f}{ci}, n = {c['n']}"
+
+
+# --------------------------------------------------------------------------- sink maps and profiles
+
+@reused
+def sink_maps(summary: dict, metric: str, out: Path) -> dict[str, dict]:
+    """Per pair: base / VLM LM / shift on shared scales of the study's metric (evals.sink.plot_sink_shift)."""
+    from evals.sink import SinkMaps, plot_sink_shift
+
+    figs = {}
+    for p, entry in summary["pairs"].items():
+        m = entry["models"]
+        f = out / "plots" / f"sink_{p}.png"
+        facts = plot_sink_shift(SinkMaps.from_json(m["base"]["sink_maps"]), SinkMaps.from_json(m["vlm"]["sink_maps"]), f,
+                                metric=metric, names=("base", "VLM LM"), title=f"{p}: sink maps, base / VLM LM / shift")
+        png, svg = facts.pop("paths")
+        figs[p] = {"path": os.path.relpath(png, out), "svg": os.path.relpath(svg, out), **facts}
+    return figs
+
+
+@reused
+def layer_profiles(summary: dict, metric: str, out: Path) -> dict[str, dict]:
+    """Per pair: the per-layer sink profile of every measured model (base and VLM LM bold)."""
+    from evals.sink import SinkMaps
+    from evals.sink.plot import plot_layer_profiles
+
+    figs = {}
+    for p, entry in summary["pairs"].items():
+        series = {("VLM LM" if label == "vlm" else label): SinkMaps.from_json(m["sink_maps"])
+                  for label, m in entry["models"].items() if m.get("sink_maps")}
+        f = out / "plots" / f"profile_{p}.png"
+        facts = plot_layer_profiles(series, f, metric=metric, title=f"{p}: sink statistic per layer, per model",
+                                    emphasise=("base", "VLM LM"))
+        png, svg = facts.pop("paths")
+        figs[p] = {"path": os.path.relpath(png, out), "svg": os.path.relpath(svg, out), **facts}
+    return figs
+
+
+# --------------------------------------------------------------------------- S vs Δ
+
+@reused
+def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
+    """S of the base against Δ points and Δ/base on `task` (two panels), pair labels, each pair's CI,
+    and the across-pair Spearman ρ with its CI in each panel's title (from summary['correlation'])."""
+    plt = pyplot()
+    corr = (summary.get("correlation") or {}).get(task)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    panels = []
+    for ax, key, what, label in ((axes[0], "delta_points", "Δ points", f"Δ = VLM LM − base on {task} (points)"),
+                                 (axes[1], "delta_relative", "Δ/base", f"Δ / base on {task}")):
+        points = []
+        for p, entry in summary["pairs"].items():
+            s = entry["models"]["base"]["sink_strength"]
+            d = entry["degradation"][task]
+            y = d[key]
+            if missing(s) or missing(y):
+                continue
+            points.append({"pair": p, "s": s, "y": y, "relative_defined": not missing(d["delta_relative"])})
+            lo, hi = d[key + "_ci"]
+            err = None if missing(lo) or missing(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+            ax.errorbar([s], [y], yerr=err, fmt="o", capsize=3, color="tab:red" if entry.get("native_qk_norm") else "tab:blue")
+            ax.annotate(p, (s, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        if not points:  # e.g. Δ / base where every base scores 0
+            ax.text(0.5, 0.5, "undefined for every pair", ha="center", va="center", transform=ax.transAxes, color="grey")
+        title = _rho_text(corr and corr[key.replace("delta_", "")], what, len(points))
+        ax.set_title(title, fontsize=9)
+        ax.axhline(0, color="grey", lw=0.7)
+        ax.set_xlabel("Sink Strength S of the base")
+        ax.set_ylabel(label)
+        panels.append({"title": title, "points": points})
+    fig.suptitle("Sink Strength vs change (negative = loss; red: native QK-norm). The paper: ρ > 0 in both (a stronger sink, "
+                 "less loss)", fontsize=9)
+    return _save(fig, out, f"scatter_{task}.png", panels=panels)
+
+
+# --------------------------------------------------------------------------- recovery
+
+@reused
+def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
+    """Recovery per (pair, intervention) on `task` as a dot with its CI (0 = VLM LM, 1 = base), in one
+    colour; where the pair lost nothing significant, the words "no loss to recover" and no number.
+    Whatever lies beyond the axis is marked: a CI end by an arrow at the edge, an estimate by an
+    arrow-head in place of its dot with its value written beside it."""
+    rows = []
+    for p, entry in summary["pairs"].items():
+        lost = significant_loss(entry["degradation"][task])
+        for name, per_task in entry["interventions"].items():
+            r = per_task[task]["recovery"]
+            lo, hi = r["ci"] if r.get("ci") else (None, None)
+            status = r.get("status") or ("recovery" if lost else "no loss to recover")
+            rows.append({"label": f"{p} / {name}", "value": r["recovery"] if status == "recovery" else None,
+                         "lo": lo, "hi": hi, "status": status})
+    if not rows:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.32 * len(rows) + 1.4)))
+    # The axis spans the data (0 and 1 always shown), never beyond RECOVERY_AXIS.
+    ends = [x for r in rows if r["status"] == "recovery" for x in (r["value"], r["lo"], r["hi"]) if not missing(x)]
+    lo_ax, hi_ax = max(RECOVERY_AXIS[0], min([0.0, *ends])), min(RECOVERY_AXIS[1], max([1.0, *ends]))
+    pad = 0.05 * (hi_ax - lo_ax)
+    for y, r in enumerate(rows):
+        r["marks"] = []
+        if r["status"] != "recovery":
+            ax.text(0.5, y, r["status"], ha="center", va="center", fontsize=7, color="grey")
+            continue
+        if missing(r["value"]):  # base and VLM scored the same in every resample: recovery is undefined
+            ax.text(0.5, y, "undefined (base = VLM LM)", ha="center", va="center", fontsize=7, color="grey")
+            continue
+        if not missing(r["lo"]) and not missing(r["hi"]):
+            a, b = max(r["lo"], lo_ax), min(r["hi"], hi_ax)
+            ax.plot([a, b], [y, y], color=COLOUR, lw=1.6)
+            for end, clipped, marker in ((a, r["lo"] < lo_ax, "<"), (b, r["hi"] > hi_ax, ">")):
+                if clipped:  # drawn beyond the axis edge, so an estimate there never hides it
+                    ax.plot([end - pad / 2 if marker == "<" else end + pad / 2], [y], marker=marker, color=COLOUR, ms=5,
+                            clip_on=False)
+                    r["marks"].append(f"ci {marker}")
+        x = min(max(r["value"], lo_ax), hi_ax)
+        if x != r["value"]:  # the estimate itself lies beyond the axis: an arrow-head and its value
+            ax.plot([x], [y], marker="<" if x == lo_ax else ">", ms=8, color=COLOUR)
+            ax.annotate(f"{r['value']:.2f}", (x, y), textcoords="offset points", xytext=(8 if x == lo_ax else -8, 5),
+                        ha="left" if x == lo_ax else "right", fontsize=7, color=COLOUR)
+            r["marks"].append("estimate")
+        else:
+            ax.plot([x], [y], "o", ms=6, color=COLOUR)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.axvline(1, color="black", lw=0.8, ls="--")
+    ax.set_xlim(lo_ax - pad, hi_ax + pad)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r["label"] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"share of the {task} loss recovered, 95% CI (0 = VLM LM, 1 = base)")
+    ax.set_title("recovery where the pair lost capability (Δ CI < 0); \"no loss to recover\": nothing to divide;\n"
+                 f"arrows: beyond the axis ({RECOVERY_AXIS[0]:g} to {RECOVERY_AXIS[1]:g} at most), with the estimate's value",
+                 fontsize=7)
+    return _save(fig, out, f"recovery_{task}.png", rows=rows, axis=(lo_ax, hi_ax))
+
+
+# --------------------------------------------------------------------------- adaptation arms
+
+@reused
+def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
+    """Text retention vs VL skill per adaptation arm: the score on `task` (points) against held-out
+    digit accuracy, one colour per pair, the control ringed; up-right is better on both."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    points = []
+    for i, (p, entry) in enumerate(summary["pairs"].items()):
+        arms = (entry.get("protection") or {}).get("arms") or {}
+        colour = f"C{i % 10}"
+        for arm, a in arms.items():
+            model = entry["models"][a["label"]]
+            score = (model["scores"].get(task) or {}).get(summary["headline"].get(task) or "")
+            skill = (a.get("vl_skill") or {}).get("digit_accuracy")
+            if missing(score) or missing(skill):
+                continue
+            points.append({"pair": p, "arm": arm, "skill": skill, "score_points": 100 * score})
+            ax.scatter([skill], [100 * score], color=colour, s=40, zorder=3, edgecolors="black" if arm == "control" else colour,
+                       linewidths=1.5 if arm == "control" else 0.5, label=p if arm == "control" else None)
+            ax.annotate(arm, (skill, 100 * score), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    if not points:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("VL skill: held-out digit accuracy")
+    ax.set_ylabel(f"{task} score after adaptation (points)")
+    ax.legend(fontsize=7, title="pair (ringed: control)", title_fontsize=7)
+    ax.set_title("Text retention vs VL skill per arm (up-right is better)", fontsize=9)
+    return _save(fig, out, f"protect_pareto_{task}.png", points=points)
+
+
+@reused
+def adaptation_trajectory(summary: dict, pair: str, out: Path) -> dict[str, Any] | None:
+    """S (and each strict score measured during training) against the optimizer step, one line per
+    adaptation arm (interventions.adapt.trajectory's plot)."""
+    from interventions.adapt.trajectory import plot_trajectories
+
+    arms = (summary["pairs"][pair].get("protection") or {}).get("arms") or {}
+    lines = {arm: a["adapt"]["trajectory"] for arm, a in arms.items() if (a.get("adapt") or {}).get("trajectory")}
+    if not lines:
+        return None
+    f = out / "plots" / f"protect_trajectory_{pair}.png"
+    drawn = plot_trajectories(lines, f, title=f"{pair}: Sink Strength (and scores) of the LM during adaptation, per arm", svg=True)
+    return {"path": os.path.relpath(drawn["path"], out), "svg": os.path.relpath(drawn["svg"], out), "lines": lines,
+            "axes": drawn["axes"]}
+
+
+# --------------------------------------------------------------------------- the demo's backbones
+
+@reused
+def pretrain_sink_curves(curves: dict[str, list[dict]], out: Path) -> dict[str, Any] | None:
+    """Sink Strength against pretraining steps, one line per backbone (the demo's build; `curves`: name ->
+    [{step, S}, ...]); None when no backbone has two points."""
+    lines = {k: [(p["step"], p["S"]) for p in v] for k, v in curves.items() if len(v) > 1}
+    if not lines:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, pts in lines.items():
+        ax.plot(*zip(*pts), marker="o", ms=3, label=name)
+    ax.axhline(0, color="grey", lw=0.7, ls="--")
+    ax.set_xlabel("pretraining step")
+    ax.set_ylabel("Sink Strength S (calibration prompts)")
+    ax.legend(fontsize=7)
+    return _save(fig, out, "pretrain_sink_curves.png", lines=lines)

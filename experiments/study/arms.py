@@ -1,0 +1,235 @@
+"""A study's adaptation arms (the `adapt:` section): the control and each protection through the same
+VL adaptation on every pair's base, then the same measurements (docs/protect.md).
+
+Steps per pair P and arm A (each keyed by the engine on everything that changes its output):
+    P/adapt/A          `interventions.adapt.adapt` of the base with A's protections (same recipe, vision
+                       spec, data order and seed for every arm); key: the run's request (base fingerprint,
+                       recipe with data identities, vision, each protection's class, settings and source
+                       hash, so editing a plug-in reruns exactly the arms that use it) + engine code
+    P/vlskill/A        held-out digit accuracy of the arm's VLM (the VL skill it learnt)
+    P/adapt/A-extract  the arm's VLM's language model (vocabulary aligned to the base; `PairPlan.adapted`,
+                       as for every adapted model) and its sink and eval steps; not for the control,
+                       whose VLM is the pair's VLM (P/extract)
+`protection_summary` adds, per arm, the paired comparison against the control (Δ = arm − control in
+points, `evals.stats.compare`), the VL skill, the Sink Strength trajectory during adaptation and what
+each protection reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from experiments.study.adapt_section import CONTROL_ARM
+from experiments.study.graph import Step
+from experiments.study.config import model_dir
+from sinkstudy import SinkstudyError
+from sinkstudy.io import read_json
+
+_HERE = Path(__file__).resolve().parent.parent.parent
+REPLAY = "text_replay"  # the protection every sink-specific one is also set against
+
+
+def arm_hooks(arm) -> list:
+    """The arm's protections, constructed from their settings."""
+    from interventions.protect import make_protection
+
+    return [make_protection(p["name"], p["params"]) for p in arm.protections]
+
+
+def arm_request(study, pair, arm) -> tuple[Any, Any, list, dict]:
+    """(vision spec, recipe, protection hooks, the run's request) of one arm on one pair."""
+    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import from_dict, text_only_twin
+    from interventions.adapt.run import make_request
+
+    seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
+    recipe = from_dict({**study.adapt.recipe, "seed": seed})
+    if arm.text_only:  # the recipe's LM training on text alone: no vision side
+        recipe, vision = text_only_twin(recipe, [arm.text_only]), None
+    else:
+        vision = VisionSpec(**{**study.adapt.vision, "seed": seed})  # the seed draws the tower and projector init too
+    hooks = arm_hooks(arm)
+    return vision, recipe, hooks, make_request(pair.base, vision, recipe, hooks=hooks, qknorm=arm.qknorm)
+
+
+def run_dir(study, pair: str, arm: str) -> Path:
+    return Path(study.out) / "adapt" / pair / arm
+
+
+def adapt_step(study, pair, arm, progress: bool) -> dict:
+    from interventions.adapt import adapt
+    from interventions.adapt.run import REQUEST
+    from sinkstudy.provenance import model_fingerprint
+
+    vision, recipe, hooks, request = arm_request(study, pair, arm)
+    out, vlm = run_dir(study, pair.name, arm.name), model_dir(study.out, pair.name, arm.name, "vlm")
+    # The study owns this run directory: another request there (edited protection, recipe) is replaced;
+    # the same unfinished one continues from its last checkpoint.
+    stale = (out / REQUEST).is_file() and read_json(out / REQUEST) != request
+    # Arms that differ only in later stages share their earlier ones (interventions.adapt.stagecache).
+    report = adapt(pair.base, vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, qknorm=arm.qknorm, resume=True,
+                   force=stale, progress=progress, stage_cache=Path(study.out) / "adapt" / ".stage-cache")
+    return {"path": str(vlm), "fingerprint": model_fingerprint(vlm), "run": str(out), "summary": _adapt_summary(report)}
+
+
+def _adapt_summary(report: dict) -> dict:
+    return {
+        "stages": [{k: s.get(k) for k in ("stage", "steps", "final_loss", "steps_per_second", "trainable_params", "hooks")}
+                   for s in report["stages"]],
+        "trajectory": [{k: p.get(k) for k in ("step", "stage", "sink_strength", "mean_sink_mass", "scores")}
+                       for p in (report.get("trajectory") or {}).get("points") or []],
+        "round_trip": report["build"].get("round_trip_max_abs_logit_diff"),
+        "protections": [{"name": h["name"], "params": h["params"].get("config"), "source": h["source_sha256"]} for h in report["hooks"]],
+    }
+
+
+def vl_skill_step(study, vlm_dir: str) -> dict:
+    """Held-out digit accuracy: the digit whose answer "It is a d." the VLM finds most likely."""
+    from experiments.demo.vl import digit_accuracy
+
+    probe = study.adapt.vl_eval
+    return digit_accuracy(Path(vlm_dir), {"heldout_images": probe["heldout"], "seed": probe["seed"]})
+
+
+def adapt_code_version() -> str:
+    """The adaptation engine and the protections' shared machinery. Each shipped protection's own module is
+    left out: the request carries the source hash of the protections an arm uses, so editing one reruns
+    exactly the arms that use it."""
+    import inspect
+
+    from interventions.protect import list_protections
+    from sinkstudy.provenance import code_version
+
+    protect = _HERE / "interventions" / "protect"
+    plugin_files = {Path(inspect.getsourcefile(spec.cls)).resolve() for spec in list_protections().values()}
+    shared = sorted(f for f in protect.rglob("*.py") if "__pycache__" not in f.parts and f.resolve() not in plugin_files)
+    return code_version(_HERE / "interventions" / "adapt", *shared)
+
+
+def check_arms(pp) -> None:
+    """Refuse, before any step runs, an arm whose protection cannot run on its pair's base (e.g.
+    `disable_qk_norm` on a backbone without native QK-norm), in one line naming the arm. Bases the study
+    builds, or that are not on disk (hub ids), are checked by the adaptation itself."""
+    from interventions.pairs.resolve import load_config
+
+    study, pair = pp.study, pp.pair
+    if not (Path(pair.base) / "config.json").is_file():
+        return
+    config = None
+    for arm in study.arms_of(pair.name):
+        if arm.qknorm or not arm.protections:
+            continue  # an injected base is made by a step
+        config = config or load_config(pair.base)
+        for hook in arm_hooks(arm):
+            try:
+                hook.check_base(config)
+            except SinkstudyError as exc:
+                raise SinkstudyError(f"pair {pair.name} arm {arm.name}: {exc}") from None
+
+
+def adapt_steps(pp) -> dict[str, str]:
+    """Every arm's adaptation step on the pair of `pp` (experiments.study.pipeline.PairPlan): {arm: step id}."""
+    study, pair = pp.study, pp.pair
+    out = {}
+    for arm in study.arms_of(pair.name):
+        def spec(ctx, arm=arm) -> dict:
+            *_, request = arm_request(study, pair, arm)
+            return {"base": pair.base, "request": request, "code": adapt_code_version(), "seed": request["config"]["seed"]}
+
+        vlm = model_dir(study.out, pair.name, arm.name, "vlm")
+        out[arm.name] = pp.add(Step(f"{pair.name}/adapt/{arm.name}", spec, tuple(pp.deps), (vlm,),
+                                    lambda ctx, arm=arm: adapt_step(study, pair, arm, ctx.progress), reads=(pair.base,),
+                                    owner=f"pair {pair.name} arm {arm.name}"))
+    return out
+
+
+def measure_arms(pp, adapts: dict[str, str]) -> None:
+    """Probe every arm's VL skill; extract and measure every arm's language model but the control's (the pair's
+    VLM LM, measured as `vlm`)."""
+    from sinkstudy.provenance import code_version
+
+    study, pair, p = pp.study, pp.pair, pp.pair.name
+    for arm in study.arms_of(p):
+        step, vlm = adapts[arm.name], model_dir(study.out, p, arm.name, "vlm")
+        skill = None
+        if study.adapt.vl_eval is not None and not arm.text_only:
+            spec = lambda ctx, step=step: {"probe": study.adapt.vl_eval, "model": ctx.result(step)["fingerprint"],  # noqa: E731
+                                           "code": code_version(_HERE / "experiments" / "demo" / "vl.py")}
+            skill = pp.add(Step(f"{p}/vlskill/{arm.name}", spec, (step,), run=lambda ctx, vlm=vlm: vl_skill_step(study, str(vlm)),
+                                owner=f"pair {p} arm {arm.name}"))
+        info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "qknorm": arm.qknorm, "seed": arm.seed,
+                "text_only": arm.text_only, "adapt": step, "vl_skill": skill}
+        if arm.name == CONTROL_ARM:
+            pp.models["vlm"].arm = info
+            continue
+        if arm.text_only:  # the run wrote a causal LM: nothing to extract
+            pp.measure(arm.name, str(vlm), [step], made_by=step, method="protection", arm=info, owner=f"pair {p} arm {arm.name}")
+            continue
+        # An injected QK-norm is not in the base's class: extract in the class the engine trained.
+        own_class = bool(arm.qknorm) or any(hook.changes_architecture() for hook in arm_hooks(arm))
+        pp.adapted(arm.name, step, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base,
+                   extract_id=f"{p}/adapt/{arm.name}-extract", method="protection", own_class=own_class, arm=info,
+                   owner=f"pair {p} arm {arm.name}")
+
+
+def treatment(arm) -> str:
+    """What an arm does besides its seed (arms with the same treatment are seed replicates of one another)."""
+    import json
+
+    return json.dumps({"protections": arm.protections, "qknorm": arm.qknorm, "text_only": arm.text_only}, sort_keys=True)
+
+
+def replicates(study, pair: str) -> dict[str, dict]:
+    """Per arm on `pair`: its training seed, the first arm of its treatment (`replicate_of`: the name its seeds
+    are reported under) and its control: the untreated arm of the same seed (else the control)."""
+    arms = study.arms_of(pair)
+    seed = {a.name: study.adapt.recipe["seed"] if a.seed is None else a.seed for a in arms}
+    untreated = treatment(arms[0])  # the control's
+    first: dict[str, str] = {}
+    out = {}
+    for a in arms:
+        leader = first.setdefault(treatment(a), a.name)
+        control = next((c.name for c in arms if treatment(c) == untreated and seed[c.name] == seed[a.name]), CONTROL_ARM)
+        if treatment(a) == untreated:
+            control = CONTROL_ARM  # a control replicate is set against the control: the seed's own effect
+        out[a.name] = {"training_seed": seed[a.name], "replicate_of": leader, "control": control}
+    return out
+
+
+def protection_summary(study, pair: str, models: dict, results: dict[str, dict], runs: dict, kw: dict) -> dict[str, Any]:
+    """Per arm (the control included): protections, VL skill, S after, trajectory, hook reports, and per task the
+    comparison with its control (Δ = arm − control in points, paired bootstrap CI): the untreated arm of the same
+    training seed, so a seed replicate of an arm is set against the control of its seed; an untreated replicate
+    (the control on another seed) against the control, and against the base (its own degradation)."""
+    from evals.stats import compare
+
+    arms = {}
+    labels = {m.arm["arm"]: label for label, m in models.items() if m.arm is not None}
+    for label, m in models.items():
+        if m.arm is None:
+            continue
+        info = m.arm
+        entry = {"label": label, "protections": info["protections"], "qknorm": info.get("qknorm"), "seed": info.get("seed"),
+                 "text_only": info.get("text_only"),
+                 "vl_skill": results[info["vl_skill"]] if info["vl_skill"] else None,
+                 "sink_strength": results[m.sink]["value"], "adapt": results[info["adapt"]].get("summary")}
+        arms[info["arm"]] = entry
+    reps = replicates(study, pair)
+    for name, entry in arms.items():
+        entry.update(reps[name])
+        if name == CONTROL_ARM:
+            continue
+        control = runs[labels[entry["control"]]]
+        entry["vs_control"] = {t: compare(control, runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+        if entry["control"] == CONTROL_ARM and entry["replicate_of"] == CONTROL_ARM:
+            entry["vs_base"] = {t: compare(runs["base"], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+        # The baseline a sink-specific protection must beat: text replay on the same seed.
+        replay = next((r for r, e in arms.items() if e["protections"] == [REPLAY] and reps[r]["training_seed"] == entry["training_seed"]), None)
+        if replay and entry["protections"] and entry["protections"] != [REPLAY]:
+            entry["replay"] = replay
+            entry["vs_replay"] = {t: compare(runs[labels[replay]], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+    return {"arms": arms, "convention": "vs_control: Δ = arm − its control in points (score × 100; the control: the unprotected "
+                                        "adaptation with the arm's training seed; positive = the arm kept more text skill)"}
+
+
