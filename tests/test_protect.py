@@ -19,7 +19,7 @@ from evals.sink import compute_sink_maps
 from evals.sink.calibration import resolve_texts
 from interventions.adapt import HookContext, TrainingHook, adapt, from_dict
 from interventions.protect import ProtectionError, list_protections, make_protection, select_heads, validate_protection
-from interventions.protect.capture import calibration_ids, counted_queries, forward_qk
+from interventions.protect.qk import calibration_ids, counted_queries, forward_qk
 from interventions.protect.heads import head_statistic, kv_group
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm

@@ -1,7 +1,7 @@
 """Growing attention sinks by training: a Bigram-Backcopy data mix, backbone recipes, S-vs-steps.
 
 The demo's tiny bases never formed an attention sink (S about -3.3 after 300 steps). This module
-holds what docs/sinks.md measured about changing that, as code the demo config can point at:
+holds what docs/sink-growth.md measured about changing that, as code the demo config can point at:
 
 - `bigram_backcopy_texts`: Guo et al. (2024)'s Bigram-Backcopy task written in words the demo
   tokenizer encodes as one token each: a fixed bigram table (each word has a few likely
@@ -249,7 +249,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("qwen2-deep", num_hidden_layers=8, hidden_size=64, num_key_value_heads=4, notes="depth 8 at width 64"),
     Recipe("qwen3-lr1e-2", family="qwen3", lr=1e-2, weight_decay=0.1, notes="larger lr (QK-norm keeps it stable)"),
     Recipe("qwen2-lr1e-2", lr=1e-2, weight_decay=0.1, notes="larger lr without QK-norm: attention logits blow up"),
-    # Second attempt (docs/sinks.md): heads with a reason to do nothing. 8 heads of 16 dims, lr 2e-2 with
+    # Second attempt (docs/sink-growth.md): heads with a reason to do nothing. 8 heads of 16 dims, lr 2e-2 with
     # QK-norm, 2 layers so that 400 steps fit the budget; noise spans before 70% of the chats, and noise
     # inside the user turns. The sink forms in the last layer, on the template's first tokens and on BOS.
     Recipe("qwen3-2l-lr2e-2", family="qwen3", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,

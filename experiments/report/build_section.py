@@ -36,7 +36,7 @@ def build_blocks(build: dict, out: Path) -> list[tuple]:
     corpus, vl_cfg = build["corpus"], build["vl"]
     trained = any(bb["kind"] == "trained" for bb in build["backbones"])
     backbones = ("Tokenizer: byte-level BPE trained on the corpus. Every backbone is a config entry (a sinkgrow recipe: family, shape, steps, lr, weight decay, data mix; "
-                 "docs/sinks.md) pretrained from scratch on that corpus through the engine's text path." if trained else
+                 "docs/sink-growth.md) pretrained from scratch on that corpus through the engine's text path." if trained else
                  "The backbone is a real pretrained LLM (its converted checkpoint, with its family's chat template; "
                  "sinkstudy/real_models.py), not trained on the corpus; the corpus gives its held-out evals and stage 2's text chats.")
     b = [("h", 2, "How the miniature pairs were built" if trained else "How the pair was built"),

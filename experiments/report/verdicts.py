@@ -268,7 +268,7 @@ def miniature_sink_finding(r: StudyResults) -> str:
         head = f"Base S spans {lo:.2f} to {hi:.2f} (span {hi - lo:.2f}); {sum(x > 0 for x in vals)} of {len(vals)} bases have S > 0."
     else:
         head = (f"No miniature base reaches S > 0: base S spans {lo:.2f} to {hi:.2f} (span {hi - lo:.2f}, {len(vals)} backbones). "
-                "No training recipe within the demo's budget grows a sink on the calibration prompts (docs/sinks.md); "
+                "No training recipe within the demo's budget grows a sink on the calibration prompts (docs/sink-growth.md); "
                 "the spread comes from lr, QK-norm and noise knobs and ranks how sharply heads attend to non-BOS keys, "
                 "not how strong a sink is (published S 0.24 to 2.36 for 7-8B bases).")
     return head + (f" Real-scale reference, same metric and prompts: {real}." if real else "")

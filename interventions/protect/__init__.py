@@ -73,9 +73,9 @@ class Protection(TrainingHook):
 
     def sources(self) -> tuple:
         # The shared helpers every protection uses are part of its identity besides its own file.
-        from interventions.protect import capture, heads
+        from interventions.protect import heads, qk
 
-        return (type(self), Protection, heads, capture)
+        return (type(self), Protection, heads, qk)
 
 
 def register_protection(name: str, *, defaults: Mapping[str, Any] | None = None, needs_sink_maps: bool = False,

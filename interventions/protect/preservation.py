@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from interventions.protect import Protection, register_protection
-from interventions.protect.capture import calibration_ids, counted_queries, forward_qk, sink_log_probs
+from interventions.protect.qk import calibration_ids, counted_queries, forward_qk, sink_log_probs
 from interventions.protect.heads import DEFAULT_RULE, describe, kv_group, select_heads, validate_heads
 from sinkstudy import SinkstudyError
 

@@ -12,7 +12,7 @@ group g, their k bias) is, through the linear projection q_out = W_q x + b_q,
     dz/dW_q[h] = G^q_{n,i} [x_i, 1]^T,   dz/dW_k[g] = G^k_{n,i} [x_s, 1]^T,
 
 where x is the layer's attention input and G^q = dz/dq_out_i, G^k = dz/dk_out_s are taken by
-autograd through the model's own norm and RoPE code (`capture.forward_qk`). The protected
+autograd through the model's own norm and RoPE code (`qk.forward_qk`). The protected
 subspace U is the span of these gradients over every text, query and selected head of the block,
 truncated to the singular directions with sigma >= rtol * sigma_max (at most max_rank; memory:
 rank x block size floats per (layer, KV group), e.g. 256 x 0.8M for two heads of a 3B model): computed
@@ -42,7 +42,7 @@ from collections import defaultdict
 import torch
 
 from interventions.protect import Protection, register_protection
-from interventions.protect.capture import at_least_float32, calibration_ids, counted_queries, forward_qk, projection_leaves
+from interventions.protect.qk import at_least_float32, calibration_ids, counted_queries, forward_qk, projection_leaves
 from interventions.protect.heads import DEFAULT_RULE, describe, geometry, head_rows, kv_group, select_heads, validate_heads
 from sinkstudy import SinkstudyError
 
