@@ -485,12 +485,12 @@ def guard_tied_weights(model) -> bool:
 
 @contextlib.contextmanager
 def _progress_bars(enabled: bool):
-    """progress=False quiets lm-eval's info logging; its request bars are its own (tqdm reads
-    TQDM_DISABLE only at import), so they still show."""
+    """progress=False quiets lm-eval's info logging (a level already higher, `--quiet`'s, stays); its request bars
+    are its own (tqdm reads TQDM_DISABLE only at import), so they still show."""
     logger = logging.getLogger("lm_eval")
     old = logger.level
     if not enabled:
-        logger.setLevel(logging.WARNING)
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
     try:
         yield
     finally:
@@ -544,7 +544,9 @@ def _evaluate(model, tokenizer, specs: list[TaskSpec], settings: dict[str, Any],
 def _lean_env_info():
     """lm-eval's `add_env_info` runs `pip list` and torch's collect_env on every `simple_evaluate` (about 0.9 s,
     more than a small eval); no record keeps that block (each carries sinkstudy's own provenance), so within our
-    call it stores lm-eval's cheap fields only."""
+    call it stores lm-eval's cheap fields only. Its `git_hash` is the working directory's commit, not the code's
+    (sinkstudy's provenance has that), and outside a git repository git prints "fatal: not a git repository" on
+    every eval: not collected either."""
     import lm_eval.evaluator as evaluator
 
     def lean(storage: dict) -> None:
@@ -554,15 +556,15 @@ def _lean_env_info():
         storage.update({"pretty_env_info": "not collected (sinkstudy records its own provenance)",
                         "transformers_version": versions["transformers"], "lm_eval_version": versions["lm_eval"]})
 
-    saved = getattr(evaluator, "add_env_info", None)
-    if saved is None:  # another lm-eval: nothing to skip
-        yield
-        return
-    evaluator.add_env_info = lean
+    seams = {"add_env_info": lean, "get_git_commit_hash": lambda: None}
+    saved = {name: getattr(evaluator, name) for name in seams if hasattr(evaluator, name)}  # another lm-eval: what it has
+    for name in saved:
+        setattr(evaluator, name, seams[name])
     try:
         yield
     finally:
-        evaluator.add_env_info = saved
+        for name, original in saved.items():
+            setattr(evaluator, name, original)
 
 
 def _build_lm(model, tokenizer, settings, distributed=None):

@@ -202,17 +202,20 @@ def test_the_powered_sets_run_through_the_bridge_and_regrade_with_their_own_grad
             assert sample["metrics"]["prompt_level_strict_acc,none"] == float(expected["prompt_level_strict_acc"])
 
 
-def test_an_eval_skips_lm_evals_pip_list_and_leaves_lm_eval_as_it_was(tokenizer, tmp_path, monkeypatch):
-    """lm-eval's environment block (torch's collect_env, `pip list`: about 0.9 s a call) is not collected in our
-    calls, and lm-eval's own function is back in place afterwards, for its CLI and for other callers."""
+def test_an_eval_skips_lm_evals_pip_list_and_git_and_leaves_lm_eval_as_it_was(tokenizer, tmp_path, monkeypatch, capfd):
+    """lm-eval's environment block (torch's collect_env, `pip list`: about 0.9 s a call) and its git hash of the
+    working directory (outside a repository git prints "fatal: not a git repository" on every eval) are not
+    collected in our calls, and lm-eval's own functions are back in place afterwards, for its CLI and other callers."""
     import lm_eval.evaluator
     import torch.utils.collect_env
 
-    original = lm_eval.evaluator.add_env_info
+    original = lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash
     monkeypatch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: pytest.fail("collect_env ran"))
+    monkeypatch.chdir(tmp_path)  # outside any git repository
     got = run_eval(tiny_causal_lm("qwen2", seed=1), tokenizer, tasks="sinkstudy_gsm", cache_dir=tmp_path,
                    **{**SETTINGS, "limit": 2, "max_gen_toks": 4})
-    assert got.scores["sinkstudy_gsm"] and lm_eval.evaluator.add_env_info is original
+    assert got.scores["sinkstudy_gsm"] and (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash) == original
+    assert "not a git repository" not in capfd.readouterr().err
 
 
 def test_the_task_index_read_back_from_the_cache_is_the_one_lm_eval_builds(monkeypatch, tmp_path):
