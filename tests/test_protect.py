@@ -10,6 +10,7 @@ switch gives a Llama twin of a Qwen3 that equals the Qwen3 with fitted scales in
 
 import copy
 import json
+import logging
 import math
 
 import pytest
@@ -94,6 +95,34 @@ def test_head_selection_rules_read_the_sink_maps(tokenizer):
         select_heads(maps, {"by": "mass", "threshold": 1.5})
     with pytest.raises(SinkstudyError, match="outside the model"):
         select_heads(maps, [[5, 0]])
+
+
+def test_heads_chosen_in_a_model_without_a_sink_are_named_in_a_warning(tokenizer, caplog):
+    """A random tiny model has no attention sink (no head's mean attention on the sink position above 0.3): the
+    ranking still picks its strongest heads, and says in one warning line that they are no sink heads. Where the
+    chosen heads are sink heads (the same maps with a sink put on two heads), nothing is said."""
+    import dataclasses
+
+    from interventions.protect.heads import SINK_HEAD_MASS, describe
+
+    maps = _maps(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer)
+    assert float(maps.mass.max()) <= SINK_HEAD_MASS
+    caplog.set_level(logging.WARNING)
+    chosen = select_heads(maps, {"by": "strength", "top_k": 2})
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "\n" not in message and "2 of the 2 heads chosen by {'by': 'strength', 'top_k': 2} are no sink heads" in message
+    assert all(f"L{layer}H{head} (S " in message for layer, head in chosen) and "this model has no sink head" in message
+    assert [h["sink_head"] for h in describe(maps, chosen)] == [False, False]
+
+    mass = maps.mass.clone()
+    mass[1, 0] = mass[1, 3] = 0.9
+    sunk = dataclasses.replace(maps, mass=mass)
+    caplog.clear()
+    assert select_heads(sunk, {"by": "mass", "top_k": 2}) == [(1, 0), (1, 3)] and not caplog.records
+    assert select_heads(sunk, {"by": "mass", "threshold": SINK_HEAD_MASS}) == [(1, 0), (1, 3)] and not caplog.records
+    select_heads(sunk, {"by": "mass", "top_k": 3})
+    assert "1 of the 3 heads" in caplog.records[0].getMessage() and "the model has 2 sink head(s)" in caplog.records[0].getMessage()
 
 
 # --------------------------------------------------------------------------- sink_head_qk_projection

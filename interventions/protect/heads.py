@@ -12,20 +12,31 @@ over the base's sink maps (`evals.sink.SinkMaps`, measured once before training)
 Heads in `layers` (inclusive; negative counts from the end; default all) whose statistic is at
 least `threshold` (default: no threshold) are ranked by it, highest first (ties: lower layer, then
 lower head), and the first `top_k` (default: all) are chosen. At least one of top_k / threshold.
+
+A ranking always finds its top heads, also in a model without an attention sink. A chosen head is a
+*sink head* when its mean attention on the sink position exceeds 0.3 (Gu et al.'s epsilon, the
+`ratio@0.3` metric's); a selection that chose other heads logs a warning naming them (the run goes
+on: acting on the strongest heads of a sinkless model is a legitimate arm, e.g. a control of a
+protection's mechanism), and `describe` marks each head. To act on sink heads only, select with
+`{by: mass, threshold: 0.3}`: a model without one is then refused.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import torch
 
+from evals.sink.maps import TABLE_EPS
 from sinkstudy import SinkstudyError
 
 HEAD_STATISTICS = ("strength", "mass")
 DEFAULT_RULE = {"by": "strength", "top_k": 4}
 _RULE_KEYS = {"by", "top_k", "threshold", "layers"}
+SINK_HEAD_MASS = TABLE_EPS  # a sink head's mean attention on the sink position exceeds this (Gu et al.'s epsilon)
+log = logging.getLogger(__name__)
 
 
 def validate_heads(rule: Any) -> None:
@@ -65,7 +76,8 @@ def head_statistic(maps, by: str) -> torch.Tensor:
 
 
 def select_heads(maps, rule: Any = None) -> list[tuple[int, int]]:
-    """The (layer, head) pairs `rule` chooses on `maps`, in (layer, head) order; raises if none."""
+    """The (layer, head) pairs `rule` chooses on `maps`, in (layer, head) order; raises if none, warns
+    when some are no sink heads."""
     rule = DEFAULT_RULE if rule is None else rule
     validate_heads(rule)
     n_layers, n_heads = maps.num_layers, maps.num_heads
@@ -74,6 +86,7 @@ def select_heads(maps, rule: Any = None) -> list[tuple[int, int]]:
         outside = [h for h in heads if h[0] >= n_layers or h[1] >= n_heads]
         if outside:
             raise SinkstudyError(f"heads {outside} outside the model ({n_layers} layers x {n_heads} heads)")
+        warn_unless_sink_heads(maps, heads, rule)
         return heads
     stat = head_statistic(maps, rule.get("by", "strength"))
     first, last = rule.get("layers") or (0, n_layers - 1)
@@ -87,14 +100,37 @@ def select_heads(maps, rule: Any = None) -> list[tuple[int, int]]:
     if not chosen:
         raise SinkstudyError(f"no head passes the selection {rule} (max {rule.get('by', 'strength')} "
                              f"{float(stat.nan_to_num(-math.inf).max()):.3f})")
-    return sorted((layer, head) for _, layer, head in chosen)
+    heads = sorted((layer, head) for _, layer, head in chosen)
+    warn_unless_sink_heads(maps, heads, rule)
+    return heads
+
+
+def is_sink_head(maps, layer: int, head: int) -> bool:
+    return float(maps.mass[layer, head]) > SINK_HEAD_MASS
+
+
+def warn_unless_sink_heads(maps, heads: list[tuple[int, int]], rule: Any) -> str | None:
+    """Log (and return) one warning line when some of `heads` are no sink heads; None when all are."""
+    others = [h for h in heads if not is_sink_head(maps, *h)]
+    if not others:
+        return None
+    sinks = int((maps.mass > SINK_HEAD_MASS).sum())
+    strength = head_statistic(maps, "strength")
+    listed = ", ".join(f"L{layer}H{head} (S {float(strength[layer, head]):.2f}, mass {float(maps.mass[layer, head]):.2f})"
+                       for layer, head in others)
+    model = (f"this model has no sink head (highest mass {float(maps.mass.max()):.2f}): a protection of sink heads has none to act on"
+             if not sinks else f"the model has {sinks} sink head(s); {{by: mass, threshold: {SINK_HEAD_MASS}}} selects them alone")
+    message = (f"{len(others)} of the {len(heads)} heads chosen by {rule} are no sink heads (mean attention on the sink "
+               f"position <= {SINK_HEAD_MASS}): {listed}; {model}")
+    log.warning(message)
+    return message
 
 
 def describe(maps, heads: list[tuple[int, int]]) -> list[dict]:
-    """The chosen heads with both statistics, for reports."""
+    """The chosen heads with both statistics and whether each is a sink head, for reports."""
     strength, mass = head_statistic(maps, "strength"), head_statistic(maps, "mass")
     return [{"layer": layer, "head": head, "strength": round(float(strength[layer, head]), 4),
-             "mass": round(float(mass[layer, head]), 4)} for layer, head in heads]
+             "mass": round(float(mass[layer, head]), 4), "sink_head": is_sink_head(maps, layer, head)} for layer, head in heads]
 
 
 def geometry(decoder) -> tuple[int, int, int]:
