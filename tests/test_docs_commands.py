@@ -210,6 +210,13 @@ def _makefile() -> tuple[set, str]:
     return set(re.findall(r"^([a-zA-Z][\w.-]*)\s*:(?!=)", text, re.M)), text
 
 
+@functools.cache
+def _target_vars() -> dict[str, set[str]]:
+    from test_make import target_vars  # the lists make's own check reads
+
+    return target_vars()
+
+
 def make_problem(command: Command) -> str | None:
     """What is wrong with a documented `make` command, or None."""
     targets, makefile = _makefile()
@@ -222,6 +229,9 @@ def make_problem(command: Command) -> str | None:
         for var in (w.split("=")[0] for w in words if "=" in w):
             if not re.search(rf"\$[({{]{var}[)}}]", makefile):
                 return f"the Makefile never reads {var}"
+            refusing = [n for n in names if var not in _target_vars()[n]]
+            if refusing:
+                return f"make {' '.join(refusing)} does not take {var} (make refuses it)"
     return None
 
 
@@ -254,6 +264,7 @@ def test_a_wrong_make_line_is_caught():
     assert make_problem(Command("doc:1", "make no-such-target", {})) == "no Makefile target ['no-such-target'] (make help lists them)"
     assert make_problem(Command("doc:1", "make sink NO_SUCH_VAR=1", {})) == "the Makefile never reads NO_SUCH_VAR"
     assert make_problem(Command("doc:1", "make sink MODEL=m", {})) is None
+    assert make_problem(Command("doc:1", "make merge-linear NAME=x", {})) == "make merge-linear does not take NAME (make refuses it)"
 
 
 @pytest.mark.parametrize("command", CLI_COMMANDS, ids=str)

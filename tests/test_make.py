@@ -1,15 +1,17 @@
-"""Issue 17 item 3, issue 21 item 1: Make variables that always apply. Every Makefile target is dry-run
-(`make -n`) with every variable set; each `sinkstudy` command a target runs is parsed by the real CLI
-parser, and every option among --limit/--tasks/--device/--dtype/--out/--force/--quiet/--base/--vlm
-that the command takes must carry its variable's value. A command that evaluates (takes --limit)
-must take the first seven. `make eval` with no TASKS runs the offline tasks; hub tasks fail in one
-line when the hub is unreachable."""
+"""Make variables: each target takes exactly the variables its recipe uses, and refuses any other given on
+the make command line in one line. Every target is dry-run (`make -n`) with each variable set in the
+environment (used or not: does the dry run change?) and on the command line (taken or refused, naming the
+targets that take it); every `sinkstudy` command a target runs is parsed by the real CLI parser, and every
+option among --limit/--tasks/--device/--dtype/--out/--force/--quiet/--base/--vlm that the command takes must
+carry its variable's value. A command that evaluates (takes --limit) must take the first seven. `make eval`
+with no TASKS runs the offline tasks; hub tasks fail in one line when the hub is unreachable."""
 
 import os
 import re
 import shlex
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,16 +24,24 @@ EVALUATING = {"eval", "merge-linear", "merge-ties", "merge-dare", "merge-sweep",
               "protect-study", "study", "study-plan", "paper", "paper-dry"}
 
 
-def _make(*args: str, **kw) -> subprocess.CompletedProcess:
+def _make(*args: str, env_extra: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
     # Not under the parent make of CI, nor with its command-line variables (`make test ARGS=...` exports ARGS).
     own = set(re.findall(r"^([A-Z_]+) *\??:?=", (ROOT / "Makefile").read_text(), flags=re.M))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in own}
     return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=120, **kw)
+                          text=True, env={**env, **(env_extra or {})}, timeout=120, **kw)
 
 
 def _targets() -> list[str]:
-    return re.findall(r"^([a-z][a-z0-9_-]*):", (ROOT / "Makefile").read_text(), flags=re.M)
+    return re.findall(r"^([a-z][a-z0-9_-]*):(?!=)", (ROOT / "Makefile").read_text(), flags=re.M)
+
+
+def target_vars() -> dict[str, set[str]]:
+    """Each target's `<target>.vars`, as make itself expands them (the lists `make help` prints and the check reads)."""
+    probe = "print-target-vars:\n\t@$(foreach t,$(TARGETS),echo '$(t): $($(t).vars)';)\n"
+    res = _make("-f", "Makefile", "-f", "-", "print-target-vars", input=probe)
+    assert res.returncode == 0, res.stderr
+    return {t: set(v.split()) for t, _, v in (line.partition(": ") for line in res.stdout.splitlines())}
 
 
 def _subparser(parser, tokens: list[str]):
@@ -65,10 +75,11 @@ def test_every_variable_reaches_every_command_that_takes_its_flag(values):
 
     parser = build_parser()
     targets = _targets()
-    assert EVALUATING <= set(targets)
+    lists = target_vars()
+    assert EVALUATING <= set(targets) and set(targets) == set(lists)
     evaluating, checked = set(), 0
     for target in targets:
-        dry = _make("-n", target, *(f"{k}={v}" for k, v in values.items()))
+        dry = _make("-n", target, *(f"{k}={v}" for k, v in values.items() if k in lists[target]))
         assert dry.returncode == 0, f"make -n {target}: {dry.stderr}"
         lines = dry.stdout.replace("\\\n", " ").splitlines()
         commands = [shlex.split(line)[1:] for line in lines if re.match(r"^\S*bin/sinkstudy ", line)]
@@ -91,6 +102,114 @@ def test_every_variable_reaches_every_command_that_takes_its_flag(values):
             checked += 1
     assert EVALUATING <= evaluating, f"not evaluating: {EVALUATING - evaluating}"
     assert checked >= len(EVALUATING)
+
+
+# A value for every variable of the Makefile, each unlike its default (so that a target using it dry-runs otherwise),
+# and one no Makefile variable has. Filled in by `oracle_values` where a path must exist.
+PROBE_VALUES = {"MODEL": "some/model", "VLM": "some/vlm", "OUT": "probe-out", "CONFIG": "probe.yaml", "NAME": "my_guard",
+                "LIMIT": "7", "TASKS": "sinkstudy_gsm", "DEVICE": "cuda", "DTYPE": "bfloat16", "FORCE": "1", "QUIET": "1",
+                "SEEDS": "0,1", "QUICK": "1", "A": "run-a", "B": "run-b", "INIT": "identity-gain", "TRAIN_STEPS": "3",
+                "ARGS": "--probe-flag", "ADAPT_CONFIG": "probe-recipe.yaml", "DATA": "probe-data", "VISION": "probe/vision",
+                "DONOR": "probe/donor", "INITS": "blend", "NATIVE": "probe/native", "PROTECT_CONFIG": "probe-protect.yaml",
+                "PARAMS": "k=v", "PLUGIN": "probe.py", "SWEEP": "probe-sweep.yaml", "MAX_POINTS": "3", "TEST_JOBS": "3",
+                "TORCH_SPEC": "torch==0.probe", "PIP_FIND_LINKS": "/probe/wheels", "WEIGHT": "0.3"}
+
+
+def _demo_run(path: Path) -> Path:
+    for model in ("qwen2-base", "qwen3-base"):  # present: no nested `make demo`
+        (path / "models" / model).mkdir(parents=True)
+        (path / "models" / model / "config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """(values, baseline environment, dry-run of a target with extra environment variables). The baseline installs
+    into an empty VENV (so the install steps and their variables show) and has the demo's pair under RUN."""
+    d = tmp_path_factory.mktemp("oracle")
+    venv = d / "venv2"  # a virtualenv with sinkstudy in it (make clean runs that one)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "sinkstudy").write_text("")
+    values = {**PROBE_VALUES, "RUN": str(_demo_run(d / "run2")), "BASE": str(_demo_run(d / "base-run") / "models" / "qwen2-base"),
+              "VENV": str(venv)}
+    base = {"VENV": str(d / "venv"), "PIP_FIND_LINKS": "", "RUN": str(_demo_run(d / "run")), "A": "a0", "B": "b0"}
+
+    def dry(target: str, **extra: str) -> str:
+        # -e: environment values override the Makefile's as command-line ones do, but are never checked
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+        env = {k: v for k, v in env.items() if k not in values and k not in base}
+        res = subprocess.run(["make", "--no-print-directory", "-e", "-n", target], cwd=ROOT, capture_output=True, text=True,
+                             env={**env, **base, **extra}, timeout=120)
+        return f"{res.returncode}\n{res.stdout}\n{res.stderr}"
+    return values, base, dry
+
+
+def test_each_target_takes_exactly_the_variables_it_uses_and_refuses_the_others_in_one_line(oracle):
+    """Used: setting the variable (in the environment) changes the target's dry run. Taken: given on the command line,
+    the target accepts it. Every target: taken == used, and every other variable is refused before anything runs,
+    in one line naming it and the targets that take it (or saying that no target does)."""
+    values, base, dry = oracle
+    makefile = (ROOT / "Makefile").read_text()
+    settable = set(re.findall(r"^([A-Z_]+) *\?=", makefile, flags=re.M))  # `VAR ?= default`: the user's to set
+    takes = target_vars()
+    listed = set().union(*takes.values())
+    assert listed | settable <= set(values), f"give {sorted((listed | settable) - set(values))} a probe value"
+    variables = sorted(set(values))
+    with ThreadPoolExecutor(4) as pool:
+        plain = dict(zip(takes, pool.map(dry, takes)))
+        runs = {(t, v): pool.submit(dry, t, **{v: values[v]}) for t in takes for v in variables}
+        used = {t: {v for v in variables if runs[t, v].result() != plain[t]} for t in takes}
+    wrong = {t: {"listed, unused": sorted(takes[t] - used[t]), "used, unlisted": sorted(used[t] - takes[t])}
+             for t in takes if takes[t] != used[t]}
+    assert not wrong, wrong
+    env = {**base}
+    for target in takes:
+        accepted = _make("-n", target, *(f"{v}={values[v]}" for v in sorted(used[target])), env_extra=env)
+        assert accepted.returncode == 0, f"make -n {target}: {accepted.stderr}"
+        unused = [v for v in variables if v not in used[target]]
+        if not unused:
+            continue
+        refused = _make("-n", target, *(f"{v}={values[v]}" for v in unused), env_extra=env)
+        assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1, (target, refused.stderr)
+        for v in unused:
+            takers = sorted(t for t in takes if v in used[t])
+            said = f"{v}= is not taken by {target} (taken by: {', '.join(takers)})" if takers else f"{v}= is no variable of this Makefile"
+            assert said in refused.stderr, (target, v, refused.stderr)
+
+
+def test_the_refusal_comes_before_any_work_and_reads_only_the_command_line(tmp_path):
+    # not a dry run: nothing is printed or run
+    res = _make("help", "LIMIT=3")
+    assert res.returncode == 2 and res.stdout == ""
+    assert "make help: LIMIT= is not taken by help (taken by: " in res.stderr and res.stderr.count("\n") == 1
+    # the same variable in the shell's environment (OUT, NAME, ... may be set there for other tools) is not refused
+    assert _make("help", env_extra={"LIMIT": "3", "NAME": "x"}).returncode == 0
+    # the help lists each target's variables (without the install's, said once at the end)
+    helped = _make("help").stdout
+    for target, variables in target_vars().items():
+        shown = re.search(rf"^  {re.escape(target)} .*\n(?:\s+takes: (.*)\n)?", helped, flags=re.M)
+        assert shown, target
+        assert set((shown.group(1) or "").replace("=", "").split()) == variables - {"VENV", "TORCH_SPEC", "PIP_FIND_LINKS"}
+
+
+def test_compare_without_its_runs_and_the_nested_demo_build(tmp_path):
+    res = _make("compare", "A=x")
+    assert res.returncode == 2 and res.stdout == "" and "make compare: give A=... B=..." in res.stderr
+    # adapt without the demo's pair builds the demo first, with the demo's own settings, not adapt's OUT / ARGS / FORCE
+    run = tmp_path / "run"
+    dry = _make("-n", "adapt", f"RUN={run}", "OUT=adapt-out", "ARGS=--train-steps 3", "FORCE=1", "DATA=digits")
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.replace("\\\n", " ").splitlines()
+    (demo,) = [line for line in lines if "sinkstudy demo" in line]
+    assert f"--out {run}" in demo and "adapt-out" not in demo and "--train-steps" not in demo and "--force" not in demo
+    (adapt,) = [line for line in lines if "sinkstudy adapt" in line]
+    assert "--out adapt-out" in adapt and "--train-steps 3" in adapt
+
+
+def test_clean_keeps_the_virtualenv_and_clean_venv_says_it_removes_it():
+    clean = _make("-n", "clean").stdout
+    assert " clean" in clean and "rm -rf .venv" not in clean
+    assert "rm -rf .venv" in _make("-n", "clean-venv").stdout
 
 
 def test_make_adapt_hands_device_and_dtype_on(values):
