@@ -277,3 +277,21 @@ def test_sinkstudy_command_matches_the_cli(command):
 def test_make_command_names_a_target_and_its_variables(command):
     problem = make_problem(command)
     assert problem is None, f"{command}: {problem}"
+
+
+def test_the_docs_point_only_at_files_of_the_repository():
+    """Users have the repository and nothing beside it: every relative link of README.md and docs/*.md names a file
+    in it, and no path in the text climbs out of it (`../x`, from the repository root)."""
+    root = ROOT.resolve()
+    problems = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:|#", target):
+                continue
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists() or root not in (path, *path.parents):
+                problems.append(f"{doc.name}: link {target}")
+        problems += [f"{doc.name}: {m}" for m in re.findall(r"`\.\./[A-Za-z_][^`]*`", text)]
+    assert not problems, problems
+
