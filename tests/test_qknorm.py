@@ -182,6 +182,18 @@ def test_cli_choices_match_the_library():
     assert (cmd_qknorm.INIT_MODES, cmd_qknorm.TRAINABLE_MODES) == (lib.INIT_MODES, lib.TRAINABLE_MODES)
 
 
+def test_train_steps_per_stage_belongs_to_the_recipe(tmp_path, capsys):
+    """--train-steps STAGE=N cuts a --recipe stage (tests/test_adapt_cli.py runs it); recovery training is one stage."""
+    from experiments.cli import main
+
+    out = tmp_path / "out"
+    assert main(["qknorm", "org/base", "--train-steps", "stage2=3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "recovery training is one stage" in err and not out.exists()
+    assert main(["qknorm", "org/base", "--recipe", "r.yaml", "--train-steps", "0", "--out", str(out)]) == 2
+    assert "--train-steps must be >= 1, got 0" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.slow
 def test_cli_end_to_end_on_tiny_qwen2(tokenizer, tmp_path, monkeypatch, capsys):
     from experiments.cli import main

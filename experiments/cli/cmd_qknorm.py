@@ -61,21 +61,23 @@ def register(subparsers) -> None:
 
 
 def recovery_steps(args) -> int:
-    """--train-steps of recovery training (one text stage): a plain N (0 = no training)."""
+    """--train-steps: of recovery training (one text stage), a plain N (0 = no training); with --recipe, each
+    [STAGE=]N replaces the recipe's steps of that stage (every stage without STAGE=), as in `sinkstudy adapt`."""
     from sinkstudy import SinkstudyError
 
     if not args.train_steps:
         return 0
-    value = args.train_steps[-1]
-    if "=" in value:
-        raise SinkstudyError(f"--train-steps {value}: recovery training is one stage; give a plain N (per-stage steps come from --recipe)")
-    try:
-        n = int(value)
-    except ValueError:
-        raise SinkstudyError(f"--train-steps {value}: not an integer") from None
-    if n < 0:
-        raise SinkstudyError(f"--train-steps must be >= 0, got {n}")
-    return n
+    for value in args.train_steps if args.recipe else args.train_steps[-1:]:
+        _, sep, count = value.rpartition("=")
+        if sep and not args.recipe:
+            raise SinkstudyError(f"--train-steps {value}: recovery training is one stage; give a plain N (STAGE=N is for --recipe's stages)")
+        try:
+            n = int(count)
+        except ValueError:
+            raise SinkstudyError(f"--train-steps {value}: not an integer") from None
+        if n < 0 or (args.recipe and n < 1):
+            raise SinkstudyError(f"--train-steps must be >= {1 if args.recipe else 0}, got {n}")
+    return 0 if args.recipe else n
 
 
 def default_out(args) -> str:
@@ -94,8 +96,6 @@ def _validate(args) -> None:
     from sinkstudy import SinkstudyError
     from sinkstudy.io import check_output_dir
 
-    if args.recipe and args.train_steps:
-        raise SinkstudyError("--recipe sets each stage's steps; --train-steps is recovery training's: choose one")
     recovery_steps(args)
     kwargs = eval_kwargs(args)  # bad eval flags fail before any training
     if args.eval:

@@ -60,8 +60,11 @@ def recipe(args):
     from interventions.adapt import VisionSpec, load_config
 
     config = load_config(args.adapt)
-    for stage, specs in parse_stage_values(args.data, [s.name for s in config.stages], "data").items():
+    names = [s.name for s in config.stages]
+    for stage, specs in parse_stage_values(args.data, names, "data").items():
         config.stage(stage).data = list(specs)
+    for stage, steps in parse_stage_values(getattr(args, "train_steps", None) or [], names, "train-steps").items():
+        config.stage(stage).steps = int(steps[-1])  # checked by the command (experiments.cli.cmd_qknorm.recovery_steps)
     for stage in config.stages:
         stage.data = stage.data or ["digits"]
     if args.vision:
