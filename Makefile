@@ -147,6 +147,7 @@ $(STAMP): pyproject.toml
 	$(UV) -e ".[dev]"
 	$(UV) --no-deps $(NO_DEPS)
 	touch $@
+	@echo "installed into $(VENV); in your shell, . $(VENV)/bin/activate puts sinkstudy (and lm_eval, accelerate) on PATH"
 
 install.vars := $(INSTALL_VARS)
 install: $(STAMP) ## create/refresh the virtualenv and install sinkstudy with its dependencies
