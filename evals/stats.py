@@ -16,8 +16,11 @@ recovery) are computed inside each replicate. Replicates where a ratio is undefi
 denominator) are dropped from its CI and their share is reported. McNemar's exact test
 (scipy.stats.binomtest on the discordant counts) needs per-prompt binary outcomes, or the counts.
 Across pairs: Spearman / Pearson with CIs from resampling pairs, and a leave-one-pair-out linear
-predictor (scipy.stats.linregress). Each result is a dataclass whose `as_dict` is what summaries store
-and whose `from_dict` reads it back; `ci_side` says which side of 0 an interval lies on.
+predictor (scipy.stats.linregress), and the difference of two groups' means (pairs resampled within each
+group). Each result is a dataclass whose `as_dict` is what summaries store and whose `from_dict` reads it
+back; `ci_side` says which side of 0 an interval lies on, `comparison_side` the same for a comparison of
+fewer than MIN_CONCLUSIVE_N prompts, which decides nothing (no rank-based paired test can reach 5% there;
+a percentile bootstrap of 3 prompts that all flipped reads [−100, −100]).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ _CHUNK = 1_000  # replicates per vectorised batch: bounds memory at n_docs * _CH
 _COMPARABLE_SETTINGS = ("limit", "batch_size", "apply_chat_template", "max_gen_toks", "num_fewshot", "seed")
 CONVENTION = "Δ = after − before in points (score × 100; negative = capability lost); relative = Δ / before"
 POINTS = 100.0
+# The fewest prompts a paired comparison needs to decide a sign: with 5, even all of them changing the same way gives a
+# two-sided exact sign test p = 2 * 0.5**5 = 0.0625 (the Wilcoxon signed-rank test has the same floor).
+MIN_CONCLUSIVE_N = 6
 
 
 def ci_side(ci) -> int:
@@ -46,6 +52,11 @@ def ci_side(ci) -> int:
     if not ci or any(v is None or not np.isfinite(v) for v in ci):
         return 0
     return 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
+
+
+def comparison_side(c) -> int:
+    """`ci_side` of a comparison's Δ points, 0 (undecided) where it compared fewer than MIN_CONCLUSIVE_N prompts."""
+    return ci_side(c.delta_points_ci) if c.n >= MIN_CONCLUSIVE_N else 0
 
 
 def _tuples(cls, d: Mapping[str, Any]):
@@ -84,14 +95,18 @@ class Comparison:
         return _tuples(cls, d)
 
 
-NO_LOSS = "no loss to recover"
+RECOVERED = "recovery"
+NO_LOSS = "no loss to recover"  # the loss's CI lies at or above 0: the VLM LM lost nothing
+LOSS_UNCLEAR = "loss not established, recovery not measurable"  # the CI includes a loss: a ratio of it would divide noise
+TOO_FEW = f"too few prompts for any conclusion (fewer than {MIN_CONCLUSIVE_N})"
 
 
 @dataclass
 class Recovery:
     """How much of the base -> VLM LM loss an intervention wins back. A recovery is a number only
-    where there is a loss: when the paired CI of Δ = VLM LM − base (points) does not lie below 0,
-    `recovery` and `ci` are None and `status` says "no loss to recover" (the ratio would divide noise)."""
+    where there is a loss: the paired CI of Δ = VLM LM − base (points) lies below 0 over at least
+    MIN_CONCLUSIVE_N prompts. Otherwise `recovery` and `ci` are None and `status` says why: NO_LOSS (the CI
+    lies at or above 0), LOSS_UNCLEAR (it includes a loss: not established) or TOO_FEW (too few prompts)."""
 
     task: str | None
     metric: str | None
@@ -106,7 +121,7 @@ class Recovery:
     undefined: float  # share of replicates with base == vlm
     loss_points: float  # Δ = VLM LM − base in points (negative = the loss to recover)
     loss_points_ci: tuple[float, float]
-    status: str  # "recovery" or NO_LOSS
+    status: str  # RECOVERED, NO_LOSS, LOSS_UNCLEAR or TOO_FEW
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -388,14 +403,47 @@ def recovery(base, vlm, intervened, task: str | None = None, metric: str | None 
     flat = [a for nd in arrays for a in nd]
     dist = bootstrap_distribution(both, flat, n_boot, seed)
     loss_ci = percentile_ci(dist[:, 1], confidence)
-    lost = np.isfinite(loss_ci[1]) and loss_ci[1] < 0
+    n = len(flat[0])
+    side = ci_side(loss_ci) if n >= MIN_CONCLUSIVE_N else None
+    status = TOO_FEW if side is None else RECOVERED if side < 0 else NO_LOSS if loss_ci[0] >= 0 else LOSS_UNCLEAR
+    lost = status == RECOVERED
     return Recovery(
-        task=task, metric=metric, n=len(flat[0]), base=s_base, vlm=s_vlm, intervened=s_int,
+        task=task, metric=metric, n=n, base=s_base, vlm=s_vlm, intervened=s_int,
         recovery=float(_ratio(np.float64(s_int - s_vlm), np.float64(s_base - s_vlm))) if lost else None,
         ci=percentile_ci(dist[:, 0], confidence) if lost else (None, None), confidence=confidence, n_boot=n_boot,
         undefined=float(np.mean(~np.isfinite(dist[:, 0]))), loss_points=POINTS * (s_vlm - s_base),
-        loss_points_ci=loss_ci, status="recovery" if lost else NO_LOSS,
+        loss_points_ci=loss_ci, status=status,
     )
+
+
+@dataclass
+class GroupDifference:
+    """mean(a) − mean(b) over two groups of pairs, its CI from resampling the pairs of each group separately."""
+
+    n_a: int
+    n_b: int
+    mean_a: float
+    mean_b: float
+    difference: float
+    ci: tuple[float, float]  # NaN where a group has one pair (nothing to resample: no CI over pairs)
+    confidence: float
+    n_boot: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def group_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95,
+                     seed: int = 0) -> GroupDifference:
+    """E.g. the mean Δ/base of backbones with native QK-norm minus that of backbones without; the pair is the unit."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if xa.ndim != 1 or xb.ndim != 1 or not len(xa) or not len(xb) or not (np.isfinite(xa).all() and np.isfinite(xb).all()):
+        raise SinkstudyError(f"group_difference needs two non-empty groups of finite values, got {list(xa)} and {list(xb)}")
+    mean = lambda rows: rows.mean(axis=-1)  # noqa: E731
+    dist = bootstrap_distribution(mean, [xa], n_boot, seed) - bootstrap_distribution(mean, [xb], n_boot, seed + 1)
+    ci = percentile_ci(dist, confidence) if len(xa) > 1 and len(xb) > 1 else (float("nan"), float("nan"))
+    return GroupDifference(n_a=len(xa), n_b=len(xb), mean_a=float(xa.mean()), mean_b=float(xb.mean()),
+                           difference=float(xa.mean() - xb.mean()), ci=ci, confidence=confidence, n_boot=n_boot)
 
 
 def correlation(x: Sequence[float], y: Sequence[float], *, n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95,

@@ -110,3 +110,40 @@ def test_an_arm_passing_exactly_its_controls_prompts_is_said_to(summary):
     same, moved = (c[f"Open direction: does {n}"] for n in ("same", "moved"))
     assert "vs control +0.0 [0.0, 0.0] pts (the same prompts passed as the control)" in same.evidence
     assert "the same prompts passed" not in moved.evidence
+
+
+def test_each_line_states_its_rule_and_lists_harms_beside_recoveries(summary):
+    """The degradation claim says that every unit must agree and how many do; a merge scoring below the VLM LM is
+    named as a harm in the claim, the merge verdict and the findings (beside the recoveries), and as below both of its
+    inputs; the native-QK-norm contrast carries a CI over pairs."""
+    from evals.stats import recovery
+    from experiments.report.results import StudyResults
+    from experiments.report.verdicts import findings, verdicts
+
+    t = "sinkstudy_ifeval"
+    base, vlm, _ = _outcomes(20)
+    worse = vlm.copy()
+    worse[20:36] = False  # the merge loses 16 more prompts than the VLM LM
+    summary["pairs"]["p2"]["interventions"]["linear"] = {
+        task: {"recovery": recovery(base, vlm, worse, task, HEADLINE_METRICS[task], **KW).as_dict(),
+               "vs_base": compare(base, worse, task, HEADLINE_METRICS[task], **KW).as_dict(),
+               "vs_vlm": compare(vlm, worse, task, HEADLINE_METRICS[task], **KW).as_dict()} for task in TASKS}
+    degradation = _claims(summary)["VL training costs text skill on strict graders"]
+    sides = {p: ci_side(e["degradation"][t]["delta_points_ci"]) for p, e in summary["pairs"].items()}
+    agree = sum(s == -1 for s in sides.values())
+    assert f"Rule: the claim holds only where every unit (pair, and training seed where repeated) has its CI below 0; {agree} of 3 agree" \
+        in degradation.evidence
+    if agree < 3:
+        assert degradation.answer == "not established" and "undecided: " + ", ".join(p for p, s in sides.items() if s == 0) in degradation.evidence
+    merges = _claims(summary)["Merging the base and the VLM LM after VL training does not recover the loss"]
+    assert "made it worse (CI below 0: below the VLM LM: p2/linear)" in merges.evidence
+    r = StudyResults.of(summary)
+    line = next(v for v in verdicts(r) if v.startswith("Does linear recover?"))
+    assert "worse than the VLM LM (CI below 0) on 2 of" in line  # both tasks of p2
+    found = findings(r)
+    recovered = next(f for f in found if f.startswith("Recovery on sinkstudy_ifeval"))
+    assert "made it worse (CI below 0, i.e. scored below the VLM LM): p2/linear (-0.80" in recovered and "recovered part of the loss" in recovered
+    assert any(f.startswith("Below both of its inputs on sinkstudy_ifeval") and "p2/linear (vs base -60.0" in f for f in found)
+    native = next(f for f in found if f.startswith("Native QK-norm backbones"))
+    assert "(1 pair) vs" in native and "no CI over pairs with one pair in a group: not established" in native
+

@@ -389,6 +389,12 @@ def test_see_also_links_related_reports_by_their_path_relative_to_this_one(maps_
     from experiments.report.document import write_report
 
     summary = make_summary(maps_dir, n_pairs=2, interventions=False, protection=False)
-    summary["settings"]["see_also"] = {"The real-backbone study": str(tmp_path / "study-real" / "report.md")}
+    other = tmp_path / "study-real" / "report.md"
+    summary["settings"]["see_also"] = {"The real-backbone study": str(other)}
+    md = write_report(summary, tmp_path / "demo").read_text()
+    assert "](../study-real/report.md)" not in md  # a report not written (yet) is not linked, and the report says so
+    assert f"Not run yet, so not linked: The real-backbone study ({other})" in md.split("\n## ", 1)[0]
+    other.parent.mkdir()
+    other.write_text("# the other study\n")
     md = write_report(summary, tmp_path / "demo").read_text()
     assert "- [The real-backbone study](../study-real/report.md)" in md.split("\n## ", 1)[0]  # before the first section

@@ -229,3 +229,34 @@ def test_equal_changes_reached_along_different_float_paths_rank_as_ties():
     assert c.points.spearman == pytest.approx(0.4414, abs=1e-4)
     # values apart by more than rounding stay apart
     assert correlation([1.0, 2.0, 3.0], [0.0, 1e-6, 2e-6], n_boot=10).spearman == pytest.approx(1.0)
+
+
+def test_recovery_says_why_there_is_no_number_and_few_prompts_decide_nothing():
+    """A recovery only over a significant loss; otherwise the status names the reason: the VLM LM lost nothing
+    (CI at or above 0), a loss is not established (CI includes one), or too few prompts to decide anything
+    (3 prompts that all flipped give a bootstrap CI of [-100, -100], yet no rank test can reach 5% below 6)."""
+    from evals.stats import LOSS_UNCLEAR, MIN_CONCLUSIVE_N, NO_LOSS, RECOVERED, TOO_FEW, comparison_side
+
+    three = recovery(np.ones(3), np.zeros(3), np.zeros(3), n_boot=500)
+    assert three.loss_points_ci == (-100.0, -100.0) and three.status == TOO_FEW and three.recovery is None
+    assert comparison_side(compare(np.ones(3), np.zeros(3), n_boot=500)) == 0 < MIN_CONCLUSIVE_N
+    assert comparison_side(compare(np.ones(6), np.zeros(6), n_boot=500)) == -1
+    base = np.array([1] * 6 + [0] * 14)
+    unclear = recovery(base, np.array([1] * 4 + [0] * 16), base, n_boot=2000)  # lost 2 of 20: the CI reaches 0
+    assert unclear.loss_points_ci[0] < 0 <= unclear.loss_points_ci[1] and unclear.status == LOSS_UNCLEAR and unclear.recovery is None
+    gained = recovery(base, np.ones(20), base, n_boot=500)
+    assert gained.status == NO_LOSS and gained.loss_points_ci[0] >= 0
+    assert recovery(np.ones(20), np.zeros(20), np.ones(20), n_boot=500).status == RECOVERED
+
+
+def test_group_difference_resamples_the_pairs_of_each_group():
+    from evals.stats import group_difference
+
+    g = group_difference([-0.05, -0.10, -0.03], [-0.30, -0.20, -0.25], n_boot=4000, seed=1)
+    assert g.difference == pytest.approx(np.mean([-0.05, -0.10, -0.03]) - np.mean([-0.30, -0.20, -0.25]))
+    # every resample of each group stays within its range, so the CI lies within (min a - max b, max a - min b)
+    assert -0.10 + 0.20 <= g.ci[0] < g.difference < g.ci[1] <= -0.03 + 0.30
+    assert np.isnan(group_difference([0.1], [0.2, 0.3], n_boot=100).ci).all()  # one pair: no CI over pairs
+    with pytest.raises(SinkstudyError, match="two non-empty groups"):
+        group_difference([], [0.1])
+

@@ -2,8 +2,9 @@
 with the numbers that decide it. The report opens with these lines.
 
 Each claim is decided per unit (a pair, and within a pair each training seed an arm was run with): a unit's
-answer comes from the side of its CI (`evals.stats.ci_side`), and the claim agrees (or disagrees) only where
-every unit does; otherwise it is not established, and the line says what each unit showed. Convention
+answer comes from the side of its CI (`evals.stats.comparison_side`: a comparison of fewer than 6 prompts decides
+nothing), and the claim agrees (or disagrees) only where every unit does; otherwise it is not established. The
+line says what each unit showed and states that rule with its count ("3 of 4 agree; undecided: ..."). Convention
 throughout: Δ = after − before in points (score × 100; negative = capability lost); an arm's Δ is against
 its control, the unprotected adaptation with the same training seed (`experiments.study.arms.replicates`).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evals.stats import ci_side
+from evals.stats import ci_side, comparison_side
 from experiments.report.fmt import ci_text, missing, num
 from experiments.report.results import ArmResult, StudyResults
 
@@ -55,9 +56,20 @@ def _same_prompts(c) -> str:
     return " (the same prompts passed as the control)" if c.lost == 0 and c.gained == 0 and c.n else ""
 
 
-def _side_answer(ci, agree_side: int) -> str:
-    side = ci_side(ci)
+def _side_answer(c, agree_side: int) -> str:
+    """A unit's answer from a comparison's Δ CI (or a bare CI, e.g. a correlation's)."""
+    side = ci_side(c) if isinstance(c, (tuple, list)) else comparison_side(c)
     return OPEN if side == 0 else AGREES if side == agree_side else DISAGREES
+
+
+def _rule(units: list[tuple[str, str]], needs: str) -> str:
+    """The claim's rule stated where it applies, with how many units meet it and which do not."""
+    agree = sum(a == AGREES for _, a in units)
+    disagree = sum(a == DISAGREES for _, a in units)
+    undecided = [u for u, a in units if a == OPEN]
+    count = f"{agree} of {len(units)} agree" + (f", {disagree} disagree" if disagree else "")
+    return (f" Rule: the claim holds only where every unit (pair, and training seed where repeated) {needs}; {count}"
+            + (f"; undecided: {', '.join(undecided)}" if undecided else "") + ".")
 
 
 def _seeded(arms: dict[str, ArmResult], group: str) -> list[tuple[str, ArmResult]]:
@@ -74,16 +86,18 @@ def _seed(a: ArmResult) -> str:
 
 def _degradation(r: StudyResults) -> Claim | None:
     """VL training costs text skill on strict graders: base -> VLM LM, per pair and control seed."""
-    t, answers, parts = r.paper_task, [], []
+    t, answers, parts, labels = r.paper_task, [], [], []
     for p, e in r.pairs.items():
         units = [(e.arms["control"] if "control" in e.arms else None, e.degradation[t])]
         units += [(a, a.vs_base[t]) for name, a in _seeded(e.arms, "control") if name != "control" and a.vs_base]
         for arm, c in units:
-            answers.append(_side_answer(c.delta_points_ci, -1))
-            parts.append(f"{p}{_seed(arm) if arm else ''} {_pts(c.delta_points, c.delta_points_ci)} pts "
+            answers.append(_side_answer(c, -1))
+            labels.append(f"{p}{_seed(arm) if arm else ''}")
+            parts.append(f"{labels[-1]} {_pts(c.delta_points, c.delta_points_ci)} pts "
                          f"({num(100 * c.before, '.1f')} → {num(100 * c.after, '.1f')}, n={c.n})")
     return Claim(f"VL training costs text skill on strict graders ({t})", overall(answers),
-                 "; ".join(parts) + ". Δ = VLM LM − base in points, paired 95% CI (negative = lost). The paper: IFEval "
+                 "; ".join(parts) + ". Δ = VLM LM − base in points, paired 95% CI (negative = lost)."
+                 + _rule(list(zip(labels, answers)), "has its CI below 0") + " The paper: IFEval "
                  "Δ from −1.8 to −18.7 points over six 7-8B pairs.")
 
 
@@ -94,7 +108,8 @@ def _sink_predicts(r: StudyResults) -> Claim | None:
         c = corr.points
         return Claim("A stronger sink (higher S of the base) predicts less loss", _side_answer(c.spearman_ci, 1),
                      f"Spearman ρ(S, Δ points) = {num(c.spearman, '+.3f')} {ci_text(c.spearman_ci, '.3f')} over {corr.n} pairs "
-                     "(ρ > 0: a stronger sink, less loss). The paper: ρ = +0.971 over six pairs.")
+                     "(ρ > 0: a stronger sink, less loss; the claim holds where the CI, from resampling pairs, lies above 0, "
+                     "and is refuted where it lies below). The paper: ρ = +0.971 over six pairs.")
     rows = [(p, e.models["base"].sink_strength, e.degradation[t]) for p, e in r.pairs.items()]
     rows = [(p, s, d) for p, s, d in rows if not missing(s) and not missing(d.delta_points)]
     if len(rows) != 2:
@@ -115,26 +130,28 @@ def _qknorm_injection(r: StudyResults) -> Claim | None:
     against their seed's control, and the demo's injection intervention against the VLM LM."""
     from experiments.report.verdicts import by_kind
 
-    t, answers, parts = r.paper_task, [], []
+    t, answers, parts, labels = r.paper_task, [], [], []
     for p, e in r.pairs.items():
         groups = dict.fromkeys((a.replicate_of or name) for name, a in e.arms.items() if a.qknorm)
         for g in groups:
             for name, a in _seeded(e.arms, g):
                 c = a.vs_control[t]
-                answers.append(_side_answer(c.delta_points_ci, -1))
+                answers.append(_side_answer(c, -1))
+                labels.append(f"{p} {g}{_seed(a)}")
                 parts.append(f"{p} {g} ({a.qknorm['init']}){_seed(a)}: Δ = arm − control = {_pts(c.delta_points, c.delta_points_ci)} pts"
                              + _same_prompts(c))
     for name, per_pair in by_kind(r, "qknorm+vl").items():
         for p, per_task in per_pair.items():
             c = per_task[t].vs_vlm
-            answers.append(_side_answer(c.delta_points_ci, -1))
+            answers.append(_side_answer(c, -1))
+            labels.append(f"{p} {name}")
             parts.append(f"{p} {name}: Δ = injected + VL − VLM LM = {_pts(c.delta_points, c.delta_points_ci)} pts")
     if not parts:
         return None
     return Claim("QK-RMSNorm injected after pretraining does not protect text skill through VL training", overall(answers),
-                 "; ".join(parts) + " (negative = the injection lost more than the same recipe without it; agrees where "
-                 "every CI lies below 0). The paper: Qwen2.5-3B-Instruct with injected unit-gain QK-norm fell from IFEval "
-                 "59.9 to 11.0 after VL training.")
+                 "; ".join(parts) + " (negative = the injection lost more than the same recipe without it)."
+                 + _rule(list(zip(labels, answers)), "has its CI below 0") + " The paper: Qwen2.5-3B-Instruct with "
+                 "injected unit-gain QK-norm fell from IFEval 59.9 to 11.0 after VL training.")
 
 
 def _merges(r: StudyResults) -> Claim | None:
@@ -153,18 +170,21 @@ def _merges(r: StudyResults) -> Claim | None:
                      f"no pair lost {t} beyond noise, so no merge ({tried}) has a loss to recover. The paper: none of 7 "
                      "merges recovered IFEval.")
     recovered = [(p, n, rec) for p, n, rec in units if ci_side(rec.ci) > 0]
+    harmed = [f"{p}/{n}" for p, n, rec in units if ci_side(rec.ci) < 0]
     parts = "; ".join(f"{p} {n} {num(rec.recovery, '.2f')} {ci_text(rec.ci, '.2f')}" for p, n, rec in units)
     return Claim("Merging the base and the VLM LM after VL training does not recover the loss",
                  DISAGREES if recovered else AGREES,
-                 f"{len(recovered)} of {len(units)} merges recovered part of a significant loss (recovery CI above 0): "
-                 f"{parts} (share of the loss recovered: 0 = VLM LM, 1 = base). The paper: none of 7 merges recovered IFEval.")
+                 f"{len(recovered)} of {len(units)} merges recovered part of a significant loss (recovery CI above 0)"
+                 + (f", {len(harmed)} made it worse (CI below 0: below the VLM LM: {', '.join(harmed)})" if harmed else "")
+                 + f": {parts} (share of the loss recovered: 0 = VLM LM, 1 = base; read only for pairs whose loss CI lies "
+                 "below 0). Rule: one merge recovering is enough to refute the claim. The paper: none of 7 merges recovered IFEval.")
 
 
 def _trajectory(r: StudyResults) -> Claim | None:
     """VL training lowers S while text-only training of the same length does not, and text scores follow.
     Units: each text-only arm against the VL control of its pair and seed; and each VL control with no
     text-only twin, which cannot confirm the contrast but refutes the claim's first half where S does not fall."""
-    t, answers, parts = r.paper_task, [], []
+    t, answers, parts, labels = r.paper_task, [], [], []
     for p, e in r.pairs.items():
         controls = {a.training_seed: a for _, a in _seeded(e.arms, "control")}
         twinned = set()
@@ -177,9 +197,10 @@ def _trajectory(r: StudyResults) -> Claim | None:
                 continue
             twinned.add(a.training_seed)
             c = a.vs_control[t]
-            if s_vl >= 0 or s_txt < s_vl or ci_side(c.delta_points_ci) < 0:
+            labels.append(f"{p}{_seed(a)}")
+            if s_vl >= 0 or s_txt < s_vl or comparison_side(c) < 0:
                 answers.append(DISAGREES)
-            elif ci_side(c.delta_points_ci) > 0:
+            elif comparison_side(c) > 0:
                 answers.append(AGREES)
             else:
                 answers.append(OPEN)
@@ -191,14 +212,16 @@ def _trajectory(r: StudyResults) -> Claim | None:
                 continue
             if s_vl >= 0:
                 answers.append(DISAGREES)
+                labels.append(f"{p}{_seed(vl)}")
             parts.append(f"{p}{_seed(vl)}: S {_s_text(vl)} under VL training (no text-only run of this seed"
                          f"{': S did not fall' if s_vl >= 0 else ''})")
     if not answers:
         return None
     return Claim("VL training lowers S while text-only training of the same length does not, and text skill follows",
                  overall(answers), "; ".join(parts) + " (S: first and last point of the run's trajectory, one run per seed, no CI; "
-                 "agrees where S falls under VL training, falls less under text training, and the text-only run keeps more "
-                 "text skill with its CI above 0; a VL control without a text-only twin disagrees where its S does not fall).")
+                 "a unit agrees where S falls under VL training, falls less under text training, and the text-only run keeps more "
+                 "text skill with its CI above 0; a VL control without a text-only twin disagrees where its S does not fall)."
+                 + _rule(list(zip(labels, answers)), "agrees"))
 
 
 def _s_change(a: ArmResult) -> float | None:
@@ -223,8 +246,8 @@ def _protections(r: StudyResults) -> list[Claim]:
                 groups.setdefault(a.replicate_of or name, []).append((p, name, a))
     out = []
     for g, members in groups.items():
-        vs_c = [_side_answer(a.vs_control[t].delta_points_ci, 1) for _, _, a in members]
-        vs_r = [_side_answer(a.vs_replay[t].delta_points_ci, 1) for _, _, a in members if a.vs_replay]
+        vs_c = [_side_answer(a.vs_control[t], 1) for _, _, a in members]
+        vs_r = [_side_answer(a.vs_replay[t], 1) for _, _, a in members if a.vs_replay]
         parts = []
         for p, name, a in members:
             c = a.vs_control[t]
@@ -239,6 +262,6 @@ def _protections(r: StudyResults) -> list[Claim]:
             answer = {AGREES: YES, DISAGREES: NO}.get(overall(vs_r), OPEN) + " (against text replay)"
         out.append(Claim(f"Open direction: does {g} ({', '.join(members[0][2].protections)}) keep more text skill than the "
                          "unprotected adaptation" + (" and than text replay" if vs_r else ""), answer,
-                         "; ".join(parts) + " (Δ = arm − control or − text replay, same seed; positive = kept more; yes only "
-                         "where every seed's CI is above 0)."))
+                         "; ".join(parts) + " (Δ = arm − control or − text replay, same seed; positive = kept more)."
+                         + _rule([(f"{p}{_seed(a)}", x) for (p, _, a), x in zip(members, vs_c)], "has its CI against the control above 0")))
     return out

@@ -282,8 +282,10 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
     s = r.settings
     b: list[tuple] = [("h", 1, s.get("title") or f"sinkstudy report: {r.name}"),
                       ("p", f"Computed on: {describe_hardware(summary.get('hardware'))}.")]
-    if s.get("see_also"):  # related reports, by their path relative to this one
-        b += [("p", "See also:"), ("links", [(title, os.path.relpath(path, out)) for title, path in s["see_also"].items()])]
+    if s.get("see_also"):  # related reports, linked by their path relative to this one where they exist
+        made = {title: path for title, path in s["see_also"].items() if Path(path).exists()}
+        b += [("p", "See also:"), ("links", [(title, os.path.relpath(path, out)) for title, path in made.items()])] if made else []
+        b += [("p", f"Not run yet, so not linked: {title} ({path})") for title, path in s["see_also"].items() if title not in made]
     runs = seeded(summary)  # a study repeated over training seeds: answers only where every seed agrees
     answered = [str(c) for c in (claims_across(runs) if runs else claims(r))]
     if answered:

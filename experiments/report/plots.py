@@ -124,7 +124,8 @@ def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
 @reused
 def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     """Recovery per (pair, intervention) on `task` as a dot with its CI (0 = VLM LM, 1 = base), in one
-    colour; where the pair lost nothing significant, the words "no loss to recover" and no number.
+    colour; where the pair lost nothing significant, the reason in words (no loss to recover, loss not
+    established, too few prompts: `evals.stats.Recovery.status`) and no number.
     Whatever lies beyond the axis is marked: a CI end by an arrow at the edge, an estimate by an
     arrow-head in place of its dot with its value written beside it."""
     rows = []
@@ -175,7 +176,7 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     ax.set_yticklabels([r["label"] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(f"share of the {task} loss recovered, 95% CI (0 = VLM LM, 1 = base)")
-    ax.set_title("recovery where the pair lost capability (Δ CI < 0); \"no loss to recover\": nothing to divide;\n"
+    ax.set_title("recovery where the pair lost capability (Δ CI < 0); where not, the reason in words and no number;\n"
                  f"arrows: beyond the axis ({RECOVERY_AXIS[0]:g} to {RECOVERY_AXIS[1]:g} at most), with the estimate's value",
                  fontsize=7)
     return _save(fig, out, f"recovery_{task}.png", rows=rows, axis=(lo_ax, hi_ax))

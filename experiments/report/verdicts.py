@@ -1,7 +1,9 @@
 """What a study's numbers say, in words: every verdict the report states, decided here and only here.
 
-A sign is established only where its CI excludes 0 (`evals.stats.ci_side`); a recovery is read only
-for pairs that lost beyond noise (a share of a loss within noise is a ratio of noise). Convention
+A sign is established only where its CI excludes 0 (`evals.stats.ci_side`), and a comparison of fewer than
+6 prompts establishes none (`evals.stats.comparison_side`); a recovery is read only for pairs that lost
+beyond noise (a share of a loss within noise is a ratio of noise), and both sides are named: recoveries
+(CI above 0) and harms (CI below 0: below the VLM LM). Every comparison carries its CI. Convention
 throughout: Δ = after − before in points (score × 100; base -> VLM LM: negative = capability lost),
 relative = Δ / before; the paper's direction in it is ρ(S, Δ) > 0 (experiments/data/published_choi2026.yaml).
 Inputs are `experiments.report.results.StudyResults` (the summary's typed statistics).
@@ -9,7 +11,7 @@ Inputs are `experiments.report.results.StudyResults` (the summary's typed statis
 
 from __future__ import annotations
 
-from evals.stats import Comparison, ci_side
+from evals.stats import MIN_CONCLUSIVE_N, Comparison, ci_side, comparison_side, group_difference
 from experiments.report.fmt import ci_text, missing, num, points, with_ci
 from experiments.report.results import StudyResults
 
@@ -19,8 +21,8 @@ _CI_WORDS = {1: "CI above 0", -1: "CI below 0", 0: "CI includes 0"}
 
 
 def lost(c: Comparison) -> bool:
-    """The base -> VLM Δ's CI lies below 0 (a loss): there is something to recover."""
-    return ci_side(c.delta_points_ci) < 0
+    """The base -> VLM Δ's CI lies below 0 (a loss, over enough prompts): there is something to recover."""
+    return comparison_side(c) < 0
 
 
 def _signed(x, ci, spec: str, unit: str = "") -> str:
@@ -105,7 +107,7 @@ def _qknorm(r: StudyResults) -> list[str]:
         for p, per_task in per_pair.items():
             c, vb = per_task[t].vs_vlm, per_task[t].vs_base
             answer = {1: "yes, against the control", -1: "no: it lost more than the control",
-                      0: "not established against the control"}[ci_side(c.delta_points_ci)]
+                      0: "not established against the control"}[comparison_side(c)]
             line = (f"Does injected QK-norm protect {p} on {t}? {answer}: Δ = {name} − VLM LM = {_pts_ci(c)} (the control: the same "
                     f"VL recipe on the uninjected base; positive = the injection kept more text skill); against the base Δ/base = "
                     f"{_rel_ci(vb)}")
@@ -126,20 +128,22 @@ def _merges(r: StudyResults) -> list[str]:
     paper = f" The paper: none of its {len(m['tried'])} merges recovered IFEval." if m else ""
     out, unmeasurable = [], []
     for name, per_pair in by_kind(r, "merge").items():
-        parts, above = [], 0
+        parts, above, below = [], 0, 0
         for p, per_task in per_pair.items():
             for t in r.tasks:
                 if not lost(r.pairs[p].degradation[t]):
                     continue  # recovery of a loss within noise is a ratio of noise
                 rec = per_task[t].recovery
                 above += ci_side(rec.ci) > 0
+                below += ci_side(rec.ci) < 0
                 parts.append(f"{p} {t} {with_ci(rec.recovery, rec.ci, '.2f')}")
         if not parts:
             unmeasurable.append(name)
             continue
         answer = "yes" if above == len(parts) else f"on {above} of {len(parts)}" if above else "no"
-        out.append(f"Does {name} recover? {answer}: share of the loss recovered (0 = VLM LM, 1 = base; CI above 0 = recovered "
-                   f"some): " + "; ".join(parts) + "." + paper)
+        harm = f"; worse than the VLM LM (CI below 0) on {below} of {len(parts)}" if below else ""
+        out.append(f"Does {name} recover? {answer}{harm}: share of the loss recovered (0 = VLM LM, 1 = base; CI above 0 = "
+                   f"recovered some, below 0 = scored below the VLM LM): " + "; ".join(parts) + "." + paper)
     if unmeasurable:
         out.append(f"Does {' / '.join(unmeasurable)} recover? not measurable: no pair ({', '.join(r.pairs)}) lost capability beyond "
                    f"noise on any task (a share of a loss within noise is a ratio of noise).{paper}")
@@ -163,13 +167,13 @@ def _protections(r: StudyResults) -> list[str]:
             arms.setdefault(group, []).append(
                 f"{p}{seed}: " + ", ".join(f"{t} {_pts_ci(a.vs_control[t])}" for t in tasks)
                 + (f" (VL skill {skill:.2f} vs control {ctrl_skill:.2f})" if not missing(skill) and not missing(ctrl_skill) else ""))
-            sides.setdefault(group, []).append(ci_side(a.vs_control[tasks[0]].delta_points_ci))
+            sides.setdefault(group, []).append(comparison_side(a.vs_control[tasks[0]]))
     for arm, parts in arms.items():
         out.append(f"Does protection {arm} beat the control? {_answer(sides[arm])} on {tasks[0]}: Δ = arm − control adaptation "
                    "of the same training seed (positive = kept more text skill): " + "; ".join(parts) + ".")
     for name, per_pair in by_kind(r, "mitigation").items():
         parts = [f"{p}: " + ", ".join(f"{t} {_pts_ci(per_task[t].vs_vlm)}" for t in tasks) for p, per_task in per_pair.items()]
-        s = [ci_side(per_task[tasks[0]].vs_vlm.delta_points_ci) for per_task in per_pair.values()]
+        s = [comparison_side(per_task[tasks[0]].vs_vlm) for per_task in per_pair.values()]
         out.append(f"Does mitigation {name} beat its control (the unmitigated VLM LM)? {_answer(s)} on {tasks[0]}: "
                    "Δ = mitigated − VLM LM (positive = better): " + "; ".join(parts) + ".")
     return out
@@ -308,7 +312,9 @@ def findings(r: StudyResults) -> list[str]:
         out.append(f"{p}: the VLM's LM {direction} {abs(d.delta_points):.1f} points on {head} ({short(d.metric)}: "
                    f"{points(d.before)} -> {points(d.after)}; Δ = VLM LM − base = {num(d.delta_points, '.1f')} points, "
                    f"95% CI {ci_text(d.delta_points_ci, '.1f') or 'n/a'}, Δ/base {num(d.delta_relative)}, n={d.n})"
-                   + ("" if ci_side(d.delta_points_ci) else "; the interval includes 0, so this study does not establish a change for this pair")
+                   + (f"; {d.n} prompts decide nothing (fewer than {MIN_CONCLUSIVE_N}: no paired rank test can reach 5%)"
+                      if d.n < MIN_CONCLUSIVE_N else
+                      "" if ci_side(d.delta_points_ci) else "; the interval includes 0, so this study does not establish a change for this pair")
                    + ".")
     s_base, trained = r.base_strengths(), _trained(r)
     if not trained and s_base and all(not missing(x) and x < 0 for x in s_base):
@@ -326,20 +332,28 @@ def findings(r: StudyResults) -> list[str]:
         out.append(r.correlation_note + ".")
     if trained:
         out.append(agreement_finding(r))
-    out += _native_contrast(r, head) + _vl_side(r) + [_recovered(r, head)]
+    out += _native_contrast(r, head) + _vl_side(r) + [_recovered(r, head)] + _below_both(r, head)
     return out
 
 
 def _native_contrast(r: StudyResults, head: str) -> list[str]:
+    """Mean Δ/base of the native QK-norm backbones minus that of the others, with its CI over pairs."""
     native = [e.degradation[head].delta_relative for e in r.pairs.values() if e.native_qk_norm]
     plain = [e.degradation[head].delta_relative for e in r.pairs.values() if e.native_qk_norm is False]
     if not native or not plain or any(missing(x) for x in native + plain):
         return []
-    mn, mp = sum(native) / len(native), sum(plain) / len(plain)
-    noise = not any(lost(e.degradation[head]) for e in r.pairs.values())
-    return [f"Native QK-norm backbones: mean Δ/base {mn:+.3f} vs {mp:+.3f} without (negative = loss): "
-            + ("no pair's loss is distinguishable from 0, so this says nothing about whether QK-norm protects."
-               if noise else "the direction the paper reports (QK-norm protects)." if mn > mp else "not the direction the paper reports.")]
+    s = r.settings
+    g = group_difference(native, plain, n_boot=int(s.get("n_boot") or 10_000), confidence=float(s.get("confidence") or 0.95),
+                         seed=int(s.get("seed") or 0))
+    side = ci_side(g.ci)
+    answer = ("the paper's direction (QK-norm protects), CI above 0" if side > 0 else
+              "the opposite of the paper's direction, CI below 0" if side < 0 else
+              "no CI over pairs with one pair in a group: not established" if missing(g.ci[0]) else
+              "the CI includes 0: not established whether QK-norm protects")
+    n = lambda k: f"{k} pair{'s' if k != 1 else ''}"  # noqa: E731
+    return [f"Native QK-norm backbones: mean Δ/base {g.mean_a:+.3f} ({n(g.n_a)}) vs {g.mean_b:+.3f} without ({n(g.n_b)}); "
+            f"difference {with_ci(g.difference, g.ci, '+.3f')} ({g.confidence:.0%} CI resampling the pairs of each group; "
+            f"Δ/base = (VLM LM − base) / base, negative = loss; > 0: the native backbones lost less): {answer}."]
 
 
 def _vl_side(r: StudyResults) -> list[str]:
@@ -355,16 +369,30 @@ def _vl_side(r: StudyResults) -> list[str]:
 
 
 def _recovered(r: StudyResults, head: str) -> str:
+    """Recoveries and harms side by side, over the pairs with a significant loss."""
     if not any(lost(e.degradation[head]) for e in r.pairs.values()):
         return (f"No pair lost {head} beyond noise, so recovery is not measurable here; the 'Δ pts vs base' column still shows "
                 "what each intervention costs or gains against the base.")
-    recovered = [f"{p}/{name} ({per_task[head].recovery.recovery:.2f}, CI {ci_text(per_task[head].recovery.ci, '.2f')})"
-                 for p, e in r.pairs.items() if lost(e.degradation[head])  # recovery of a loss within noise is a ratio of noise
-                 for name, per_task in e.interventions.items()
-                 if not missing(per_task[head].recovery.recovery) and ci_side(per_task[head].recovery.ci) > 0]
-    return (("Interventions whose recovery CI on " + head + " excludes 0 (pairs with a significant loss): " + ", ".join(recovered)
-             + ". The paper found that no merge recovered IFEval.")
-            if recovered else f"No intervention's recovery CI on {head} excludes 0, as the paper found for its merges.")
+    read = [(f"{p}/{name} ({per_task[head].recovery.recovery:.2f}, CI {ci_text(per_task[head].recovery.ci, '.2f')})",
+             ci_side(per_task[head].recovery.ci))
+            for p, e in r.pairs.items() if lost(e.degradation[head])  # recovery of a loss within noise is a ratio of noise
+            for name, per_task in e.interventions.items() if not missing(per_task[head].recovery.recovery)]
+    recovered, harmed = [x for x, side in read if side > 0], [x for x, side in read if side < 0]
+    parts = [f"recovered part of the loss (CI above 0): {', '.join(recovered) or 'none'}",
+             f"made it worse (CI below 0, i.e. scored below the VLM LM): {', '.join(harmed) or 'none'}"]
+    return (f"Recovery on {head} (pairs with a significant loss; 0 = VLM LM, 1 = base), of {len(read)} interventions: "
+            + "; ".join(parts) + f"; the other {len(read) - len(recovered) - len(harmed)} CIs include 0."
+            + (" The paper found that no merge recovered IFEval." if not recovered else ""))
+
+
+def _below_both(r: StudyResults, head: str) -> list[str]:
+    """Interventions that scored below both their inputs (the base and the VLM LM), each CI below 0."""
+    below = [f"{p}/{name} (vs base {_pts_ci(per_task[head].vs_base)}, vs VLM LM {_pts_ci(per_task[head].vs_vlm)})"
+             for p, e in r.pairs.items() for name, per_task in e.interventions.items()
+             if kind(e.method(name)) in ("merge", "mitigation") and per_task[head].vs_base is not None
+             and comparison_side(per_task[head].vs_base) < 0 and comparison_side(per_task[head].vs_vlm) < 0]
+    return [f"Below both of its inputs on {head} (Δ = intervened − input, CI below 0 against the base and the VLM LM): "
+            + "; ".join(below) + "."] if below else []
 
 
 def short(metric: str | None) -> str:
