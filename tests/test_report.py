@@ -398,3 +398,15 @@ def test_see_also_links_related_reports_by_their_path_relative_to_this_one(maps_
     other.write_text("# the other study\n")
     md = write_report(summary, tmp_path / "demo").read_text()
     assert "- [The real-backbone study](../study-real/report.md)" in md.split("\n## ", 1)[0]  # before the first section
+
+
+def test_a_protection_note_says_which_chosen_heads_are_no_sink_heads():
+    from experiments.report.document import _protection_note
+
+    rep = {"heads": [{"layer": 0, "head": 1, "strength": -3.21, "mass": 0.04, "sink_head": False},
+                     {"layer": 1, "head": 0, "strength": 0.8, "mass": 0.9, "sink_head": True}]}
+    note = _protection_note("p / arm", "sink_head_freeze", "stage2", rep)
+    assert note.endswith("L0H1 (S -3.21, mass 0.04), L1H0 (S 0.80, mass 0.90); 1 of them no sink head (mass <= 0.3)")
+    rep["heads"] = rep["heads"][1:]
+    assert "no sink head" not in _protection_note("p / arm", "sink_head_freeze", "stage2", rep)
+

@@ -117,8 +117,10 @@ def _protection_note(where: str, name: str, stage: str, rep) -> str | None:
         return (f"{where}: {name} froze the layers below layer {rep['first_sink_layer']} ({rep['statistic']} >= "
                 f"{rep['threshold']}; per layer {rep['per_layer']})")
     if rep.get("heads"):
+        others = sum(h.get("sink_head") is False for h in rep["heads"])  # interventions.protect.heads.describe
         return (f"{where} ({stage}): {name} on heads "
-                + ", ".join(f"L{h['layer']}H{h['head']} (S {h['strength']:.2f}, mass {h['mass']:.2f})" for h in rep["heads"]))
+                + ", ".join(f"L{h['layer']}H{h['head']} (S {h['strength']:.2f}, mass {h['mass']:.2f})" for h in rep["heads"])
+                + (f"; {others} of them no sink head (mass <= 0.3)" if others else ""))
     if rep.get("mode") == "remove":
         return (f"{where}: QK-norm removed (Llama twin, next-token KL to the original {rep['mean_next_token_kl_to_original']:.4f}; "
                 f"S {rep['sink_strength_original']:.3f} -> {rep['sink_strength_without_norm']:.3f} before any training)")
