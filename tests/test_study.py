@@ -308,3 +308,18 @@ def test_a_pinned_hub_base_is_loaded_and_keyed_at_its_revision(tmp_path, tokeniz
     assert step("intervene/lin")["spec"]["models"]["base"] == pinned_id
     merged = json.loads((out / "models" / "p-lin" / "intervention.json").read_text())
     assert merged["provenance"]["fingerprints"]["base"] == at_pin  # and merged
+
+
+@pytest.mark.parametrize("config", ["study_real_quick.yaml", "protect.yaml"])
+def test_a_plan_reads_no_input_file_and_a_run_checks_them_before_any_work(config, tmp_path, capsys):
+    """study-real's text-replay chats are written by `make study-real` just before the run, and the protection study
+    reads the demo's models and data: from a clean tree neither exists, yet the plan is made (and writes nothing);
+    a run stops in one line before any work."""
+    from experiments.cli import main
+
+    out = tmp_path / "out"
+    assert main(["run", str(CONFIGS / config), "--plan", "--out", str(out)]) == 0
+    assert "--step" in capsys.readouterr().out and not out.exists()
+    assert main(["run", str(CONFIGS / config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("not found" in err or "does not exist" in err) and not out.exists()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from experiments.cli import options
@@ -142,7 +143,10 @@ def cmd_run(args) -> Summary | int:
     from experiments.study.config import load_study
 
     load_plugin_options(args)  # before the config: its interventions and arms may name a plug-in's
-    study = load_study(args.config, out=args.out, overrides=_overrides(args))
+    from sinkstudy.inputs import planning_only
+
+    with planning_only() if args.plan else contextlib.nullcontext():  # a plan reads no input file: they may not exist yet
+        study = load_study(args.config, out=args.out, overrides=_overrides(args))
     command = ("sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
                + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin)
                + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
@@ -151,7 +155,8 @@ def cmd_run(args) -> Summary | int:
         raise SinkstudyError(f"{'--plan' if args.plan else '--step'} takes one seed's study, and {study.name} repeats over seeds "
                              f"{','.join(map(str, study.seeds))}: run it whole, or without seeds")
     if args.plan:
-        steps = plan_records(study, command)
+        with planning_only():
+            steps = plan_records(study, command)
         print(json.dumps(steps, indent=1) if args.plan == "json" else format_records(steps, study.name, command))
         return 0
     _check_hub(study)

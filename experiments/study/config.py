@@ -365,9 +365,12 @@ def _local_input(study: Study, path: str) -> bool:
 
 
 def _check_local_inputs(study: Study, where: str) -> None:
-    """Model paths, data files and calibration texts that must exist before the run starts."""
+    """Model paths, data files and calibration texts that must exist before the run starts (a plan reads none)."""
     from sinkstudy.checkpoint import looks_like_path
+    from sinkstudy.inputs import inputs_checked
 
+    if not inputs_checked():
+        return
     for p in study.pairs:
         for k in MODEL_ROLES:
             v = getattr(p, k)

@@ -76,11 +76,14 @@ def parse_spec(spec) -> dict:
 
 
 def check_spec(spec) -> dict:
-    """Parse and check a spec without reading it all (missing files fail here, before any work)."""
+    """Parse and check a spec without reading it all (missing files fail here, before any work; not while a study
+    is only planned: `sinkstudy.inputs`)."""
+    from sinkstudy.inputs import inputs_checked
+
     s = parse_spec(spec)
-    if "json" in s and not Path(s["json"]).is_file():
+    if "json" in s and inputs_checked() and not Path(s["json"]).is_file():
         raise DataError(f"data file not found: {s['json']}")
-    if s.get("image_folder") and not Path(s["image_folder"]).is_dir():
+    if s.get("image_folder") and inputs_checked() and not Path(s["image_folder"]).is_dir():
         raise DataError(f"image folder not found: {s['image_folder']}")
     if "limit" in s and (not isinstance(s["limit"], int) or s["limit"] < 1):
         raise DataError(f"data spec {spec!r}: limit must be a positive integer")
