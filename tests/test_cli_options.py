@@ -107,3 +107,16 @@ def test_required_inputs_are_refused_in_one_line(command, needs, capsys):
     assert main(command.split()) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needs in err, err
+
+
+def test_a_model_argument_says_a_real_llms_name_works_and_each_seed_says_what_it_seeds():
+    from sinkstudy.real_models import REGISTRY
+
+    model_args = {"model", "base"}  # sink / eval MODEL, qknorm BASE, and every --base
+    for name, parser in commands():
+        for action in parser._actions:
+            if action.dest in model_args and (action.option_strings or action.dest == "model" or name == "qknorm"):
+                assert all(n in (action.help or "") for n in REGISTRY), f"sinkstudy {name} {action.dest}: {action.help}"
+    seeds = {name: next(a.help for a in p._actions if a.dest == "seed") for name, p in commands()
+             if any(a.dest == "seed" for a in p._actions)}
+    assert "merge" in seeds["merge"] and "merge" not in seeds["mitigate"] and "mitigation" in seeds["mitigate"]

@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     from experiments.cli.argtypes import add_plugin_option
 
     p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
-    p.add_argument("--base", default=None, help="base causal LM: hub id or local path (required)")
+    p.add_argument("--base", default=None, help=f"base causal LM: {options.model_forms()} (required)")
     options.add_vision_options(p, required=True)
     t = p.add_argument_group("training")
     options.add_train_data_option(t, help="training data")

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
                               f"offline task sets {DEFAULT_TASKS}; lm-eval's own tasks (e.g. the paper's {PAPER_TASKS}) "
                               "need the hub, or --data TASK=FILE. The run (results.json + samples/) is written to --out "
                               "(default runs/eval/<model>); a rerun with the same settings reuses it.")
-    p.add_argument("model", help="checkpoint path or hub id")
+    p.add_argument("model", help=f"the model: {options.model_forms()}")
     options.add_eval_options(p)
     options.add_model_options(p, dtype="float32 on hf, the checkpoint's on vllm")
     options.add_output_options(p, out="runs/eval/<model>", cache=True)

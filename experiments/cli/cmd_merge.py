@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     t.add_argument("--top-k", type=argtypes.positive_int, help="head_restore: number of heads to restore")
     t.add_argument("--calibration", default=None, metavar="SET|FILE", help="calibration texts for the sink maps (shipped set name or file)")
     argtypes.add_plugin_option(t)
-    _common_args(t, out="runs/interventions/<base>__<vlm>/<name>")
+    _common_args(t, out="runs/interventions/<base>__<vlm>/<name>", seed="any random draw of the mitigation, the evals and the bootstrap")
     t.set_defaults(func=run_mitigate)
 
 
@@ -68,7 +68,8 @@ def mergekit_options(args) -> dict[str, bool]:
     return {k: True for k in ("cuda", "lazy_unpickle", "low_cpu_memory") if getattr(args, k, False)}
 
 
-def measure_args(p, *, out: str, force: str = "replace an existing --out that holds a different result") -> None:
+def measure_args(p, *, out: str, force: str = "replace an existing --out that holds a different result",
+                 seed: str = "the merge (DARE, DELLA), the evals and the bootstrap") -> None:
     """How a pair command measures what it made: `sinkstudy eval`'s groups, the bootstrap, captions."""
     options.add_eval_options(p)
     options.add_model_options(p)
@@ -76,12 +77,12 @@ def measure_args(p, *, out: str, force: str = "replace an existing --out that ho
     g = p.add_argument_group("measurement")
     options.add_bootstrap_options(g)
     g.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
-    options.add_seed_option(p, "the merge (DARE, DELLA), the evals and the bootstrap")
+    options.add_seed_option(p, seed)
     options.add_progress_options(p)
 
 
-def _common_args(p, *, out: str) -> None:
-    measure_args(p, out=out)
+def _common_args(p, *, out: str, seed: str | None = None) -> None:
+    measure_args(p, out=out, **({"seed": seed} if seed else {}))
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="extra parameter (repeatable)")
     p.add_argument("--eval", dest="eval", action=argparse.BooleanOptionalAction, default=True,
                    help="measure sink strength and strict evals after (default: on)")

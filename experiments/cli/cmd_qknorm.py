@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     from experiments.cli import argtypes, options
 
     p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original")
-    p.add_argument("base", metavar="BASE", help="base LLM: hub id or local path (Llama, Mistral, Qwen2, Gemma, Gemma2)")
+    p.add_argument("base", metavar="BASE", help=f"base LLM: {options.model_forms()}; Llama, Mistral, Qwen2, Gemma or Gemma2")
     p.add_argument("--init", default="scale-preserving",
                    help="gain initialisation: identity-gain, scale-preserving or blend; with --recipe a comma list (one arm each)")
     p.add_argument("--alpha", type=argtypes.finite_float, default=0.5, help="blend weight for --init blend: (1-a) x + a norm(x) (default 0.5)")

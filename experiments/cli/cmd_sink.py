@@ -17,7 +17,7 @@ def register(subparsers) -> None:
                               description="Per-layer sink table, Sink Strength, sink.json and a heat map of the metric's "
                               "statistic, written to --out (default runs/sink/<model>-<metric>); a rerun with the same "
                               "settings reuses it.")
-    p.add_argument("model", metavar="MODEL", help="causal LM or VLM: hub id or local path")
+    p.add_argument("model", metavar="MODEL", help=f"causal LM or VLM: {options.model_forms()}")
     p.add_argument("--metric", default=None, help="logodds (default), mass, ratio@EPS (e.g. ratio@0.3), robustness")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
                    help="calibration texts: a shipped set (ifeval15, passages64) or a file (.json/.jsonl/.txt one per line); "

@@ -130,10 +130,17 @@ def check_hub_tasks(tasks, data_files=None) -> None:
 
 # --------------------------------------------------------------------------- a (base LLM, VLM) pair
 
+def model_forms() -> str:
+    """The forms a model argument takes on every command, for help texts."""
+    from sinkstudy.real_models import REGISTRY
+
+    return f"hub id, local path, .gguf file or a real LLM's name ({', '.join(REGISTRY)})"
+
+
 def add_pair_options(p) -> None:
     """--base / --vlm: every pair command needs both; checked after parsing (`check_pair_options`), so
     that a listing (`mitigate --list`) works alone."""
-    p.add_argument("--base", default=None, help="base LLM: local path, hub id or .gguf file (required)")
+    p.add_argument("--base", default=None, help=f"base LLM: {model_forms()} (required)")
     p.add_argument("--vlm", default=None, help="VLM, or its already extracted language model: local path or hub id (required)")
 
 
