@@ -220,4 +220,5 @@ def default_out(command: str, *names) -> Path:
 def add_progress_options(p) -> None:
     g = p.add_argument_group("progress")
     g.add_argument("--quiet", action="store_true",
-                   help="no progress bars: neither ours nor the libraries' (transformers, lm-eval, datasets, mergekit)")
+                   help="no progress bars, ours or the libraries' (transformers, lm-eval, datasets, mergekit), and of the "
+                        "libraries' log lines only errors; sinkstudy's own warnings still show")
