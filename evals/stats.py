@@ -122,6 +122,16 @@ class Recovery:
     loss_points: float  # Δ = VLM LM − base in points (negative = the loss to recover)
     loss_points_ci: tuple[float, float]
     status: str  # RECOVERED, NO_LOSS, LOSS_UNCLEAR or TOO_FEW
+    # Δ = intervened − each input, in points, with CIs from the same replicates: below both where both lie below 0
+    vs_base_points: float | None = None
+    vs_base_ci: tuple[float, float] | None = None
+    vs_vlm_points: float | None = None
+    vs_vlm_ci: tuple[float, float] | None = None
+
+    @property
+    def below_both(self) -> bool:
+        """Scored below the base and below the VLM LM, each CI below 0, over enough prompts to decide."""
+        return self.n >= MIN_CONCLUSIVE_N and ci_side(self.vs_base_ci) < 0 and ci_side(self.vs_vlm_ci) < 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -398,7 +408,8 @@ def recovery(base, vlm, intervened, task: str | None = None, metric: str | None 
         return _ratio(i - v, b - v)
 
     def both(nb, db, nv, dv, ni, di):  # the loss CI from the same replicates as `compare(base, vlm)` draws
-        return np.stack([stat(nb, db, nv, dv, ni, di), POINTS * (_score(nv, dv) - _score(nb, db))], axis=-1)
+        b, v, i = _score(nb, db), _score(nv, dv), _score(ni, di)
+        return np.stack([stat(nb, db, nv, dv, ni, di), POINTS * (v - b), POINTS * (i - b), POINTS * (i - v)], axis=-1)
 
     flat = [a for nd in arrays for a in nd]
     dist = bootstrap_distribution(both, flat, n_boot, seed)
@@ -413,6 +424,8 @@ def recovery(base, vlm, intervened, task: str | None = None, metric: str | None 
         ci=percentile_ci(dist[:, 0], confidence) if lost else (None, None), confidence=confidence, n_boot=n_boot,
         undefined=float(np.mean(~np.isfinite(dist[:, 0]))), loss_points=POINTS * (s_vlm - s_base),
         loss_points_ci=loss_ci, status=status,
+        vs_base_points=POINTS * (s_int - s_base), vs_base_ci=percentile_ci(dist[:, 2], confidence),
+        vs_vlm_points=POINTS * (s_int - s_vlm), vs_vlm_ci=percentile_ci(dist[:, 3], confidence),
     )
 
 

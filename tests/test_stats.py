@@ -260,3 +260,18 @@ def test_group_difference_resamples_the_pairs_of_each_group():
     with pytest.raises(SinkstudyError, match="two non-empty groups"):
         group_difference([], [0.1])
 
+
+
+def test_a_recovery_carries_the_change_against_each_input_and_flags_a_result_below_both():
+    base = np.array([1] * 30 + [0] * 10)
+    vlm = np.array([1] * 20 + [0] * 20)
+    worse = np.array([1] * 5 + [0] * 35)  # 25 fewer passes than the base, 15 fewer than the VLM LM
+    r = recovery(base, vlm, worse, n_boot=2000)
+    assert r.vs_base_points == pytest.approx(-62.5) and r.vs_vlm_points == pytest.approx(-37.5)
+    assert r.vs_base_ci[1] < 0 and r.vs_vlm_ci[1] < 0 and r.below_both and r.recovery < 0
+    between = recovery(base, vlm, np.array([1] * 25 + [0] * 15), n_boot=2000)
+    assert between.vs_base_ci[1] < 0 < between.vs_vlm_ci[0] and not between.below_both
+    assert not recovery(base[:4], vlm[:4], worse[:4], n_boot=200).below_both  # 4 prompts decide nothing
+    from evals.stats import Recovery
+
+    assert Recovery.from_dict(r.as_dict()) == r
