@@ -76,3 +76,36 @@ def process_results_ifbench(doc, results):
     from evals.ifbench import grade
 
     return grade(doc, results[0])
+
+
+# --------------------------------------------------------------------------- sinkstudy_vqa (hf-multimodal)
+
+def load_vqa(n_easyvqa=120, n_scenes=120, n_digits=60, seed=0, **_metadata):
+    """lm-eval `custom_dataset`: the held-out VQA items (`evals.vqa.heldout_items`), images named by key."""
+    import datasets
+
+    from evals.vqa import heldout_items
+
+    items = heldout_items(n_easyvqa, n_scenes, n_digits, seed)
+    rows = [{"question": it.question, "answer": it.answer, "type": it.type, "source": it.source, "image": it.key} for it in items]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+
+
+def vqa_image(doc):
+    """The doc's image, redrawn from its key (an easy-VQA file, a held-out scene, a digit)."""
+    from evals.vqa import image_of
+
+    return [image_of(doc["image"])]
+
+
+def vqa_prompt(doc):
+    from evals.vl.questions import SHORT
+
+    return f"<image>\n{doc['question']}\n{SHORT}"
+
+
+def vqa_process(doc, results):
+    """Normalised exact match (`evals.vqa.normalise`), overall and under the question's type."""
+    from evals.vqa import normalise
+
+    return {"exact_match": float(normalise(results[0]) == normalise(doc["answer"]))}

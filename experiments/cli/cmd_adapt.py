@@ -1,6 +1,6 @@
 """`sinkstudy adapt`: LLaVA-style VL adaptation of a base LLM (the engine in interventions/adapt).
 
-    sinkstudy adapt --base B (--vision ID|PATH | --donor ID|PATH | --tiny-vision | --text-only)
+    sinkstudy adapt --base B (--vision ID|PATH | --donor ID|PATH | --tiny-vision | --scenes-vision | --text-only)
                     --train-data [STAGE=]SPEC ... [--recipe YAML] [--train-steps [STAGE=]N ...]
                     [--out DIR] [--resume] [--force] [--estimate] [--device DEVICE] [--dtype DTYPE]
                     [--protect NAME ... [--protect-param [NAME.]KEY=VALUE ...]] [--plugin FILE.py|MODULE ...]
@@ -77,8 +77,8 @@ def build_request(args):
 
     if not args.base:
         raise SinkstudyError("adapt needs --base (the base causal LM: hub id or local path)")
-    if not (args.vision or args.donor or args.tiny_vision or args.text_only):
-        raise SinkstudyError("adapt needs a vision side: --vision ID|PATH, --donor ID|PATH, --tiny-vision or --text-only")
+    if not (args.vision or args.donor or args.tiny_vision or args.scenes_vision or args.text_only):
+        raise SinkstudyError("adapt needs a vision side: --vision ID|PATH, --donor ID|PATH, --tiny-vision, --scenes-vision or --text-only")
     config = load_config(args.recipe) if args.recipe else text_recipe() if args.text_only else paper_recipe()
     names = [s.name for s in config.stages]
     for stage, specs in parse_stage_values(args.train_data, names, "train-data").items():
@@ -95,6 +95,8 @@ def build_request(args):
         vision = VisionSpec("donor", args.donor, seed=config.seed)
     elif args.tiny_vision:
         vision = VisionSpec("tiny", seed=config.seed)
+    elif args.scenes_vision:
+        vision = VisionSpec("scenes", seed=config.seed)
     else:
         vision = None
     if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):

@@ -177,6 +177,8 @@ def add_vision_options(p, *, required: bool) -> None:
     side.add_argument("--donor", metavar="ID|PATH", help="an existing VLM (Qwen2/2.5-VL, LLaVA) whose tower + projector to keep")
     if required:
         side.add_argument("--tiny-vision", action="store_true", help="a tiny random CLIP tower built locally (offline tests, the demo)")
+        side.add_argument("--scenes-vision", action="store_true",
+                          help="a small CLIP tower pretrained locally on the VL recipe's images (cached; docs/adapt.md)")
         side.add_argument("--text-only", action="store_true", help="no vision: train the LM itself on text (the Tülu-style contrast)")
 
 

@@ -8,6 +8,8 @@
   LLaVA): its tower and projector (merger) stay, its language model takes the base's weights; rows
   the donor adds to the vocabulary (image tokens) keep the donor's values.
 - tiny: a small randomly initialised CLIP tower built locally (tests, the demo).
+- scenes: a small CLIP tower pretrained here on the recipe's images (`interventions.adapt.tower`, cached),
+  whose last layer's patch features linearly decode shape, colour, count and digit.
 
 The language model inside the result gives the base's logits on text (`check_round_trip`). The
 result saves as an ordinary HF checkpoint + processor, read like a hub VLM by `interventions.pairs`.
@@ -32,7 +34,7 @@ from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("fresh", "donor", "tiny")
+KINDS = ("fresh", "donor", "tiny", "scenes")
 # Image placeholder tokens a tokenizer may already have (first found is used); else "<image>" is added.
 IMAGE_TOKEN_CANDIDATES = ("<image>", "<|image|>", "<|image_pad|>", "<image_soft_token>")
 DONOR_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava")
@@ -47,15 +49,20 @@ class VisionSpec:
 
     kind: str
     source: str | None = None
-    tiny: dict = dataclasses.field(default_factory=dict)  # tiny tower shape (TINY_DEFAULTS)
+    tiny: dict = dataclasses.field(default_factory=dict)  # tiny tower shape (TINY_DEFAULTS); scenes: tower settings
     feature_layer: int | None = None  # fresh: default -2 (CLIP, LLaVA-1.5) / -1 (SigLIP)
     seed: int = 0  # projector (and tiny tower) initialisation
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise SinkstudyError(f"unknown vision kind {self.kind!r}; choose from {', '.join(KINDS)}")
-        if self.kind != "tiny" and not self.source:
+        if self.kind in ("fresh", "donor") and not self.source:
             raise SinkstudyError(f"vision kind {self.kind!r} needs a source (hub id or local path)")
+        if self.kind == "scenes":
+            from interventions.adapt.tower import settings_of
+
+            settings_of(self.tiny)
+            return
         unknown = set(self.tiny) - set(TINY_DEFAULTS) - {"intermediate_size"}
         if unknown:
             raise SinkstudyError(f"unknown tiny tower key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(TINY_DEFAULTS)}")
@@ -133,6 +140,10 @@ def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> 
     _generation_defaults(vlm, tokenizer)
     report = {"kind": vision.kind, "source": vision.source, "tower": family, **info, "vocab_size": vocab,
               "text_model_type": config.text_config.model_type}
+    if vision.kind == "scenes":  # what the frozen tower sees: its linear probe on held-out images
+        from interventions.adapt.tower import pretrained_tower, tower_report
+
+        report["tower_probe"] = tower_report(pretrained_tower(vision.tiny))["probe"]
     return Built(vlm, processor, tokenizer, image_token, ("", ""), report)
 
 
@@ -141,7 +152,9 @@ def llava_config(text_config, vision_config, family: str, vision: VisionSpec, im
     from transformers import LlavaConfig
 
     strategy = "full" if family == "siglip" else "default"
-    layer = vision.feature_layer if vision.feature_layer is not None else (-1 if vision.kind == "tiny" or family == "siglip" else -2)
+    # A hub CLIP: LLaVA-1.5's second-to-last layer; the tiny and scenes towers (whose pretraining heads read
+    # the last layer) and SigLIP: the last.
+    layer = vision.feature_layer if vision.feature_layer is not None else (-2 if vision.kind == "fresh" and family == "clip" else -1)
     cls_tokens = 1 if family == "clip" else 0
     n_image_tokens = (vision_config.image_size // vision_config.patch_size) ** 2 + (cls_tokens if strategy == "full" else 0)
     text = text_config.__class__.from_dict({**text_config.to_dict(), "vocab_size": vocab})
@@ -163,6 +176,10 @@ def tower_config(vision: VisionSpec):
         return CLIPVisionConfig(hidden_size=t["hidden_size"], intermediate_size=t.get("intermediate_size", 2 * t["hidden_size"]),
                                 num_hidden_layers=t["num_hidden_layers"], num_attention_heads=t["num_attention_heads"],
                                 image_size=t["image_size"], patch_size=t["patch_size"], num_channels=3), "clip"
+    if vision.kind == "scenes":
+        from interventions.adapt.tower import settings_of, vision_config
+
+        return vision_config(settings_of(vision.tiny)), "clip"
     from interventions.pairs.resolve import load_config
 
     cfg = load_config(vision.source)  # one-line error for a missing path / offline hub id
@@ -186,6 +203,13 @@ def _tower_weights(vision: VisionSpec, vision_config):
         proc = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
         return state, proc
+    if vision.kind == "scenes":
+        from transformers import AutoImageProcessor
+
+        from interventions.adapt.tower import pretrained_tower
+
+        path = pretrained_tower(vision.tiny)
+        return CLIPVisionModel.from_pretrained(path, dtype=torch.float32).state_dict(), AutoImageProcessor.from_pretrained(path)
     model = AutoModel.from_pretrained(vision.source, dtype=torch.float32)
     return getattr(model, "vision_model", model).state_dict(), load_processor(vision)
 

@@ -16,6 +16,10 @@ Sources (`load_records`; strings on the command line, mappings in YAML):
                                 rows in LLaVA, messages, caption (image + caption/text) or VQA
                                 (image + question + answer) form
     {"records": [...]}          in memory (Python API), e.g. the demo's digit captions
+    {"generated": KIND, "n": N} seeded VL instruction data (`interventions.adapt.generated`: short-answer VQA,
+                                captions, detailed descriptions, conversations, reasoning)
+    {"selfdistill": "base"}     the base's own greedy replies to neutral prompts (`interventions.adapt.selfdistill`),
+                                made once per base and cached
 
 Encoding (`Encoder`): the base's chat template renders the conversation; each assistant turn's
 characters are found by rendering the conversation up to that turn with and without it (the
@@ -27,7 +31,6 @@ asks for (`replace_image_token`), wrapped as the VLM's own template wraps it.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
@@ -40,6 +43,7 @@ import torch
 from sinkstudy import SinkstudyError
 
 IMAGE = "<image>"
+SPEC_KINDS = ("digits", "json", "hf", "records", "generated", "selfdistill")
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 DEFAULT_CAPTION_PROMPT = "Describe the image briefly."
 
@@ -53,10 +57,11 @@ class DataError(SinkstudyError):
 def parse_spec(spec) -> dict:
     """A data spec (string or mapping) as a mapping with one of the keys digits / json / hf / records."""
     if isinstance(spec, dict):
-        kinds = [k for k in ("digits", "json", "hf", "records") if k in spec]
+        kinds = [k for k in SPEC_KINDS if k in spec]
         if len(kinds) != 1:
-            raise DataError(f"data spec {spec!r}: give exactly one of digits, json, hf, records")
-        unknown = set(spec) - {"digits", "json", "hf", "records", "image_folder", "split", "limit", "caption_prompt"}
+            raise DataError(f"data spec {spec!r}: give exactly one of {', '.join(SPEC_KINDS)}")
+        unknown = set(spec) - set(SPEC_KINDS) - {"image_folder", "split", "limit", "caption_prompt", "n", "seed",
+                                                  "prompts", "max_new_tokens"}
         if unknown:
             raise DataError(f"data spec: unknown key(s) {', '.join(sorted(unknown))}")
         return dict(spec)
@@ -81,6 +86,14 @@ def check_spec(spec) -> dict:
     from sinkstudy.inputs import inputs_checked
 
     s = parse_spec(spec)
+    if "generated" in s:
+        from interventions.adapt.generated import check
+
+        check(s)
+    if "selfdistill" in s:
+        from interventions.adapt.selfdistill import check
+
+        check(s)
     if "json" in s and inputs_checked() and not Path(s["json"]).is_file():
         raise DataError(f"data file not found: {s['json']}")
     if s.get("image_folder") and inputs_checked() and not Path(s["image_folder"]).is_dir():
@@ -129,11 +142,23 @@ def _blob(obj) -> str:
     return str(obj)
 
 
-def load_records(spec, *, seed: int = 0) -> "Records":
-    """The records of one source, normalised on access."""
+def load_records(spec, *, seed: int = 0, base=None) -> "Records":
+    """The records of one source, normalised on access. `base` (a path, name or loaded causal LM): the run's
+    base, which a `selfdistill` spec's replies come from."""
     s = check_spec(spec)
     prompt = s.get("caption_prompt", DEFAULT_CAPTION_PROMPT)
-    if "digits" in s:
+    if "generated" in s:
+        from interventions.adapt.generated import GeneratedRows
+
+        rows = GeneratedRows(s["generated"], s["n"], s.get("split", "train"), s.get("seed", seed))
+        name, folder = f"generated:{s['generated']}", None
+    elif "selfdistill" in s:
+        from interventions.adapt.selfdistill import records as distilled
+
+        if base is None:
+            raise DataError("a selfdistill spec needs the run's base model (it is made from the base's own replies)")
+        rows, name, folder = distilled(base, s), "selfdistill", None
+    elif "digits" in s:
         opts = s["digits"] or {}
         rows = digits_records(opts.get("split", "train"), n_heldout=opts.get("heldout", 200), seed=opts.get("seed", seed))
         name, folder = "digits", None
@@ -305,35 +330,19 @@ def digits_records(split: str = "train", *, n_heldout: int = 200, seed: int = 0,
     Pixels 0..16 become 8-bit greys (v * 255 / 16). `captions(label, rng)` gives (question, answer);
     default "What digit is this?" / "It is a {d}.". Each record also carries its `label`.
     """
-    import numpy as np
+    from evals.vl import digits
 
-    if split not in ("train", "heldout"):
+    if split not in digits.SPLITS:
         raise DataError(f"digits split must be train or heldout, got {split!r}")
-    images, targets = _digits()
-    order = np.random.default_rng(seed).permutation(len(targets))
-    chosen = order[n_heldout:] if split == "train" else order[:n_heldout]
     rng = random.Random(seed)
     out = []
-    for i in chosen:
-        label = int(targets[i])
-        pixels = images[i]
+    for i in digits.split_indices(split, n_heldout=n_heldout, seed=seed):
+        label = digits.label(i)
         question, answer = captions(label, rng) if captions else ("What digit is this?", f"It is a {label}.")
-        out.append({"images": [np.repeat(pixels[:, :, None], 3, axis=2)],
+        out.append({"images": [digits.rgb(i)],
                     "messages": [{"role": "user", "content": f"{IMAGE}\n{question}"}, {"role": "assistant", "content": answer}],
                     "label": label})
     return out
-
-
-@functools.lru_cache(maxsize=1)
-def _digits():
-    """The bundled digits as 8-bit greys and labels, read-only: parsed once per process (about 0.3 s a time)."""
-    import numpy as np
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    images, targets = np.uint8(np.round(data.images * 255 / 16)), data.target.copy()
-    images.flags.writeable = targets.flags.writeable = False
-    return images, targets
 
 
 # --------------------------------------------------------------------------- encoding

@@ -65,6 +65,7 @@ class HookContext:
     calibration: Any = None  # the calibration texts (evals.sink.CalibrationText) the sink maps were measured on
     step: int = 0  # global optimizer steps done (across stages)
     state: dict = field(default_factory=dict)  # free space for a hook between its calls
+    base: Any = None  # the run's base as given (a path, name or model): what a `selfdistill` data spec is made from
     logs: list = field(default_factory=list)
 
     def log(self, values: dict) -> None:

@@ -60,8 +60,10 @@ def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks:
         "qknorm": qknorm,
         "config": cfg,
         "hooks": [hook_identity(h) for h in hooks],
-        # The engine and the sink probe its trajectory runs: a finished run from other code is not reused.
-        "code": code_version(_ROOT / "interventions" / "adapt", _ROOT / "evals" / "sink"),
+        # The engine, the sink probe its trajectory runs, the visual world its generated data draws and the
+        # generation its self-distilled data runs: a finished run from other code is not reused.
+        "code": code_version(_ROOT / "interventions" / "adapt", _ROOT / "evals" / "sink", _ROOT / "evals" / "vl",
+                             _ROOT / "evals" / "generate"),
     }, default=str))
 
 
@@ -113,7 +115,7 @@ def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig, hooks: Se
     if vision is not None and vision.kind == "donor" and load_config(vision.source).model_type not in DONOR_TYPES:
         raise SinkstudyError(f"--donor {vision.source}: {load_config(vision.source).model_type!r} is not a supported donor; "
                              f"supported: {', '.join(DONOR_TYPES)}")
-    if vision is not None and vision.kind != "tiny":
+    if vision is not None and vision.kind in ("fresh", "donor"):
         load_processor(vision)  # configs and tokenizer files only; e.g. a Qwen-VL processor without torchvision
 
 
@@ -210,7 +212,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
     cache, request = shared
     for k, stage in enumerate(config.stages):
         work = out / "work" / stage.name
-        sources = [data_mod.load_records(spec, seed=config.seed) for spec in stage.data]
+        sources = [data_mod.load_records(spec, seed=config.seed, base=base) for spec in stage.data]
         encoder = data_mod.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
         dataset = data_mod.EncodedDataset(sources, encoder)
         key = stagecache.stage_key(request, hooks, k) if cache else None
@@ -234,7 +236,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
             callbacks += extra_callbacks
             stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
                                 tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps,
-                                calibration=probe.texts if sink_maps is not None else None, resume=not fresh,
+                                calibration=probe.texts if sink_maps is not None else None, resume=not fresh, base=base,
                                 progress=progress and main, desc=f"adapt {stage.name}", device=device)
             if main:
                 from safetensors.torch import save_model

@@ -211,6 +211,7 @@ def train_stage(
     progress: bool = True,
     desc: str | None = None,
     device: str | None = None,
+    base=None,
 ) -> dict:
     """Train `model` in place for one stage; returns its statistics. The model is left in eval mode
     with every parameter's requires_grad as before.
@@ -219,7 +220,7 @@ def train_stage(
     continues from the newest Trainer checkpoint in `work_dir`, ending with the weights an
     uninterrupted run would have (same data order, RNG, optimizer and scheduler state). `hooks`
     whose `stages` leave this stage out are not called; `sink_maps` and `calibration` (the texts they
-    were measured on) reach the others' context. `device`: "cpu" or "cuda" (`check_device`); None:
+    were measured on) reach the others' context, and `base` (the run's base argument) too. `device`: "cpu" or "cuda" (`check_device`); None:
     the GPU when there is one.
     """
     from interventions.adapt.build import language_model
@@ -235,7 +236,7 @@ def train_stage(
         p.requires_grad_(n in chosen)
     hooks = [h for h in hooks if h.applies_to(stage.name)]
     contexts = [(h, HookContext(model=model, language_model=language_model(model), tokenizer=tokenizer, stage=stage,
-                                config=config, sink_maps=sink_maps, calibration=calibration)) for h in hooks]
+                                config=config, sink_maps=sink_maps, calibration=calibration, base=base)) for h in hooks]
     world = _world_size()
     try:
         for hook, ctx in contexts:

@@ -1,8 +1,9 @@
 """`text_replay`: mix a share of text-only chat data into VL training (the baseline every protection
 must beat; LLaVA-665K itself carries ~6% ShareGPT text-only chats).
 
-`data` is an adaptation data spec (`interventions.adapt.data`: FILE.json[l], json:FILE, hf:NAME, or in
-Python {"records": [...]}) of text-only records (chats or plain text); they are formatted by the
+`data` is an adaptation data spec (`interventions.adapt.data`: FILE.json[l], json:FILE, hf:NAME, the base's
+self-distilled replies {selfdistill: base}, or in Python {"records": [...]}) of text-only records (chats or
+plain text); they are formatted by the
 stage's own encoder (the base's chat template, loss on assistant turns). The stage's data becomes
 an `interventions.adapt.data.MixedDataset`: every VL record still appears once per epoch and exactly
 `share` of the items seen are replayed text (floor(n * share) of any first n items of an epoch;
@@ -43,7 +44,7 @@ class TextReplay(Protection):
         encoder = getattr(dataset, "encoder", None)
         if encoder is None:
             raise SinkstudyError("text_replay: the stage's dataset has no encoder to format the replayed chats with")
-        records = load_records(self.config["data"], seed=ctx.config.seed)
+        records = load_records(self.config["data"], seed=ctx.config.seed, base=ctx.base)
         if isinstance(records.rows, list):
             with_images = next((i for i in range(len(records)) if records[i].get("images")), None)
             if with_images is not None:

@@ -1,0 +1,145 @@
+"""Held-out VQA: short-answer questions on images no training record shows, scored by greedy generation and
+normalised exact match, per question type, with each type's chance.
+
+The items (`heldout_items`) come from the held-out halves of the visual world (`evals.vl`): easy-VQA's
+test split (shape, colour, yes/no), held-out scenes (count, where, colour, shape, yes/no) and the digits'
+held-out split (digit). Each question carries LLaVA-1.5's format instruction, as the training's
+short-answer questions do. `normalise` lower-cases, drops punctuation and articles and writes number
+words as digits ("Three." -> "3", "the top left" -> "top left", "grey" -> "gray"); an answer is right when
+it equals the reference after that. Chance per type: uniform over the type's answer set
+(`evals.vl.questions.answers`) and the majority answer's share among the items, both reported.
+
+`vqa_accuracy(model, processor, items)` scores a saved LLaVA-style VLM (loaded by the caller); the same
+items run under lm-eval as the `sinkstudy_vqa` task (`evals/tasks/sinkstudy_vqa.yaml`, model hf-multimodal).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from evals.vl.questions import SHORT, answers
+
+_NUMBERS = {w: str(i) for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"))}
+_SYNONYMS = {"grey": "gray", "square": "rectangle", "centre": "center", "middle": "center"}
+_ARTICLES = {"a", "an", "the"}
+
+
+@dataclass(frozen=True)
+class Item:
+    image: object  # a path, PIL image or HxWx3 uint8 array
+    question: str
+    answer: str
+    type: str
+    source: str  # easyvqa | scenes | digits
+    key: str  # identifies the image: easy-VQA's file, "scene:heldout:<i>", "digit:<index>"
+
+    @property
+    def prompt(self) -> str:
+        return f"<image>\n{self.question}\n{SHORT}"
+
+
+def heldout_items(n_easyvqa: int = 120, n_scenes: int = 120, n_digits: int = 60, seed: int = 0) -> list[Item]:
+    """The held-out questions: a seeded sample of easy-VQA's test split, one question per held-out scene
+    (types in turn), and held-out digits."""
+    from evals.vl import digits, easyvqa, scenes
+    from evals.vl.questions import digit_question, scene_questions
+
+    rng = random.Random(seed)
+    pool = easyvqa.questions("test")
+    items = [Item(p, q[0].upper() + q[1:], a, t, "easyvqa", p) for q, a, p, t in (pool[i] for i in rng.sample(range(len(pool)), n_easyvqa))]
+    kinds = ("count", "where", "colour", "shape", "yes/no")
+    i = 0
+    while sum(it.source == "scenes" for it in items) < n_scenes:
+        s = scenes.scene("heldout", i)
+        want = kinds[sum(it.source == "scenes" for it in items) % len(kinds)]
+        asked = [x for x in scene_questions(s, rng) if x[2] == want]
+        if asked:
+            q, a, t = asked[0]
+            items.append(Item(scenes.render(s), q, a, t, "scenes", f"scene:heldout:{i}"))
+        i += 1
+    for index in digits.split_indices("heldout")[:n_digits]:
+        items.append(Item(digits.rgb(index), digit_question(rng), str(digits.label(index)), "digit", "digits", f"digit:{index}"))
+    return items
+
+
+def normalise(text: str) -> str:
+    w = [x for x in re.split(r"[^0-9a-z]+", text.lower()) if x]
+    w = [_NUMBERS.get(x, _SYNONYMS.get(x, x)) for x in w if x not in _ARTICLES]
+    if w and w[-1] == "corner":
+        w = w[:-1]
+    return " ".join(w)
+
+
+@dataclass
+class VQAScore:
+    accuracy: float
+    n: int
+    by_type: dict  # type -> {accuracy, n, chance (uniform), majority (the commonest answer's share)}
+
+    def as_dict(self) -> dict:
+        return {"accuracy": self.accuracy, "n": self.n, "by_type": self.by_type}
+
+
+def score(predictions: list[str], items: list[Item]) -> VQAScore:
+    right = [normalise(p) == normalise(it.answer) for p, it in zip(predictions, items, strict=True)]
+    by_type = {}
+    for t in sorted({it.type for it in items}):
+        idx = [k for k, it in enumerate(items) if it.type == t]
+        counts = Counter(normalise(items[k].answer) for k in idx)
+        by_type[t] = {"accuracy": sum(right[k] for k in idx) / len(idx), "n": len(idx),
+                      "chance": 1 / len(answers(t)), "majority": max(counts.values()) / len(idx)}
+    return VQAScore(sum(right) / len(right) if right else 0.0, len(right), by_type)
+
+
+def generate_answers(model, processor, items: list[Item], *, batch_size: int = 16, max_new_tokens: int = 8) -> list[str]:
+    """Greedy answers of a LLaVA-style VLM (its processor's chat template and image processor)."""
+    import torch
+
+    tok = processor.tokenizer
+    side, tok.padding_side = tok.padding_side, "left"
+    out = []
+    try:
+        for start in range(0, len(items), batch_size):
+            chunk = items[start:start + batch_size]
+            texts = [tok.apply_chat_template([{"role": "user", "content": it.prompt}], tokenize=False, add_generation_prompt=True)
+                     for it in chunk]
+            inputs = processor(text=texts, images=[_rgb(it.image) for it in chunk], padding=True, return_tensors="pt")
+            with torch.no_grad():
+                gen = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+            out += tok.batch_decode(gen[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    finally:
+        tok.padding_side = side
+    return [o.strip() for o in out]
+
+
+def vqa_accuracy(model, processor, items: list[Item] | None = None, **kw) -> tuple[VQAScore, list[str]]:
+    """(score, answers) of a VLM on the held-out items (default `heldout_items()`)."""
+    items = heldout_items() if items is None else items
+    predictions = generate_answers(model, processor, items, **kw)
+    return score(predictions, items), predictions
+
+
+def image_of(key: str):
+    """An item's image from its key: an easy-VQA file path, "scene:<split>:<i>" or "digit:<index>"."""
+    from evals.vl import digits, scenes
+
+    kind, _, rest = key.partition(":")
+    if kind == "scene":
+        split, _, index = rest.partition(":")
+        return scenes.render(scenes.scene(split, int(index)))
+    if kind == "digit":
+        return _rgb(digits.rgb(int(rest)))
+    return _rgb(key)
+
+
+def _rgb(image):
+    import numpy as np
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        return Image.fromarray(image).convert("RGB")
+    return image.convert("RGB") if hasattr(image, "convert") else Image.open(image).convert("RGB")
