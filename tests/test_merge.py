@@ -606,3 +606,14 @@ def test_sweep_mergekit_options_reach_the_mergekit_points_only(trio, tmp_path, m
     lin = json.loads((out / "points" / "lin" / "model" / "intervention.json").read_text())
     assert lin["mergekit_options"] == {"cuda": False, "lazy_unpickle": True, "low_cpu_memory": False}
     assert "mergekit_options" not in json.loads((out / "points" / "tsv" / "model" / "intervention.json").read_text())
+
+
+def test_a_merge_setting_given_as_param_is_the_merge_s_not_replaced_by_its_default(trio, tmp_path):
+    """`make merge-linear PARAMS="weight=0.3"` hands on --param weight=0.3: the merge uses 0.3, not linear's default 0.5."""
+    from experiments.cli import main
+
+    out = tmp_path / "w"
+    assert main(["merge", "--method", "linear", "--param", "weight=0.3", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]),
+                 "--out", str(out), "--no-eval"]) == 0
+    b, v, m = _w(trio["base"]), _w(trio["vlm"]), _w(out / "model")
+    torch.testing.assert_close(m[UP], 0.7 * b[UP] + 0.3 * v[UP], rtol=0, atol=1e-6)

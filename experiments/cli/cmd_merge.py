@@ -353,12 +353,12 @@ def run_merge(args) -> Summary | int:
     for key in ("weight", "density", "eta", "select", "root"):
         if getattr(args, key) is not None:
             params[key] = getattr(args, key)
-    if args.weight is None and args.method in ("linear", "slerp"):
-        params["weight"] = 0.5
-    if args.weight is None and args.method not in ("linear", "slerp", "star", "tsv"):  # TSV: alpha defaults to 1
-        params["weight"] = 1.0
-    if args.density is None and args.method in PAPER_DENSITY:
-        params["density"] = PAPER_DENSITY[args.method]
+    if args.method in ("linear", "slerp"):  # defaults only: a --param weight=... stays
+        params.setdefault("weight", 0.5)
+    if args.method not in ("linear", "slerp", "star", "tsv"):  # TSV: alpha defaults to 1
+        params.setdefault("weight", 1.0)
+    if args.method in PAPER_DENSITY:
+        params.setdefault("density", PAPER_DENSITY[args.method])
     validate_intervention(args.method, params)
     execution = execution_options(args.method, mergekit_options(args))
     check_measure_args(args)
