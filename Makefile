@@ -31,12 +31,16 @@ FORCE ?=
 QUIET ?=
 SEEDS ?=
 # SEEDS=0,1,2: a study (make demo, study, study-real, protect-study) repeated over training seeds, the spread reported.
+# NUMERICS=native: a study (demo, study, study-real, protect-study, paper) on this CPU's fastest kernels instead of the
+# reproducible mode's pinned ones, which give the same numbers on any x86-64 CPU (docs/numerics.md).
+NUMERICS ?=
 # QUICK=1: the smoke-scale version (demo, study-real) or CI size (bench, bench-eval).
 QUICK ?=
 # make compare: the two eval runs.
 A ?=
 B ?=
 SEEDS_FLAG = $(if $(SEEDS),--seeds $(SEEDS))
+NUMERICS_FLAG = $(if $(NUMERICS),--numerics $(NUMERICS))
 FORCE_FLAG = $(if $(filter 1,$(FORCE)),--force)
 QUIET_FLAG = $(if $(filter 1,$(QUIET)),--quiet)
 # How the models load (--device / --dtype) and every command's --force / --quiet; EVAL_FLAGS adds the evals'.
@@ -89,10 +93,10 @@ EVAL_VARS := LIMIT TASKS $(MODEL_VARS)
 # the demo's own settings, not the outer target's (OUT, ARGS, ... would reach `sinkstudy demo`).
 MAKEOVERRIDES :=
 # ($(MAKE) stays on each recipe line: make runs a line that names it also under -n.)
-DEMO_FIRST = demo OUT= ARGS= FORCE= SEEDS= QUICK=
+DEMO_FIRST = demo OUT= ARGS= FORCE= SEEDS= QUICK= NUMERICS=$(NUMERICS)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval real-model sink eval compare pair-extract pair-diff qknorm \
+.PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval bench-numerics real-model sink eval compare pair-extract pair-diff qknorm \
         adapt qknorm-arm protect protect-study study-real merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean clean-venv
 
 help.vars :=
@@ -112,6 +116,7 @@ names set in the shell's environment are used where taken, never refused):
   DEVICE= DTYPE=      torch device (cuda) and dtype (float32, bfloat16, float16) the models load in
   FORCE=1 QUIET=1     redo / replace finished outputs; no progress bars and no library chatter
   SEEDS=0,1,2         a study repeated over training seeds, the spread reported
+  NUMERICS=native     a study on this CPU's fastest kernels (default: the reproducible mode, the same numbers on any x86-64)
   QUICK=1             smoke scale (demo: sinkstudy demo --quick, study-real) or CI size (bench, bench-eval)
   NAME= PARAMS= PLUGIN=  a mitigation or protection, its parameters "k=v k2=v2", plug-in files "mine.py pkg.mod"
   INIT= TRAIN_STEPS=  qknorm: gain init (identity-gain is the paper's, scale-preserving the default), recovery steps
@@ -173,17 +178,21 @@ test.vars := $(INSTALL_VARS) TEST_JOBS ARGS
 test: $(REAL_STAMP) ## run the whole test suite on every core, in random order (tiny models and the real Gemma-3-270M / SmolLM2-135M, offline after install)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadscope $(ARGS)
 
-demo.vars := $(INSTALL_VARS) RUN OUT FORCE QUIET SEEDS QUICK ARGS
+demo.vars := $(INSTALL_VARS) RUN OUT FORCE QUIET SEEDS QUICK NUMERICS ARGS
 demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md; QUICK=1: smoke scale
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(if $(filter 1,$(QUICK)),--quick) $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(if $(filter 1,$(QUICK)),--quick) $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
-demo-real.vars := $(INSTALL_VARS) OUT FORCE QUIET SEEDS ARGS
+demo-real.vars := $(INSTALL_VARS) OUT FORCE QUIET SEEDS NUMERICS ARGS
 demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after (sinkstudy demo --real)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
 bench.vars := $(INSTALL_VARS) QUICK ARGS
 bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
 	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
+
+bench-numerics.vars := $(INSTALL_VARS) ARGS
+bench-numerics: $(STAMP) ## the reproducible numeric mode's cost: a 135M-shaped training step and a cold demo --quick in both modes, one run
+	$(PY) -m experiments.demo.bench_numerics $(ARGS)
 
 bench-extract.vars := $(INSTALL_VARS) ARGS
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
@@ -253,10 +262,10 @@ protect: $(MODEL_STAMP) ## adapt BASE=... (default the demo's qwen2) with one tr
 		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(PLUGIN_FLAGS) \
 		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(MODEL_FLAGS) $(ARGS)
 
-protect-study.vars := $(INSTALL_VARS) PROTECT_CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
+protect-study.vars := $(INSTALL_VARS) PROTECT_CONFIG PLUGIN OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
 protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S (sinkstudy run PROTECT_CONFIG)
 	$(if $(wildcard runs/demo/models/qwen2-base/config.json),,$(MAKE) $(DEMO_FIRST) RUN=runs/demo)
-	$(SINKSTUDY) run $(PROTECT_CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(PROTECT_CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
 merge-linear.vars := $(INSTALL_VARS) BASE VLM RUN PARAMS OUT $(EVAL_VARS) ARGS
 merge-linear: $(MODEL_STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
@@ -285,31 +294,31 @@ mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_r
 # converted GGUFs, the corpus chats text_replay mixes in) are written under OUT/inputs first.
 STUDY_REAL_CONFIG = experiments/configs/study_real$(if $(filter 1,$(QUICK)),_quick).yaml
 STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
-study-real.vars := $(INSTALL_VARS) QUICK OUT SEEDS $(EVAL_VARS) ARGS
+study-real.vars := $(INSTALL_VARS) QUICK OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
 study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, Gemma-3-270M) on CPU; QUICK=1: smoke scale
 	$(PY) -m sinkstudy.real_models --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
-study.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
+study.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
 study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml (sinkstudy run)
-	$(SINKSTUDY) run $(CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
-study-plan.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
+study-plan.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
 study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a scheduler (ARGS="json" for JSON; sinkstudy run --plan)
-	$(SINKSTUDY) run $(CONFIG) --plan $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) --plan $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
-paper.vars := $(INSTALL_VARS) OUT $(EVAL_VARS) ARGS
+paper.vars := $(INSTALL_VARS) OUT NUMERICS $(EVAL_VARS) ARGS
 paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
-	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
 paper-table.vars := $(INSTALL_VARS) QUIET ARGS
 paper-table: $(STAMP) ## the paper's published tables: rho on points and relative, leave-one-out error, McNemar per pair
 	$(SINKSTUDY) paper-table $(QUIET_FLAG) $(ARGS)
 
-paper-dry.vars := $(INSTALL_VARS) OUT $(EVAL_VARS) ARGS
+paper-dry.vars := $(INSTALL_VARS) OUT NUMERICS $(EVAL_VARS) ARGS
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory (sinkstudy paper --dry-run)
-	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
+	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
 gpu-check.vars := OUT
 gpu-check: ## one CUDA GPU, ~4 min on an H200: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)

@@ -41,6 +41,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from sinkstudy.numerics import PINNED_ENV, identity
+
 _PACKAGES = ("sinkstudy", "torch", "transformers", "mergekit", "lm_eval", "datasets", "scipy", "numpy", "tokenizers", "safetensors")
 
 # Files of a checkpoint dir that record results or provenance and never change outputs.
@@ -106,13 +108,14 @@ NUMERIC_CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512b
                      "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm")  # the last six: Arm's "Features"
 # Environment variables that change threads or the kernels chosen.
 NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
-               "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG")
+               "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "GLIBC_TUNABLES",
+               "NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE")
 
 
 def hardware() -> dict[str, Any]:
     """What computed a result: CPU, torch's threads and kernels, CUDA device (see the module doc).
     torch's part only where torch is loaded (a result made without it did not use it)."""
-    out = {**_cpu(), "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
+    out = {**_cpu(), "numerics": identity(), "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(), **_torch_build(),
@@ -192,8 +195,12 @@ def describe_hardware(hw: dict | list | None) -> str:
                      f"BLAS {t['blas'] or '?'}" + (f", oneDNN {t['onednn']}" if t.get("onednn") and t.get("onednn_enabled") else ""))
         if h.get("cuda"):
             text += f"; CUDA {h['cuda']['device']}"
-        if h.get("env"):
-            text += "; " + " ".join(f"{k}={v}" for k, v in h["env"].items())
+        mode = h.get("numerics")
+        if mode:
+            text += f"; numeric mode {mode}"
+        env = {k: v for k, v in (h.get("env") or {}).items() if not (mode or "").startswith("reproducible") or k not in PINNED_ENV}
+        if env:  # in the reproducible mode, the variables it sets are its name's
+            text += "; " + " ".join(f"{k}={v}" for k, v in env.items())
         parts.append(text)
     return " | ".join(parts)
 
@@ -214,8 +221,11 @@ def recorded_hardware(record_files: Iterable[str | os.PathLike]) -> list[dict]:
 
 def code_version(*paths: str | os.PathLike) -> str:
     """sha256 over the source files at `paths` (files, or directories read recursively without
-    caches and hidden files): part of the key of every result that code shapes."""
-    h = hashlib.sha256()
+    caches and hidden files) and, outside the native mode, the numeric mode in effect
+    (`sinkstudy.numerics.identity`: the same source computes other numbers on other kernels): part of the
+    key of every result that code shapes."""
+    mode = identity()
+    h = hashlib.sha256(b"" if mode == "native" else mode.encode())
     for root in map(Path, paths):
         files = [root] if root.is_file() else sorted(
             f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts

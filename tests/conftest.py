@@ -15,6 +15,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite runs in the native numeric mode (a process enters the reproducible one only when it starts:
+# sinkstudy.numerics); tests/test_numerics.py starts its own processes in each mode.
+os.environ["SINKSTUDY_NUMERICS"] = "native"
 # The real checkpoints (tests marked `real`) are converted once into the user's cache, not the suite's
 # throw-away one: the cache in effect when the run started (`make test` converts them there first).
 os.environ.setdefault("SINKSTUDY_REAL_CACHE", os.environ.get("SINKSTUDY_CACHE") or str(Path.home() / ".cache" / "sinkstudy"))

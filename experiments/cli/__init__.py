@@ -19,7 +19,7 @@ import sys
 import time
 
 from experiments.cli.closing import Summary
-from sinkstudy import SinkstudyError, __version__
+from sinkstudy import SinkstudyError, __version__, numerics
 from sinkstudy.distributed import leave_process_group
 from sinkstudy.io import disk_full
 from sinkstudy.progress import quiet
@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        # before torch loads: the reproducible mode restarts the program with its environment (sinkstudy.numerics)
+        numerics.enter(numerics.requested(getattr(args, "numerics", None), getattr(args, "numerics_default", "native")),
+                       reexec=argv is None)
+        numerics.configure_torch()
         with quiet(getattr(args, "quiet", False)):  # --quiet: the libraries' progress bars too
             result = args.func(args)
         leave_process_group()

@@ -35,6 +35,7 @@ def register(subparsers) -> None:
     _eval_overrides(p)
     _jobs(p, "1")
     _seeds(p)
+    _numerics(p)
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
@@ -46,6 +47,7 @@ def register(subparsers) -> None:
     _common(p)
     _jobs(p, "one per core, at most 4; 1 with --real")
     _seeds(p)
+    _numerics(p)
     p.set_defaults(func=cmd_demo)
 
     p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
@@ -53,6 +55,7 @@ def register(subparsers) -> None:
     p.add_argument("--config", default=None, help=f"study YAML (default: {PAPER_CONFIG.relative_to(CONFIG_DIR.parent.parent)})")
     _common(p)
     _eval_overrides(p)
+    _numerics(p)
     p.set_defaults(func=cmd_paper)
 
     p = subparsers.add_parser("report", help="re-render a run's report.md / report.html / plots from its summary.json",
@@ -76,6 +79,16 @@ def _seeds(p) -> None:
                    help="repeat every training stage with each of these seeds (the first's run in --out, seed N's in "
                         "OUT/seeds/N); the report gives each figure per seed with its spread (default: the config's `seeds`, "
                         "else one run)")
+
+
+def _numerics(p) -> None:
+    from sinkstudy.numerics import ENV, MODES
+
+    p.add_argument("--numerics", choices=MODES, default=None,
+                   help="reproducible: every CPU code path pinned (MKL, ATen, oneDNN, threads, libm, numpy), the same numbers on "
+                        f"any x86-64 CPU; native: each library's fastest path for this CPU (default: ${ENV}, else reproducible; "
+                        "docs/numerics.md)")
+    p.set_defaults(numerics_default="reproducible")
 
 
 def _jobs(p, default: str) -> None:
@@ -135,9 +148,11 @@ def _run(study, args, jobs: int = 1) -> int:
 
 def cmd_run(args) -> Summary | int:
     import json
+    import os
     import shlex
 
     from experiments.cli.argtypes import load_plugin_options
+    from sinkstudy.numerics import ENV
     from experiments.study.graph import format_records
     from experiments.study.runner import plan_records, run_step
     from experiments.study.config import load_study
@@ -150,7 +165,8 @@ def cmd_run(args) -> Summary | int:
     command = ("sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
                + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin)
                + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
-                         if (v := getattr(args, k)) is not None))
+                         if (v := getattr(args, k)) is not None)
+               + (" --numerics native" if os.environ.get(ENV) == "native" else ""))  # each step job in this run's mode
     if study.seeds and (args.plan or args.step):
         raise SinkstudyError(f"{'--plan' if args.plan else '--step'} takes one seed's study, and {study.name} repeats over seeds "
                              f"{','.join(map(str, study.seeds))}: run it whole, or without seeds")

@@ -35,7 +35,10 @@ def default_jobs(limit: int = 4) -> int:
 def _init_worker(log_dir: str, threads: int) -> None:
     import torch
 
+    from sinkstudy.numerics import configure_torch
+
     torch.set_num_threads(threads)
+    configure_torch()  # the parent's numeric mode (its environment is inherited; torch's part is per process)
     log = open(Path(log_dir) / f"worker-{os.getpid()}.log", "a", buffering=1, encoding="utf-8")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)

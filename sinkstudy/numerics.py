@@ -1,0 +1,128 @@
+"""The numeric mode a process computes in: `reproducible` pins every CPU code path that picks its
+kernels by the processor, so a study gives the same numbers on any x86-64 CPU; `native` leaves each
+library to pick the fastest path for this machine (docs/numerics.md has the measurements).
+
+What `reproducible` pins, and why each (measured by hashing each piece's output with one path pinned at a time):
+- MKL_CBWR=COMPATIBLE: MKL's code branch documented to give the same results on Intel and non-Intel
+  processors. Its ISA branches (AVX2, AVX512) are Intel-only: on AMD, MKL reads MKL_CBWR=AVX2 as AUTO.
+  fp32 matmul and linear layers go to MKL's sgemm.
+- ATEN_CPU_CAPABILITY=default: ATen's kernels (softmax, norms, SiLU, AdamW's update, random normal
+  init) built for the x86-64 baseline, where AVX2 / AVX-512 builds reorder and fuse (FMA) arithmetic.
+- oneDNN and NNPACK off (`torch.backends.mkldnn.enabled`, `torch.backends.nnpack.set_flags(False)`): conv2d
+  (a vision tower's patch embedding) and GELU otherwise run oneDNN's kernels, generated for the CPU's ISA at
+  run time, and a conv2d without a gradient on a batch of 16 or more runs NNPACK's, chosen by the CPU's ISA.
+- one intra-op thread (OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS, `torch.set_num_threads`):
+  parallel reductions split the work by thread count, so the machine's core count would move sums.
+- GLIBC_TUNABLES glibc.cpu.hwcaps=-AVX2,-FMA,-FMA4: glibc's libm runs FMA variants of exp/log/pow on
+  CPUs that have FMA (Python's math, numpy's float64 exp/log, scipy); masked, every x86-64 runs the SSE2 ones.
+- NPY_DISABLE_CPU_FEATURES and OPENBLAS_CORETYPE=Nehalem: numpy's SIMD loops and OpenBLAS's kernels
+  (numpy / scipy linear algebra) at the x86-64-v2 baseline numpy requires, not at the CPU's.
+
+glibc and the libraries read these when they load, so a process is in the mode only if it was started
+with them: `enter` re-executes the program with them set (the `sinkstudy` command does this before it
+imports torch); worker processes inherit them and call `configure_torch`. CUDA kernels are not pinned.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+
+MODES = ("reproducible", "native")
+ENV = "SINKSTUDY_NUMERICS"  # the mode a command runs in when its --numerics is not given
+THREADS = 1
+_HWCAPS = "glibc.cpu.hwcaps=-AVX2,-FMA,-FMA4"
+PINNED_ENV = {
+    "MKL_CBWR": "COMPATIBLE",
+    "ATEN_CPU_CAPABILITY": "default",
+    "OMP_NUM_THREADS": str(THREADS),
+    "MKL_NUM_THREADS": str(THREADS),
+    "OPENBLAS_NUM_THREADS": str(THREADS),
+    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+    "OPENBLAS_CORETYPE": "Nehalem",
+    "GLIBC_TUNABLES": _HWCAPS,
+}
+# The mode's identity: part of every result key (sinkstudy.provenance.code_version), so a result computed
+# in one mode is never reused in the other, and a change of what the mode pins recomputes everything.
+_PINS = {"env": PINNED_ENV, "onednn": False, "nnpack": False, "threads": THREADS}
+REPRODUCIBLE_ID = "reproducible-" + hashlib.sha256(json.dumps(_PINS, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def requested(flag: str | None, default: str) -> str:
+    """The mode a command asks for: its --numerics flag, else $SINKSTUDY_NUMERICS, else its default."""
+    from sinkstudy import SinkstudyError
+
+    mode = flag or os.environ.get(ENV) or default
+    if mode not in MODES:
+        raise SinkstudyError(f"{ENV}={mode!r}: the numeric mode is one of {', '.join(MODES)}")
+    return mode
+
+
+@functools.lru_cache(maxsize=1)
+def _start_environment() -> dict[str, str]:
+    """The environment this process was started with (what glibc and the libraries read), not os.environ now."""
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            items = fh.read().split(b"\0")
+    except OSError:  # not Linux
+        return dict(os.environ)
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in items if b"=" in item)
+
+
+def _pinned(env: dict[str, str]) -> bool:
+    return all((_HWCAPS in env.get(k, "").split(":")) if k == "GLIBC_TUNABLES" else env.get(k) == v
+               for k, v in PINNED_ENV.items())
+
+
+def pinned_environment(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the mode's variables set (glibc tunables the user set are kept beside the mask)."""
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.cpu.hwcaps=")]
+    return {**env, **PINNED_ENV, "GLIBC_TUNABLES": ":".join(tunables + [_HWCAPS]), ENV: "reproducible"}
+
+
+def enter(mode: str, *, reexec: bool) -> None:
+    """Make this process compute in `mode`. For `reproducible` when the process was not started with the
+    pinned environment: re-execute the same command line with it (`reexec`, before torch or numpy are
+    imported), else refuse in one line (a process cannot switch once its libraries are loaded)."""
+    from sinkstudy import SinkstudyError
+
+    os.environ[ENV] = mode
+    if mode == "native" or _pinned(_start_environment()):
+        return
+    if not reexec or "torch" in sys.modules or "numpy" in sys.modules:
+        raise SinkstudyError("the reproducible numeric mode is set when a process starts: run the sinkstudy command "
+                             "(it restarts itself with the mode's environment), or pass --numerics native")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], pinned_environment(dict(os.environ)))
+
+
+def configure_torch() -> None:
+    """torch's part of the mode, in every process that computes (the CLI's and each worker): one intra-op
+    thread, no oneDNN, no NNPACK. Nothing in `native`."""
+    if current() != "reproducible":
+        return
+    import torch
+
+    torch.set_num_threads(THREADS)
+    torch.backends.mkldnn.enabled = False
+    torch.backends.nnpack.set_flags(False)
+
+
+def current() -> str:
+    """`reproducible` when this process was started with the pinned environment, else `native`."""
+    return "reproducible" if os.environ.get(ENV) != "native" and _pinned(_start_environment()) else "native"
+
+
+def identity() -> str:
+    """The mode in effect, as it enters result keys and provenance: `native`, or `reproducible-<pins hash>`
+    when the process was started pinned and torch (where loaded) runs without oneDNN and NNPACK."""
+    if current() != "reproducible":
+        return "native"
+    torch = sys.modules.get("torch")
+    if torch is not None and (torch.backends.mkldnn.enabled or torch._C._get_nnpack_enabled()):
+        return "native"  # started pinned, but torch's part was never applied (configure_torch)
+    return REPRODUCIBLE_ID
