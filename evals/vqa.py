@@ -11,6 +11,9 @@ it equals the reference after that. Chance per type: uniform over the type's ans
 
 `vqa_accuracy(model, processor, items)` scores a saved LLaVA-style VLM (loaded by the caller); the same
 items run under lm-eval as the `sinkstudy_vqa` task (`evals/tasks/sinkstudy_vqa.yaml`, model hf-multimodal).
+`choice_accuracy` scores closed-set questions by likelihood instead of generation (a study's held-out digit
+probe: which of "It is a 0." ... "It is a 9." the VLM finds most likely), the answers' prefix computed once
+per image (`answer_logprobs`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 from evals.vl.questions import SHORT, answers
 
@@ -104,9 +108,12 @@ def generate_answers(model, processor, items: list[Item], *, batch_size: int = 1
     try:
         for start in range(0, len(items), batch_size):
             chunk = items[start:start + batch_size]
-            texts = [tok.apply_chat_template([{"role": "user", "content": it.prompt}], tokenize=False, add_generation_prompt=True)
-                     for it in chunk]
-            inputs = processor(text=texts, images=[_rgb(it.image) for it in chunk], padding=True, return_tensors="pt")
+            # "<image>" marks the image (the training data's convention); the processor expands its own token
+            texts = [tok.apply_chat_template([{"role": "user", "content": it.prompt.replace("<image>", processor.image_token)}],
+                                             tokenize=False, add_generation_prompt=True) for it in chunk]
+            # the chat template writes the special tokens itself (as the training encoder does)
+            inputs = processor(text=texts, images=[_rgb(it.image) for it in chunk], padding=True, return_tensors="pt",
+                               add_special_tokens=False)
             with torch.no_grad():
                 gen = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
@@ -143,3 +150,68 @@ def _rgb(image):
     if isinstance(image, np.ndarray):
         return Image.fromarray(image).convert("RGB")
     return image.convert("RGB") if hasattr(image, "convert") else Image.open(image).convert("RGB")
+
+
+# --------------------------------------------------------------------------- answers by likelihood
+
+def choice_accuracy(model, records: list[dict], choices: list[str], encode: Callable[[dict], dict],
+                    collate: Callable[[list[dict]], dict], *, images_per_pass: int = 8) -> dict:
+    """Held-out VL skill by likelihood: per record (its `images`, its question as `messages[0]`, its `label` an
+    index into `choices`) the answer the VLM finds most likely (the summed log-probability of its tokens), the
+    share of records answered right, and the mean answer-token NLL of the right answer (exp: its perplexity).
+    `encode` turns a record with an assistant answer into model features and `collate` batches them: the
+    caller's, so the prompts read as the model was trained on. `images_per_pass` images (each with every
+    choice) share one forward pass."""
+    import math
+
+    import torch
+
+    correct, nll_true = 0, []
+    k = len(choices)
+    with torch.no_grad():
+        for start in range(0, len(records), images_per_pass):
+            chunk = records[start:start + images_per_pass]
+            feats = [encode({"images": rec["images"], "messages": [rec["messages"][0], {"role": "assistant", "content": answer}]})
+                     for rec in chunk for answer in choices]
+            score, n_tokens = answer_logprobs(model, collate(feats), rows_per_image=k)
+            for rec, s, n in zip(chunk, score.view(-1, k), n_tokens.view(-1, k)):
+                correct += int(s.argmax()) == rec["label"]
+                nll_true.append(float(-s[rec["label"]] / n[rec["label"]]))
+    mean_nll = sum(nll_true) / len(nll_true)
+    return {"accuracy": correct / len(records), "answer_nll": mean_nll, "answer_ppl": math.exp(mean_nll), "n_images": len(records)}
+
+
+def answer_logprobs(vlm, batch: dict, rows_per_image: int):
+    """(summed log-probability of each row's answer tokens, their count) for rows that come `rows_per_image` to an
+    image, with one text up to where their answers differ: that prefix (image and question, most of each row) runs
+    once per image and its KV cache serves each of the image's rows, a fraction of the work of scoring rows whole."""
+    import inspect
+
+    import torch
+    from transformers import DynamicCache
+
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    rows = len(ids)
+    shared = ((ids == ids[:1]) & (mask == 1)).all(0).long().cumprod(0)
+    cut = max(1, min(int(shared.sum()), ids.shape[1] - 1))  # the continuation keeps at least one token
+    firsts = slice(None, None, rows_per_image)
+    images = {k: v.reshape(rows, -1, *v.shape[1:])[firsts].flatten(0, 1) for k, v in batch.items()
+              if k not in ("input_ids", "attention_mask", "labels")}
+    # position t's logits score token t+1: the prefix's last position scores each row's first differing token
+    scored = torch.zeros_like(labels, dtype=torch.bool)
+    scored[:, :-1] = labels[:, 1:] != -100
+    cache = DynamicCache(config=vlm.config)
+    cache_kw = "cache" if "cache" in inspect.signature(vlm.forward).parameters else "past_key_values"  # renamed in 5.25
+    head = vlm(input_ids=ids[firsts, :cut], attention_mask=mask[firsts, :cut], **images, use_cache=True,
+               **{cache_kw: cache}, logits_to_keep=scored[firsts, :cut])
+    cache.batch_repeat_interleave(rows_per_image)
+    tail = vlm(input_ids=ids[:, cut:], attention_mask=mask, use_cache=True, **{cache_kw: cache}, logits_to_keep=scored[:, cut:])
+    positions = scored[0, :cut].nonzero()[:, 0]  # the prefix's scored positions, the same in every row
+    head_logp = torch.log_softmax(head.logits.float(), -1).view(-1, len(positions), head.logits.shape[-1])
+    image_of = torch.arange(rows) // rows_per_image
+    head_part = head_logp[image_of[:, None], torch.arange(len(positions))[None], labels[:, positions + 1]]
+    tail_logp = torch.log_softmax(tail.logits.float(), -1).gather(-1, labels[:, cut + 1:][scored[:, cut:-1]].unsqueeze(-1)).squeeze(-1)
+    row_of = scored[:, cut:].nonzero()[:, 0]
+    score = head_part.sum(1).index_add_(0, row_of, tail_logp)
+    n_tokens = torch.full((rows,), float(len(positions))).index_add_(0, row_of, torch.ones_like(tail_logp))
+    return score, n_tokens

@@ -177,3 +177,21 @@ def test_the_lm_eval_vqa_task_reads_the_heldout_items(monkeypatch):
     assert task.doc_to_text(docs[0]) == items[0].prompt
     assert _pixels(task.doc_to_image(docs[5])[0]) == _pixels(items[5].image)
     assert task.process_results(docs[0], [f"{docs[0]['answer'].capitalize()}."]) == {"exact_match": 1.0}
+
+
+def test_vqa_answers_a_saved_vlm_from_the_prompt_training_formats(tmp_path, tokenizer):
+    from interventions.adapt.build import load_vlm, save_vlm
+
+    built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
+    save_vlm(built, built.processor, tmp_path / "vlm")
+    model, processor = load_vlm(tmp_path / "vlm")
+    items = vqa.heldout_items(2, 5, 2)
+    # the eval's prompt tokens are the engine's for the same user turn (the training format)
+    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    record = {"images": [items[0].image], "messages": [{"role": "user", "content": items[0].prompt}, {"role": "assistant", "content": "x"}]}
+    user = items[0].prompt.replace("<image>", processor.image_token)
+    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+    ids = processor(text=[text], images=[vqa._rgb(items[0].image)], return_tensors="pt", add_special_tokens=False)["input_ids"][0].tolist()
+    assert enc(record)["input_ids"].tolist()[:len(ids)] == ids
+    result, answers = vqa.vqa_accuracy(model, processor, items, batch_size=4, max_new_tokens=3)
+    assert len(answers) == len(items) == result.n and all(isinstance(a, str) for a in answers)
