@@ -161,3 +161,16 @@ def test_eval_writes_to_its_default_out_and_reuses_it(tmp_path, tokenizer, monke
     assert main(argv) == 0 and (default / "results.json").read_bytes() == before  # the same run: reused
     assert main([*argv[:-1], "--max-gen-toks", "5"]) == 2  # another run into it: one line, as `sink` refuses
     assert "holds a different eval run; pass --force" in capsys.readouterr().err
+
+
+def test_a_merge_below_both_of_its_inputs_says_so_and_few_prompts_say_they_decide_nothing():
+    from evals.stats import recovery
+    from experiments.cli.cmd_merge import _recovery_row as row_of, recovery_text
+
+    base, vlm = np.array([1] * 30 + [0] * 10), np.array([1] * 20 + [0] * 20)
+    text = recovery_text(row_of(recovery(base, vlm, np.array([1] * 5 + [0] * 35), n_boot=2000)))
+    assert text.startswith("recovery -1.50 [") and "; below both inputs (Δ vs base -62.5 [" in text and "vs VLM LM -37.5 [" in text
+    assert "below both" not in recovery_text(row_of(recovery(base, vlm, np.array([1] * 25 + [0] * 15), n_boot=2000)))
+    few = recovery_text(row_of(recovery(np.ones(3), np.zeros(3), np.zeros(3), n_boot=200)))  # 3 prompts, all lost
+    assert few == "too few prompts for any conclusion (fewer than 6) (Δ VLM LM − base -100.0 points [-100.0, -100.0])"
+

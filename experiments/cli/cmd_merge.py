@@ -206,13 +206,17 @@ class Measure:
 
 
 RECOVERY_CONVENTION = ("recovery = (intervened − VLM LM) / (base − VLM LM): 0 none, 1 back to base; stated only where the "
-                       "base -> VLM LM loss is significant (its paired CI below 0), else \"no loss to recover\" (null)")
+                       "base -> VLM LM loss is significant (its paired CI below 0, over at least 6 prompts), else the reason "
+                       "(null): no loss to recover, loss not established, or too few prompts for any conclusion; \"below both "
+                       "inputs\": the intervened model scored below the base and the VLM LM, each paired CI below 0")
 
 
 def _recovery_row(r) -> dict[str, Any]:
     return {"metric": r.metric, "base": r.base, "vlm": r.vlm, "score": r.intervened, "recovery": finite_or_none(r.recovery),
             "ci": [finite_or_none(c) for c in r.ci], "status": r.status, "loss_points": r.loss_points,
-            "loss_points_ci": list(r.loss_points_ci), "n": r.n}
+            "loss_points_ci": list(r.loss_points_ci), "n": r.n, "vs_base_points": r.vs_base_points,
+            "vs_base_ci": list(r.vs_base_ci or ()), "vs_vlm_points": r.vs_vlm_points, "vs_vlm_ci": list(r.vs_vlm_ci or ()),
+            "below_both": r.below_both}
 
 
 def digest(obj) -> str:
@@ -283,8 +287,13 @@ def recovery_text(row: dict[str, Any]) -> str:
     """"recovery 0.42 [0.10, 0.80]", or "no loss to recover (Δ VLM LM − base +1.2 points [−3.0, +5.0])"."""
     if row.get("status", "recovery") != "recovery":
         lo, hi = row["loss_points_ci"]
-        return f"{row['status']} (Δ VLM LM − base {row['loss_points']:+.1f} points [{lo:+.1f}, {hi:+.1f}])"
-    return f"recovery {num(row['recovery'], '.2f')} {ci_text(row['ci'], '.2f', '[n/a, n/a]')}"
+        text = f"{row['status']} (Δ VLM LM − base {row['loss_points']:+.1f} points [{lo:+.1f}, {hi:+.1f}])"
+    else:
+        text = f"recovery {num(row['recovery'], '.2f')} {ci_text(row['ci'], '.2f', '[n/a, n/a]')}"
+    if row.get("below_both"):
+        text += (f"; below both inputs (Δ vs base {row['vs_base_points']:+.1f} {ci_text(row['vs_base_ci'], '+.1f')}, "
+                 f"vs VLM LM {row['vs_vlm_points']:+.1f} {ci_text(row['vs_vlm_ci'], '+.1f')} points)")
+    return text
 
 
 def _measure_and_write(out: Path, model: Path, vlm_lm: Path, args) -> dict[str, Any]:
