@@ -114,6 +114,8 @@ def test_heads_chosen_in_a_model_without_a_sink_are_named_in_a_warning(tokenizer
     assert "\n" not in message and "2 of the 2 heads chosen by {'by': 'strength', 'top_k': 2} are no sink heads" in message
     assert all(f"L{layer}H{head} (S " in message for layer, head in chosen) and "this model has no sink head" in message
     assert [h["sink_head"] for h in describe(maps, chosen)] == [False, False]
+    select_heads(maps, {"by": "strength", "top_k": 2})  # the next stage of the same run selects again: said once
+    assert len(caplog.records) == 1
 
     mass = maps.mass.clone()
     mass[1, 0] = mass[1, 3] = 0.9
@@ -453,7 +455,7 @@ def test_adapt_command_takes_protections_with_settings(tmp_path, tokenizer, caps
                  "--protect-param", "keys=false", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert 'text sink_head_freeze: {"heads": [{"layer": 0, "head": 1' in out and '"frozen_rows": 32' in out  # q rows + q bias rows (keys: false)
-    request = json.loads((tmp_path / "run" / "request.json").read_text())
+    request = json.loads((tmp_path / "run" / "run" / "request.json").read_text())
     assert request["hooks"][0]["params"]["config"]["heads"] == [[0, 1]] and request["hooks"][0]["params"]["config"]["keys"] is False
     for extra, needle in [(["--protect", "sink_head_freeze", "--protect-param", "top_k=2"], "has no parameter"),
                           (["--protect", "a", "--protect", "b", "--protect-param", "k=1"], "unknown protection"),

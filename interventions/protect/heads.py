@@ -122,7 +122,10 @@ def warn_unless_sink_heads(maps, heads: list[tuple[int, int]], rule: Any) -> str
              if not sinks else f"the model has {sinks} sink head(s); {{by: mass, threshold: {SINK_HEAD_MASS}}} selects them alone")
     message = (f"{len(others)} of the {len(heads)} heads chosen by {rule} are no sink heads (mean attention on the sink "
                f"position <= {SINK_HEAD_MASS}): {listed}; {model}")
-    log.warning(message)
+    said = maps.__dict__.setdefault("_said", set())  # once per run: each stage of an adaptation selects again on the same maps
+    if message not in said:
+        said.add(message)
+        log.warning(message)
     return message
 
 
