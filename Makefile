@@ -117,7 +117,7 @@ names set in the shell's environment are used where taken, never refused):
   FORCE=1 QUIET=1     redo / replace finished outputs; no progress bars and no library chatter
   SEEDS=0,1,2         a study repeated over training seeds, the spread reported
   NUMERICS=native     a study on this CPU's fastest kernels (default: the reproducible mode, the same numbers on any x86-64)
-  QUICK=1             smoke scale (demo: sinkstudy demo --quick, study-real) or CI size (bench, bench-eval)
+  QUICK=1             smoke scale (demo: sinkstudy demo --quick into RUN-quick, study-real) or CI size (bench, bench-eval)
   NAME= PARAMS= PLUGIN=  a mitigation or protection, its parameters "k=v k2=v2", plug-in files "mine.py pkg.mod"
   INIT= TRAIN_STEPS=  qknorm: gain init (identity-gain is the paper's, scale-preserving the default), recovery steps
   ADAPT_CONFIG= DATA= VISION= DONOR=  VL adaptation: recipe YAML, training data, vision tower (default a tiny one)
@@ -179,8 +179,8 @@ test: $(REAL_STAMP) ## run the whole test suite on every core, in random order (
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadscope $(ARGS)
 
 demo.vars := $(INSTALL_VARS) RUN OUT FORCE QUIET SEEDS QUICK NUMERICS ARGS
-demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md; QUICK=1: smoke scale
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(if $(filter 1,$(QUICK)),--quick) $(call OUT_FLAG,$(RUN)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md; QUICK=1: smoke scale, in runs/demo-quick
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(if $(filter 1,$(QUICK)),--quick) $(call OUT_FLAG,$(RUN)$(if $(filter 1,$(QUICK)),-quick)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 
 demo-real.vars := $(INSTALL_VARS) OUT FORCE QUIET SEEDS NUMERICS ARGS
 demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after (sinkstudy demo --real)
