@@ -17,6 +17,11 @@ What `reproducible` pins, and why each (measured by hashing each piece's output 
   CPUs that have FMA (Python's math, numpy's float64 exp/log, scipy); masked, every x86-64 runs the SSE2 ones.
 - NPY_DISABLE_CPU_FEATURES and OPENBLAS_CORETYPE=Nehalem: numpy's SIMD loops and OpenBLAS's kernels
   (numpy / scipy linear algebra) at the x86-64-v2 baseline numpy requires, not at the CPU's.
+- torch's CPU sqrt, asin, acos and atan (float32 and float64) go to MKL's vector math in its high-accuracy
+  mode, which is not correctly rounded and whose bits follow the hardware even on MKL's COMPATIBLE branch
+  (the same CPU model gave other bits under an emulator, every other function the same): the mode
+  registers numpy's kernels for them (`PORTABLE_KERNELS`; sqrt is IEEE's correctly rounded one), so
+  AdamW's update (exp_avg_sq.sqrt()) is the same everywhere.
 
 glibc and the libraries read these when they load, so a process is in the mode only if it was started
 with them: `enter` re-executes the program with them set (the `sinkstudy` command does this before it
@@ -47,7 +52,10 @@ PINNED_ENV = {
 }
 # The mode's identity: part of every result key (sinkstudy.provenance.code_version), so a result computed
 # in one mode is never reused in the other, and a change of what the mode pins recomputes everything.
-_PINS = {"env": PINNED_ENV, "onednn": False, "nnpack": False, "threads": THREADS}
+# torch ops on CPU whose own kernels (MKL's vector math) give hardware-dependent bits: numpy's ufunc for each
+PORTABLE_KERNELS = {"sqrt": "sqrt", "asin": "arcsin", "acos": "arccos", "atan": "arctan"}
+_PINS = {"env": PINNED_ENV, "onednn": False, "nnpack": False, "threads": THREADS, "kernels": PORTABLE_KERNELS}
+_registered: list = []  # the torch.library.Library holding the portable kernels (registered once per process)
 REPRODUCIBLE_ID = "reproducible-" + hashlib.sha256(json.dumps(_PINS, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -102,7 +110,7 @@ def enter(mode: str, *, reexec: bool) -> None:
 
 def configure_torch() -> None:
     """torch's part of the mode, in every process that computes (the CLI's and each worker): one intra-op
-    thread, no oneDNN, no NNPACK. Nothing in `native`."""
+    thread, no oneDNN, no NNPACK, the portable kernels. Nothing in `native`."""
     if current() != "reproducible":
         return
     import torch
@@ -110,6 +118,43 @@ def configure_torch() -> None:
     torch.set_num_threads(THREADS)
     torch.backends.mkldnn.enabled = False
     torch.backends.nnpack.set_flags(False)
+    if not _registered:
+        _registered.append(_register_portable_kernels(torch))
+
+
+def _register_portable_kernels(torch):
+    """aten's functional, in-place and out= forms of each PORTABLE_KERNELS op on CPU, computed by numpy (autograd
+    still applies the op's own derivative above the CPU kernel). Half and bfloat16 go through float32,
+    integers through the default float dtype, as torch's own kernels promote them."""
+    import warnings
+
+    import numpy as np
+
+    def portable(ufunc):
+        def compute(t):
+            out_dtype = t.dtype if t.is_floating_point() or t.is_complex() else torch.get_default_dtype()
+            work = t.detach().resolve_conj().resolve_neg()
+            work = work.float() if work.dtype in (torch.float16, torch.bfloat16) or not (work.is_floating_point() or work.is_complex()) \
+                else work
+            result = torch.from_numpy(np.asarray(ufunc(work.numpy())))
+            return result.to(out_dtype) if result.dtype != out_dtype else result
+
+        def out_form(t, *, out):
+            result = compute(t)
+            out.resize_(result.shape)
+            return out.copy_(result)
+
+        return compute, lambda t: t.copy_(compute(t)), out_form
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point
+        warnings.simplefilter("ignore")
+        for op, name in PORTABLE_KERNELS.items():
+            functional, inplace, out_form = portable(getattr(np, name))
+            lib.impl(op, functional, "CPU")
+            lib.impl(f"{op}_", inplace, "CPU")
+            lib.impl(f"{op}.out", out_form, "CPU")
+    return lib
 
 
 def current() -> str:
@@ -119,10 +164,11 @@ def current() -> str:
 
 def identity() -> str:
     """The mode in effect, as it enters result keys and provenance: `native`, or `reproducible-<pins hash>`
-    when the process was started pinned and torch (where loaded) runs without oneDNN and NNPACK."""
+    when the process was started pinned and torch (where loaded) runs without oneDNN and NNPACK, on the
+    portable kernels."""
     if current() != "reproducible":
         return "native"
     torch = sys.modules.get("torch")
-    if torch is not None and (torch.backends.mkldnn.enabled or torch._C._get_nnpack_enabled()):
+    if torch is not None and (not _registered or torch.backends.mkldnn.enabled or torch._C._get_nnpack_enabled()):
         return "native"  # started pinned, but torch's part was never applied (configure_torch)
     return REPRODUCIBLE_ID

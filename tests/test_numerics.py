@@ -53,10 +53,11 @@ def test_a_process_started_without_the_mode_cannot_enter_it_in_place(capsys):
 
 
 def _probe(env: dict) -> dict:
-    code = ("import json, torch; from sinkstudy import numerics, provenance; numerics.configure_torch(); "
+    code = ("import json, numpy as np, torch; from sinkstudy import numerics, provenance; numerics.configure_torch(); "
+            "x = torch.linspace(0.1, 9.0, 4099)[::3]; "
             "h = provenance.hardware(); print(json.dumps({'id': numerics.identity(), 'code': provenance.code_version(provenance.__file__), "
             "'threads': torch.get_num_threads(), 'onednn': torch.backends.mkldnn.enabled, 'cap': torch.backends.cpu.get_cpu_capability(), "
-            "'line': provenance.describe_hardware(h)}))")
+            "'line': provenance.describe_hardware(h), 'sqrt_numpy': int((x.sqrt() != torch.from_numpy(np.sqrt(x.numpy()))).sum())}))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, check=True)
     return json.loads(out.stdout)
 
@@ -67,6 +68,8 @@ def test_the_mode_is_in_every_result_key_and_names_itself_in_the_hardware_line()
     assert native["id"] == "native" and pinned["id"] == numerics.REPRODUCIBLE_ID
     assert native["code"] != pinned["code"]  # a result computed in one mode is never reused in the other
     assert (pinned["threads"], pinned["onednn"], pinned["cap"]) == (1, False, "DEFAULT")
+    # torch's sqrt is numpy's, IEEE's correctly rounded one (MKL's vector math's bits follow the hardware)
+    assert pinned["sqrt_numpy"] == 0
     assert f"numeric mode {numerics.REPRODUCIBLE_ID}" in pinned["line"] and "MKL_CBWR" not in pinned["line"]
     assert "numeric mode native" in native["line"]
 
