@@ -194,6 +194,8 @@ def inject_qk_norm(
         raise SinkstudyError(f"init {init!r} needs a tokenizer and calibration_texts")
     gains = calibrate_gains(model, tokenizer, calibration_texts, progress=progress) if needs_calibration else None
     _attach(model, attns, alpha=alpha if init == "blend" else 1.0, gains=gains)
+    if getattr(model.config, "_name_or_path", ""):  # what logs and eval records call it (config.json never stores it)
+        model.config.name_or_path = f"{model.config._name_or_path}+qknorm-{init}"
     return model
 
 

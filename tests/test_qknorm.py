@@ -63,6 +63,19 @@ def test_adds_two_norms_per_layer_before_rope(family, tokenizer):
     assert torch.allclose(rms, torch.ones_like(rms), atol=1e-3)
 
 
+def test_an_injected_model_is_named_as_such_in_logs_and_records_never_in_its_checkpoint(tokenizer, tmp_path):
+    """The eval of the injected copy was logged (and recorded) under the original's path."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    tiny_causal_lm("llama", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "base")
+    model = inject(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tokenizer, "identity-gain")
+    assert model.config._name_or_path == f"{tmp_path / 'base'}+qknorm-identity-gain"
+    model.save_pretrained(tmp_path / "saved")
+    assert "_name_or_path" not in json.loads((tmp_path / "saved" / "config.json").read_text())
+
+
 def test_deepcopy_of_injected_model_uses_its_own_norms(tokenizer):
     model = inject(tiny_causal_lm("llama", vocab_size=len(tokenizer)), tokenizer, "identity-gain")
     before = logits(model, tokenizer)
