@@ -150,7 +150,7 @@ def _summary(args, report: dict):
         deltas = [f"{name} {_f(row['tasks'][task]['vs_own_base']['delta'])}" for name, row in report["arms"].items()] if task else []
         result = (f"{task}: Δ = arm − its own base, points: {', '.join(deltas)}" if deltas else f"{len(report['arms'])} arm(s) adapted")
         return Summary("qknorm", result, outputs=existing(out / "report.md", out / "report.json", out),
-                       next=[cmd("sinkstudy", "run", "experiments/configs/protect.yaml")])
+                       next=[cmd("make", "protect-study")])  # the protection study on the demo's backbones (made first if missing)
     init, after = report["at_init"], report["after_training"]
     result = (f"Sink Strength {_f(init['sink_strength_original'])} original -> {_f(init['sink_strength_injected'])} {report['arm']}"
               + (f" -> {_f(after['sink_strength_injected'])} trained" if after else ""))
