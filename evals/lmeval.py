@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +30,12 @@ from sinkstudy.io import (atomic_output_dir, cache_root, check_output_dir, json_
                           write_json_atomic, write_text_atomic)
 from sinkstudy.provenance import code_version, model_fingerprint, package_versions, provenance
 
-from evals.protocol import (HF_BACKENDS, check_backend, check_backend_args, check_backend_batch_size, check_batch_size,
-                            check_gen_kwargs, check_mapping, check_system_instruction, warn_unset_template_variables)
+from evals.protocol import HF_BACKENDS, EvalProtocol, check_backend, warn_unset_template_variables
 from evals.tasks import (SHIPPED_TASKS, TaskSpec, UnknownTaskError, builtin_task_manager, close_matches, empty_task_manager,
                          parse_task_list, resolve_tasks)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TASKS = ("ifeval", "gsm8k_cot", "bbh_cot_fewshot")
 # The number each task is reported by (seed paper: IFEval prompt-level strict; GSM8K-CoT and
 # GPQA-CoT flexible-extract; EQ-Bench its score; the controls their lm-eval default metric).
 HEADLINE_METRICS = {
@@ -172,38 +169,28 @@ def run_eval(
     model,
     tokenizer=None,
     *,
-    tasks: str | Iterable[str] = DEFAULT_TASKS,
-    limit: int | float | None = None,
-    batch_size: int | str = 8,
-    apply_chat_template: bool = True,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-    system_instruction: str | None = None,
-    max_gen_toks: int | None = 256,
-    gen_kwargs: Mapping[str, Any] | None = None,
-    num_fewshot: int | None = None,
-    confirm_run_unsafe_code: bool = False,
-    data_files: Mapping[str, str] | str | Iterable[str] | None = None,
+    protocol: EvalProtocol | None = None,
     out_dir: str | os.PathLike | None = None,
     force: bool = False,
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
-    backend: str = "hf",
-    backend_args: Mapping[str, Any] | None = None,
     device: str | None = None,
     dtype: str | None = None,
     loader: Callable[..., Any] | None = None,
     seed: int = 0,
     progress: bool = True,
+    **settings,
 ) -> EvalRun | None:
-    """Evaluate `model` (a loaded HF causal LM, or a path / hub id) on lm-eval tasks.
+    """Evaluate `model` (a loaded HF causal LM, or a path / hub id) on lm-eval tasks as `protocol` says
+    (`evals.protocol.EvalProtocol`, default its defaults), with keyword `settings` (its fields: `tasks=...`,
+    `limit=...`; a mapping given as None: empty) put over it.
 
-    The protocol knobs go to lm-eval's own mechanisms (`evals.protocol`): `chat_template_kwargs`
-    to the chat template (e.g. {"enable_thinking": False} for Qwen3), `system_instruction` as a
-    system message, `gen_kwargs` over each task's generation settings, `batch_size` an integer or
-    "auto" / "auto:N". `max_gen_toks=None` keeps each task's own generation length; `num_fewshot`
-    overrides every task's shot count; `confirm_run_unsafe_code` lets tasks that execute model code
-    (MBPP) run. `data_files` ({task: path} or "task=path" specs) swaps a task's data for a local
-    jsonl in the task's own format.
+    The protocol's knobs go to lm-eval's own mechanisms: `chat_template_kwargs` to the chat template (e.g.
+    {"enable_thinking": False} for Qwen3), `system_instruction` as a system message, `gen_kwargs` over each
+    task's generation settings, `batch_size` an integer or "auto" / "auto:N". `max_gen_toks=0` keeps each
+    task's own generation length; `num_fewshot` overrides every task's shot count; `confirm_run_unsafe_code`
+    lets tasks that execute model code (MBPP) run. `data_files` ({task: path} or "task=path" specs) swaps a
+    task's data for a local jsonl in the task's own format.
 
     A path is loaded only when something is left to evaluate, by `loader(path, device=, dtype=)`
     (default: `AutoModelForCausalLM`; callers pass the pair loader, which also reads VLM and
@@ -219,15 +206,12 @@ def run_eval(
     every process takes a share of the prompts; rank 0 gathers, caches, saves and returns the
     run, the other ranks return None.
     """
+    empty_when_none = ("data_files", "chat_template_kwargs", "gen_kwargs", "backend_args")
+    settings = {k: v for k, v in settings.items() if v is not None or k not in empty_when_none}
+    protocol = (protocol or EvalProtocol()).replace(**settings) if settings else (protocol or EvalProtocol())
+    backend, batch_size = protocol.backend, protocol.batch_size
     check_backend(backend)
-    check_limit(limit)
-    batch_size = check_batch_size(batch_size)
-    check_backend_batch_size(backend, batch_size)
-    chat_template_kwargs = check_mapping(chat_template_kwargs or {}, "chat template kwargs")
-    system_instruction = check_system_instruction(system_instruction)
-    gen_kwargs = check_gen_kwargs(gen_kwargs)
-    backend_args = check_backend_args(backend_args)
-    specs = resolve_tasks(tasks, data_files)
+    specs = resolve_tasks(list(protocol.tasks), dict(protocol.data_files) or None)
     for s in specs:
         if s.data_file:
             read_text(s.data_file, f"data file of task {s.name}")  # a non-UTF-8 file fails now, not inside lm-eval
@@ -249,26 +233,26 @@ def run_eval(
         tokenizer = _load_tokenizer(tokenizer)
     if _is_processor(tokenizer):
         tokenizer = tokenizer.tokenizer  # HFLM needs the text tokenizer, not the processor
-    if apply_chat_template and not getattr(tokenizer, "chat_template", None):
+    if protocol.apply_chat_template and not getattr(tokenizer, "chat_template", None):
         raise SinkstudyError(f"tokenizer of {model_name!r} has no chat template; pass apply_chat_template=False (--no-chat-template)")
-    if apply_chat_template:
-        warn_unset_template_variables(tokenizer, chat_template_kwargs, model_name)
+    if protocol.apply_chat_template:
+        warn_unset_template_variables(tokenizer, protocol.chat_template_kwargs, model_name)
 
     fingerprint = model_fingerprint(model)
     distributed = _data_parallel(backend)  # this process's device under accelerate launch / torchrun
     settings = {
-        "limit": limit,
+        "limit": protocol.limit,
         "batch_size": batch_size,
-        "apply_chat_template": apply_chat_template,
-        "max_gen_toks": max_gen_toks,
-        "num_fewshot": num_fewshot,
-        "chat_template_kwargs": chat_template_kwargs,
-        "system_instruction": system_instruction,
-        "gen_kwargs": gen_kwargs,
+        "apply_chat_template": protocol.apply_chat_template,
+        "max_gen_toks": protocol.max_gen_toks,
+        "num_fewshot": protocol.num_fewshot,
+        "chat_template_kwargs": dict(protocol.chat_template_kwargs),
+        "system_instruction": protocol.system_instruction,
+        "gen_kwargs": dict(protocol.gen_kwargs),
         # A loaded model's dtype is in its fingerprint; vLLM's "auto" is the checkpoint's own.
         "dtype": (dtype or ("auto" if backend == "vllm" else "float32")) if is_path else None,
         "backend": backend,
-        "backend_args": backend_args,
+        "backend_args": dict(protocol.backend_args),
         "device": "cuda" if backend == "vllm" else _device_type(model, distributed.device if distributed else device),
         "seed": seed,
         "tokenizer": tokenizer_fingerprint(tokenizer),
@@ -298,7 +282,7 @@ def run_eval(
             if is_path and backend in HF_BACKENDS:  # loaded only now: a fully cached rerun never loads weights
                 model = _load_model(loader or _auto_causal_lm, model, distributed.device if distributed else device, dtype)
             with _progress_bars(progress):
-                fresh = _evaluate(model, tokenizer, todo, settings, distributed, confirm_run_unsafe_code)
+                fresh = _evaluate(model, tokenizer, todo, settings, distributed, protocol.confirm_run_unsafe_code)
             if fresh is None:  # a data-parallel worker: rank 0 holds the gathered results
                 return None
             for s in todo:
@@ -333,16 +317,6 @@ def _device_type(model, device: str | None) -> str:
         return str(device or "cpu").split(":")[0]
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return param.device.type if param is not None else "cpu"
-
-
-def check_limit(limit) -> None:
-    """`limit`: None, a positive finite count, or a fraction in (0, 1)."""
-    if limit is None:
-        return
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
-        raise SinkstudyError(f"limit must be a positive number of prompts (or a fraction below 1), got {limit!r}")
-    if isinstance(limit, float) and limit >= 1 and not limit.is_integer():
-        raise SinkstudyError(f"limit above 1 must be a whole number of prompts, got {limit!r}")
 
 
 def check_task_names(tasks: str | Iterable[str]) -> list[str]:

@@ -16,18 +16,15 @@ Conventions shared with `interventions.spectral` (TSV, STAR):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from sinkstudy import SinkstudyError
-from sinkstudy.checkpoint import WeightFiles, local_checkpoint, weight_files
-from sinkstudy.io import cache_root
+from interventions.outputs import (RESULT_JSON, MergeError, check_disk_space, check_finite_checkpoint, check_pair, checkpoint_dtype,
+                                   estimate_output_bytes, replace_side_files, resolve_lm, side_files, write_result)
+from interventions.params import Selection, check_number
+from sinkstudy.checkpoint import local_checkpoint
 
 LOG = logging.getLogger(__name__)
 
@@ -39,65 +36,7 @@ PASSTHROUGH_PARAMS = {"gamma", "lambda", "normalize", "rescale", "int8_mask"}
 # Numeric pass-through parameters and their ranges (the others are booleans).
 _PASSTHROUGH_RANGES = {"gamma": {"lo": 0.0, "hi": 1.0, "hi_open": True}, "lambda": {"lo": 0.0, "hi": 10.0}}
 
-_NAME_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-DISK_MARGIN = 1.10  # shard padding, tokenizer and temp files on top of the raw tensor bytes
-RESULT_JSON = "intervention.json"
 MERGEKIT_YAML = "mergekit_config.yml"
-
-
-class MergeError(SinkstudyError):
-    pass
-
-
-# --------------------------------------------------------------------------- selection
-
-_MODULE_FILTERS = {"attn": "self_attn", "mlp": "mlp"}
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which tensors a merge touches: modules (attn / mlp) and/or decoder layers [first, last].
-
-    Parsed from strings such as "attn", "mlp", "layers:0-3", "attn,layers:0-3". Expressed as
-    mergekit `filter` substrings ("self_attn", "layers.2.", "layers.2.self_attn"), matched the way
-    mergekit matches them (substring of the tensor name), so our own code selects the same tensors.
-    """
-
-    modules: tuple[str, ...] = ()
-    layers: tuple[int, int] | None = None
-
-    @classmethod
-    def parse(cls, text: str | None) -> "Selection | None":
-        if not text:
-            return None
-        modules: list[str] = []
-        layers = None
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            m = re.fullmatch(r"layers:(\d+)(?:-(\d+))?", part)
-            if m:
-                first, last = int(m.group(1)), int(m.group(2) or m.group(1))
-                if last < first:
-                    raise MergeError(f"bad layer range {part!r}: last layer before first")
-                layers = (first, last)
-            elif part in _MODULE_FILTERS:
-                modules.append(part)
-            else:
-                raise MergeError(f"bad selection {part!r}: use attn, mlp and/or layers:FIRST-LAST")
-        return cls(tuple(modules), layers)
-
-    def filters(self) -> list[str]:
-        mods = [_MODULE_FILTERS[m] for m in self.modules]
-        if self.layers is None:
-            return mods
-        layer_keys = [f"layers.{i}." for i in range(self.layers[0], self.layers[1] + 1)]
-        return [k + m for k in layer_keys for m in mods] if mods else layer_keys
-
-    def matches(self, tensor_name: str) -> bool:
-        return any(f in tensor_name for f in self.filters())
-
-    def __str__(self) -> str:
-        parts = list(self.modules) + ([f"layers:{self.layers[0]}-{self.layers[1]}"] if self.layers else [])
-        return ",".join(parts)
 
 
 def _selective(value: float, outside: float, selection: Selection | None) -> Any:
@@ -107,117 +46,7 @@ def _selective(value: float, outside: float, selection: Selection | None) -> Any
     return [{"filter": f, "value": value} for f in selection.filters()] + [{"value": outside}]
 
 
-# --------------------------------------------------------------------------- checkpoints on disk
-
-def checkpoint_weights(path: str | os.PathLike) -> WeightFiles:
-    """The validated safetensors files of a checkpoint dir (`sinkstudy.checkpoint.weight_files`: every
-    shard, index and header checked); merges refuse `.bin`-only checkpoints in one line."""
-    files = weight_files(path)
-    if files is None:
-        raise MergeError(f"{path}: only pytorch_model.bin weights; merges need safetensors checkpoints")
-    return files
-
-
-def tensor_layout(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name -> (safetensors dtype, shape) over all shards of a checkpoint."""
-    return {name: (t.dtype, t.shape) for name, t in checkpoint_weights(path).tensors.items()}
-
-
-def checkpoint_dtype(path: str | os.PathLike) -> str:
-    """The float dtype a checkpoint stores its weights in (e.g. "bfloat16"): the one holding most bytes."""
-    dtype = checkpoint_weights(path).float_dtype()
-    if dtype is None:
-        raise MergeError(f"{path}: no floating-point tensors")
-    return dtype
-
-
-def estimate_output_bytes(path: str | os.PathLike, out_dtype: str | None = None) -> int:
-    """Bytes of the merged weights: the base's tensors, floating ones at `out_dtype` (default: as stored)."""
-    import math
-
-    total = 0
-    for t in checkpoint_weights(path).tensors.values():
-        float_out = out_dtype is not None and t.torch_dtype is not None
-        total += math.prod(t.shape) * _NAME_BYTES[out_dtype] if float_out else t.nbytes
-    return total
-
-
-def check_disk_space(out_dir: str | os.PathLike, need_bytes: int) -> None:
-    """Refuse before any work when the output's filesystem lacks room for the merge."""
-    probe = Path(out_dir).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    need = int(need_bytes * DISK_MARGIN)
-    if need > free:
-        raise MergeError(f"not enough disk for the merge in {probe}: need ~{need / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
-
-
-def is_vlm_checkpoint(path: str | os.PathLike) -> bool:
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        return False
-    cfg = json.loads(cfg_file.read_text())
-    return "vision_config" in cfg or any("ConditionalGeneration" in a for a in cfg.get("architectures") or [])
-
-
-# Bump when resolve_lm's output changes for the same inputs (2: streamed, in the VLM's stored dtype).
-_LM_CACHE_FORMAT = 2
-
-
-def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
-    once by the pair loader (base's class, vocabulary and tokenizer), streamed disk to disk in the
-    VLM's stored dtype (about one shard in memory, never the vision tower), into a cache keyed by
-    both models' fingerprints and the pair loader's code version."""
-    import hashlib
-
-    from sinkstudy.provenance import code_version, model_fingerprint
-
-    vlm = local_checkpoint(vlm)
-    if not is_vlm_checkpoint(vlm):
-        return vlm
-    extracted = Path(cache_dir) if cache_dir else cache_root() / "vlm_lm"
-    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs"),
-                    f"format:{_LM_CACHE_FORMAT}"])
-    target = extracted / hashlib.sha256(key.encode()).hexdigest()[:32]
-    if not (target / "config.json").is_file():
-        from interventions.pairs import load_tokenizer, plan_extraction, write_language_model
-
-        LOG.info("extracting the language model of %s into %s", vlm, target)
-        plan = plan_extraction(vlm, base)
-        write_language_model(plan, target, tokenizer=load_tokenizer(base), force=True,
-                             extra={"source": str(vlm), "extraction": plan.report.to_dict()})
-    return target
-
-
-def check_pair(base: str | os.PathLike, vlm_lm: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
-    """Same architecture, head layout, tensor names and shapes, before mergekit runs: configs
-    (heads split out) and then the on-disk tensors, with the pair loader's one-line error."""
-    from interventions.pairs import check_same_layout
-    from interventions.pairs.resolve import load_config
-
-    pairs = [(base, vlm_lm, ("base", "vlm"))] + ([(root, base, ("root", "base"))] if root is not None else [])
-    for a, b, names in pairs:
-        check_same_layout(load_config(a), load_config(b), names=names)
-        check_same_layout({k: v[1] for k, v in tensor_layout(a).items()}, {k: v[1] for k, v in tensor_layout(b).items()}, names=names)
-
-
 # --------------------------------------------------------------------------- mergekit config
-
-def check_number(where: str, value, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-                 hi_open: bool = False, integer: bool = False) -> None:
-    """A setting must be a finite real (an int with `integer`) inside [lo, hi] (open ends as given)."""
-    import math
-
-    kind = "an integer" if integer else "a finite number"
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not math.isfinite(value):
-        raise MergeError(f"{where} must be {kind}, got {value!r}")
-    if lo is not None and (value < lo or (lo_open and value == lo)) or hi is not None and (value > hi or (hi_open and value == hi)):
-        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise MergeError(f"{where} must be in {left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}, got {value!r}")
-
 
 def takes_root(method: str) -> bool:
     """Whether `method` merges task vectors from a common ancestor (`root`): not linear or slerp."""
@@ -377,7 +206,7 @@ def run_mergekit_merge(
         write_result(tmp, method=method, base=base_in, vlm=vlm_in, vlm_lm=vlm_lm, root=root, seed=seed,
                      settings={"weight": weight, "density": density, "select": str(select or "") or None, **(params or {})},
                      extra={"mergekit_config": cfg, "mergekit_options": options, "files": {"weights": "mergekit", **files},
-                            **({"request": request} if request else {})})
+                            **({"request": request} if request else {})}, config_file=MERGEKIT_YAML)
     return out_dir
 
 
@@ -414,94 +243,3 @@ def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | No
         raise MergeError(f"mergekit {cfg['merge_method']} failed: {str(exc).splitlines()[0]}") from exc
 
 
-def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, settings: dict, extra: dict | None = None) -> None:
-    """`intervention.json`: what was done to which checkpoints, with provenance; and the model card
-    `README.md` (`model_card`), in place of mergekit's (titled with its temporary folder's name)."""
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
-
-    models = {"base": str(base), "vlm": str(vlm), "vlm_lm": str(vlm_lm)} | ({"root": str(root)} if root else {})
-    write_text_atomic(out / "README.md", model_card(method, models, settings, seed))
-    write_json_atomic(out / RESULT_JSON, {
-        "intervention": method,
-        "settings": settings,
-        "models": models,
-        "provenance": provenance(
-            seed=seed,
-            fingerprints={k: model_fingerprint(v) for k, v in models.items() if k != "vlm" or v != str(vlm_lm)},
-        ),
-        **(extra or {}),
-    })
-
-
-def model_card(method: str, models: dict[str, str], settings: dict, seed) -> str:
-    """A model card titled with the method and its inputs, listing the settings and where the VLM's
-    language model came from (it may sit in the cache)."""
-    import yaml
-
-    name = lambda p: Path(str(p).rstrip("/")).name or str(p)  # noqa: E731
-    shown = {k: v for k, v in settings.items() if v is not None}
-    title = f"{method} of {name(models['base'])} and the language model of {name(models['vlm'])}"
-    lines = ["---", yaml.safe_dump({"library_name": "transformers", "tags": ["sinkstudy", method]}, sort_keys=False).strip(), "---",
-             f"# {title}", "",
-             f"Made by sinkstudy's `{method}`" + (f" ({', '.join(f'{k} {v}' for k, v in shown.items())})" if shown else "")
-             + f", seed {seed}, from:", "",
-             f"- base LLM (config, tokenizer and chat template): `{models['base']}`",
-             f"- VLM: `{models['vlm']}`"]
-    if models["vlm_lm"] != models["vlm"]:
-        lines.append(f"- the VLM's language model, extracted in the base's architecture: `{models['vlm_lm']}`")
-    if models.get("root"):
-        lines.append(f"- common ancestor (task vectors from it): `{models['root']}`")
-    lines += ["", f"Settings, inputs' fingerprints and versions: `{RESULT_JSON}`"
-              + (f"; mergekit's configuration: `{MERGEKIT_YAML}`." if method in MERGEKIT_METHODS else "."), ""]
-    return "\n".join(lines)
-
-
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-def side_files(path: str | os.PathLike) -> list[str]:
-    """Names of a checkpoint's config, generation config, tokenizer and processor files: every
-    file its fingerprint covers except the weights (and their index)."""
-    from sinkstudy.provenance import fingerprinted_files
-
-    return [f.name for f in fingerprinted_files(path)
-            if not f.name.endswith(_WEIGHT_SUFFIXES) and not f.name.endswith(".index.json")]
-
-
-def copy_side_files(src: str | os.PathLike, dst: Path) -> list[str]:
-    """Copy the side files of checkpoint `src` into `dst`; returns their names."""
-    names = side_files(src)
-    for name in names:
-        shutil.copy2(Path(src) / name, dst / name)
-    return names
-
-
-def replace_side_files(src: str | os.PathLike, dst: Path) -> list[str]:
-    """Make `dst`'s side files exactly `src`'s (a root's tokenizer.model must not outlive it)."""
-    for name in side_files(dst):
-        os.unlink(dst / name)
-    return copy_side_files(src, dst)
-
-
-def check_finite_checkpoint(path: str | os.PathLike) -> None:
-    """Refuse a checkpoint with NaN or infinite weights (read shard by shard, tensor by tensor)."""
-    import torch
-    from safetensors import safe_open
-
-    files = checkpoint_weights(path)
-    for f in files.files:
-        with safe_open(os.fspath(files.root / f), framework="pt") as fh:
-            for name in fh.keys():
-                t = fh.get_tensor(name)
-                if t.is_floating_point() and not torch.isfinite(t).all():
-                    raise MergeError(f"the merge produced non-finite values in {name}; nothing was written")
-
-
-def check_finite_model(model) -> None:
-    """Refuse to save an in-memory model with NaN or infinite parameters or buffers."""
-    import torch
-
-    for name, t in model.state_dict().items():
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise MergeError(f"the intervention produced non-finite values in {name}; nothing was written")

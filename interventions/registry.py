@@ -1,92 +1,216 @@
-"""One entry point for every weight intervention: mergekit merges, TSV / STAR, registered mitigations.
+"""Every weight intervention in one registry, as data: each `Method` declares its parameters with their
+defaults, the check of their values, the code that shapes its result and how it runs.
 
     apply_intervention("ties", base, vlm, {"weight": 1.0, "density": 0.2}, out_dir, seed=0)
     apply_intervention("star", base, vlm, {"eta": 40}, out_dir)
     apply_intervention("head_restore", base, vlm, {"top_k": 8}, out_dir)
 
-Each writes an HF causal-LM checkpoint plus `intervention.json` (with the request) to `out_dir`.
+The families: mergekit merges (`interventions.merge`), TSV and STAR (`interventions.spectral`), the
+registered mitigations (`interventions.mitigations`, plug-ins included) and QK-RMSNorm injection into the
+base (`qknorm`: its own steps, `interventions.qknorm`; listed here for its parameters). Each post-hoc one
+writes an HF causal-LM checkpoint plus `intervention.json` (with the request) to `out_dir`.
 
-The request (`intervention_request`) is the identity of the result: the fingerprints of every
-input model (base, vlm as given — a VLM or its extracted LM —, root), the full method settings
-(calibration texts and sink maps by content), the seed, the device where that changes the numbers
-(a mergekit merge run with `cuda`; TSV / STAR's `device` setting), and the code that computes it (the
-sinkstudy module, mergekit's version, or a mitigation plug-in's source hash). A finished `out_dir`
-made by the same request is reused (resumable sweeps and studies); one made by anything else —
-another pair, other settings, edited code — is refused in one line unless `force` replaces it.
-Settings are validated (`validate_intervention`) before any model is read.
+The request (`request`, `intervention_request`) is the identity of the result: the fingerprints of every
+input model (base, vlm as given — a VLM or its extracted LM —, root), the full settings with the method's
+defaults filled in (calibration texts and sink maps by content), the seed, the device where that changes
+the numbers (a mergekit merge run with `cuda`; TSV / STAR's `device` setting), and the code that computes
+it (the method's modules, mergekit's version, or a plug-in's source). A finished `out_dir` made by the same
+request is reused; one made by anything else is refused in one line unless `force` replaces it. Settings
+are validated (`validate_intervention`) before any model is read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from interventions.merge import PASSTHROUGH_PARAMS, MERGEKIT_METHODS, RESULT_JSON, MergeError, validate_merge_args
+from interventions.merge import _SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options, validate_merge_args
+from interventions.outputs import RESULT_JSON, MergeError
 from interventions.spectral import SPECTRAL_METHODS, validate_spectral_args
 
-# Per-family parameters (besides the mitigation's own); spectral aliases map to `weight`.
-_MERGE_KEYS = {"weight", "density", "select", "root"} | PASSTHROUGH_PARAMS
-_SPECTRAL_KEYS = {"tsv": {"weight", "alpha", "k_fraction", "select", "root", "device"},
-                  "star": {"weight", "lambda", "eta", "select", "root", "device"}}
-_SPECTRAL_ALIAS = {"tsv": "alpha", "star": "lambda"}
-_MITIGATION_RESERVED = {"sink_maps", "texts"}
-_MERGE_DEFAULT_WEIGHT = 0.5
+POSTHOC = ("mergekit", "spectral", "mitigation")  # families that change the VLM's language model after the fact
+INJECTION = "injection"  # a change to the base before adaptation (its own steps)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One intervention: its family, its parameters with their defaults (a default of None: absent unless
+    given), their check (every value, no model read, one line on error), the modules whose source shapes
+    its result and how it runs (None: it has steps of its own)."""
+
+    name: str
+    family: str
+    defaults: Mapping[str, Any]
+    check: Callable[[dict], None]
+    code: tuple[str, ...]
+    run: Callable[..., Any] | None = None  # (name, base, vlm, out_dir, params, options, **kw)
+    takes_root: bool = False  # merges task vectors from a common ancestor (`root`)
+    aliases: Mapping[str, str] = field(default_factory=dict)  # another name of a parameter -> its name
+    description: str = ""
+    source: Callable[[], str] | None = None  # a plug-in's source hash: part of its identity
+    versions: tuple[str, ...] = ()  # packages whose version shapes its result
+
+    def resolve(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The defaults with `params` over them (aliases renamed), checked; None-valued defaults left out."""
+        given = dict(params or {})
+        for alias, name in self.aliases.items():
+            if alias in given:
+                if name in given:
+                    raise MergeError(f"{self.name}: give {alias} or {name}, not both")
+                given[name] = given.pop(alias)
+        if "root" in given and given["root"] is not None and not self.takes_root:
+            raise MergeError(f"{self.name} interpolates base and VLM directly and takes no --root; use a task-vector method "
+                             "(task_arithmetic, ties, dare_*, breadcrumbs*, tsv, star) with a root")
+        unknown = sorted(set(given) - set(self.defaults) - _RESERVED)
+        if unknown:
+            raise MergeError(f"{self.name} has no parameter(s) {', '.join(unknown)}; it takes "
+                             f"{', '.join(sorted({*self.defaults, *self.aliases}))}")
+        resolved = {k: v for k, v in {**self.defaults, **given}.items() if v is not None}
+        self.check({k: v for k, v in resolved.items() if k not in _RESERVED})
+        return resolved
+
+
+_RESERVED = {"sink_maps"}  # set by the caller: a mitigation's sink maps
+
+
+# --------------------------------------------------------------------------- the families
+
+def _mergekit(name: str) -> Method:
+    weight = 0.5 if name in ("linear", "slerp") else 1.0  # linear/slerp: the VLM's share; task vectors: their scale
+    density = {"ties": 0.2, "dare_ties": 0.1, "dare_linear": 0.1}.get(name)  # the paper's (TIES keeps 20%, DARE drops 90%)
+    defaults = {"weight": weight, **({"density": density} if name in _SPARSE_METHODS else {}), "select": None,
+                **({"root": None} if name not in ("linear", "slerp") else {}), **dict.fromkeys(sorted(PASSTHROUGH_PARAMS))}
+
+    def check(p: dict) -> None:
+        validate_merge_args(name, p["weight"], p.get("density"), p.get("select"),
+                            {k: v for k, v in p.items() if k in PASSTHROUGH_PARAMS}, p.get("root"))
+
+    def run(out_dir, base, vlm, params, options, **kw):
+        from interventions.merge import run_mergekit_merge
+
+        own = {k: params[k] for k in ("weight", "density", "select", "root") if k in params}
+        run_mergekit_merge(name, base, vlm, out_dir, params={k: v for k, v in params.items() if k in PASSTHROUGH_PARAMS},
+                           options=options, **own, **kw)
+
+    return Method(name, "mergekit", defaults, check, ("interventions.merge", "interventions.outputs", "interventions.params"),
+                  run, takes_root="root" in defaults, description="mergekit", versions=("mergekit",))
+
+
+def _spectral(name: str) -> Method:
+    alias = "alpha" if name == "tsv" else "lambda"
+    own = {"k_fraction": None} if name == "tsv" else {"eta": 40.0}
+    defaults = {"weight": None, **own, "select": None, "root": None, "device": "cpu"}
+
+    def check(p: dict) -> None:
+        validate_spectral_args(name, p.get("weight"), p.get("eta", 40.0), p.get("k_fraction"), p.get("select"), p["device"])
+
+    def run(out_dir, base, vlm, params, options, **kw):
+        from interventions.spectral import run_spectral_merge
+
+        run_spectral_merge(name, base, vlm, out_dir, **params, **kw)
+
+    return Method(name, "spectral", defaults, check, ("interventions.spectral", "interventions.outputs", "interventions.params"),
+                  run, takes_root=True, aliases={alias: "weight"}, description="spectral")
+
+
+def _mitigation(m) -> Method:
+    from interventions.mitigations import resolve_config, source_hash
+
+    def check(p: dict) -> None:
+        resolve_config(m, {k: v for k, v in p.items() if k != "texts"})
+        _check_texts(p.get("texts"))
+
+    def run(out_dir, base, vlm, params, options, **kw):
+        from interventions.mitigations import run_mitigation
+
+        own = {k: v for k, v in params.items() if k not in ("texts", "sink_maps")}
+        run_mitigation(m.name, base, vlm, out_dir, params=own, sink_maps=params.get("sink_maps"), texts=params.get("texts"), **kw)
+
+    return Method(m.name, "mitigation", {**m.defaults, "texts": None}, check, ("interventions.mitigations", "interventions.outputs"),
+                  run, description=f"mitigation: {m.description}", source=lambda: source_hash(m))
+
+
+QKNORM_INITS = ("identity-gain", "scale-preserving", "blend")  # interventions.qknorm.INIT_MODES (that module imports torch)
+QKNORM_TRAINABLE = ("gains", "attention", "all")  # interventions.qknorm.TRAINABLE_MODES
+
+
+def _check_qknorm(p: dict) -> None:
+    if p["init"] not in QKNORM_INITS:
+        raise MergeError(f"qknorm init must be one of {', '.join(QKNORM_INITS)}, got {p['init']!r}")
+    if p["trainable"] not in QKNORM_TRAINABLE:
+        raise MergeError(f"qknorm trainable must be one of {', '.join(QKNORM_TRAINABLE)}, got {p['trainable']!r}")
+    for key, low in (("train_steps", 0), ("batch_size", 1), ("seq_len", 2)):
+        if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
+            raise MergeError(f"qknorm {key} must be an integer >= {low}, got {p[key]!r}")
+    for key, (lo, hi) in {"lr": (0.0, 1.0), "alpha": (0.0, 1.0)}.items():
+        v = p[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi or (key == "lr" and v == 0):
+            raise MergeError(f"qknorm {key} must be a finite number in {'(' if key == 'lr' else '['}{lo}, {hi}], got {v!r}")
+    if not isinstance(p["vl"], bool):
+        raise MergeError(f"qknorm vl must be true or false, got {p['vl']!r}")
+
+
+QKNORM = Method("qknorm", INJECTION,
+                {"init": "scale-preserving", "alpha": 0.5, "train_steps": 0, "trainable": "gains", "lr": 1e-3, "batch_size": 8,
+                 "seq_len": 128, "vl": False},
+                _check_qknorm, ("interventions.qknorm", "interventions.training", "interventions.adapt"),
+                description="injection: QK-RMSNorm into the base (+ recovery training, + the study's VL recipe)")
+
+
+def _check_texts(texts) -> None:
+    if texts is None:
+        return
+    from evals.sink.calibration import resolve_texts
+    from sinkstudy.io import read_text
+
+    if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
+        read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
+    resolve_texts(texts, "ifeval15")  # a missing file or an unknown set name fails here
+
+
+def methods() -> dict[str, Method]:
+    """Every method by name: mergekit's, the spectral ones, QK-norm injection, then the mitigations (plug-ins
+    loaded by now included)."""
+    from interventions.mitigations import list_mitigations
+
+    table = {m.name: m for m in [*map(_mergekit, MERGEKIT_METHODS), *map(_spectral, SPECTRAL_METHODS), QKNORM]}
+    return table | {name: _mitigation(m) for name, m in list_mitigations().items() if name not in table}
+
+
+def get_method(name: str) -> Method:
+    table = methods()
+    if name not in table:
+        raise MergeError(f"unknown intervention {name!r}; known: {', '.join(table)}")
+    return table[name]
 
 
 def list_interventions() -> dict[str, str]:
-    """name -> kind ("mergekit", "spectral", "mitigation: <description>")."""
-    from interventions.mitigations import list_mitigations
-
-    out = {m: "mergekit" for m in MERGEKIT_METHODS} | {m: "spectral" for m in SPECTRAL_METHODS}
-    out |= {n: f"mitigation: {m.description}" for n, m in list_mitigations().items()}
-    return out
+    """name -> what it is, for the post-hoc methods (a change to the VLM's language model)."""
+    return {name: m.description for name, m in methods().items() if m.family in POSTHOC}
 
 
 def takes_root(name: str) -> bool:
     """Whether intervention `name` merges task vectors from a common ancestor (`root`)."""
-    from interventions.merge import takes_root as mergekit_takes_root
-
-    return name in SPECTRAL_METHODS or (name in MERGEKIT_METHODS and mergekit_takes_root(name))
+    return get_method(name).takes_root
 
 
-def validate_intervention(name: str, params: Mapping[str, Any] | None) -> None:
-    """Every parameter name and value of intervention `name` (finite numbers in range, known
-    keys, root only where task vectors are merged), without reading any model: one line on error."""
-    params = dict(params or {})
-    if name in MERGEKIT_METHODS:
-        _check_keys(name, params, _MERGE_KEYS)
-        validate_merge_args(name, params.get("weight", _MERGE_DEFAULT_WEIGHT), params.get("density"), params.get("select"),
-                            {k: v for k, v in params.items() if k in PASSTHROUGH_PARAMS}, params.get("root"))
-    elif name in SPECTRAL_METHODS:
-        _check_keys(name, params, _SPECTRAL_KEYS[name])
-        kw = _spectral_kwargs(name, params)
-        validate_spectral_args(name, kw.get("weight"), kw.get("eta", 40.0), kw.get("k_fraction"), kw.get("select"),
-                               kw.get("device", "cpu"))
-    else:
-        from interventions.mitigations import list_mitigations, resolve_config
-
-        mitigation = list_mitigations().get(name)
-        if mitigation is None:
-            raise MergeError(f"unknown intervention {name!r}; known: {', '.join(list_interventions())}")
-        resolve_config(mitigation, {k: v for k, v in params.items() if k not in _MITIGATION_RESERVED})
-        texts = params.get("texts")
-        if texts is not None:
-            from evals.sink.calibration import resolve_texts
-            from sinkstudy.io import read_text
-
-            if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
-                read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
-            resolve_texts(texts, "ifeval15")  # a missing file or an unknown set name fails here
+def validate_intervention(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Every parameter name and value of post-hoc intervention `name`, without reading any model: one line on
+    error. Returns the settings with the method's defaults filled in."""
+    method = get_method(name)
+    if method.run is None:
+        raise MergeError(f"{name} is not a post-hoc intervention ({method.description})")
+    return method.resolve(params)
 
 
 def execution_options(name: str, mergekit_options: Mapping[str, Any] | None) -> dict[str, bool] | None:
     """How intervention `name` runs (mergekit methods: cuda, lazy_unpickle, low_cpu_memory), checked
     without reading any model; None for the other methods, which refuse mergekit options in one line."""
-    from interventions.merge import check_mergekit_options
-
     if name in MERGEKIT_METHODS:
         return check_mergekit_options(mergekit_options)
     given = [k for k, v in (mergekit_options or {}).items() if v]
@@ -96,63 +220,52 @@ def execution_options(name: str, mergekit_options: Mapping[str, Any] | None) -> 
     return None
 
 
-def _spectral_kwargs(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """TSV's `alpha` / STAR's `lambda` are aliases of `weight`: one of them at most."""
-    kw = dict(params)
-    alias = _SPECTRAL_ALIAS[name]
-    if alias in kw:
-        if "weight" in kw:
-            raise MergeError(f"{name}: give {alias} or weight, not both")
-        kw["weight"] = kw.pop(alias)
-    return kw
+# --------------------------------------------------------------------------- identity
+
+def request(name: str, params: Mapping[str, Any] | None, seed: int, models: Mapping[str, str], *,
+            sink_maps: Any = None, mergekit_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The identity of intervention `name` with `params` and `seed` on the models whose fingerprints `models`
+    gives ({"base", "vlm"[, "root"]}); `sink_maps` as a mitigation reads them (their fingerprints, files or
+    loaded maps: by content); `mergekit_options` as `apply_intervention` takes them (only `cuda` counts)."""
+    from sinkstudy.provenance import file_digest, module_code_version, package_versions
+
+    method = get_method(name)
+    params = validate_intervention(name, params)
+    public = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in sorted(params.items()) if k not in ("sink_maps", "root")}
+    if public.get("select") is not None:
+        public["select"] = str(public["select"])
+    code = {"sinkstudy": module_code_version(*method.code), **{p: package_versions().get(p) for p in method.versions},
+            **({"plugin": method.source()} if method.source else {})}
+    out = {"name": name, "params": public, "seed": seed, "models": dict(models), "code": code}
+    if method.family == "mergekit" and (mergekit_options or {}).get("cuda"):
+        # mergekit on a GPU computes other numbers: its argsort breaks ties in |delta| at a TIES / magnitude
+        # cut another way (fp16/bf16 weights tie often), DARE draws its drops from the CUDA generator.
+        out["device"] = "cuda"
+    texts = params.get("texts")
+    if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
+        out["texts_sha256"] = file_digest(texts)
+    if sink_maps:
+        out["sink_maps_sha256"] = _digest(sink_maps)
+    return out
 
 
 def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None, seed: int = 0,
                          revisions: Mapping[str, str] | None = None,
                          mergekit_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The identity of intervention `name` on (base, vlm) with `params` and `seed` (module doc); `revisions`
-    ({"base" | "vlm" | "root": revision}) pins hub ids, whose fingerprints then name the revision;
-    `mergekit_options` as given to `apply_intervention` (of them, only `cuda` changes the numbers)."""
-    from sinkstudy.provenance import file_digest, model_fingerprint
+    """`request` of intervention `name` on the models at these paths or hub ids; `revisions` ({"base" | "vlm" |
+    "root": revision}) pins hub ids, whose fingerprints then name the revision."""
+    from sinkstudy.provenance import model_fingerprint
 
     params = dict(params or {})
-    validate_intervention(name, params)
-    public = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in sorted(params.items())
-              if k not in ("sink_maps", "root")}
-    if "select" in public and public["select"] is not None:
-        public["select"] = str(public["select"])
     revisions = revisions or {}
     models = {"base": model_fingerprint(base, revisions.get("base")), "vlm": model_fingerprint(vlm, revisions.get("vlm"))}
     if params.get("root") is not None:
         models["root"] = model_fingerprint(params["root"], revisions.get("root"))
-    request = {"name": name, "params": public, "seed": seed, "models": models, "code": _code_identity(name)}
-    if name in MERGEKIT_METHODS and (mergekit_options or {}).get("cuda"):
-        # mergekit on a GPU computes other numbers: its argsort breaks ties in |delta| at a TIES / magnitude
-        # cut another way (fp16/bf16 weights tie often), DARE draws its drops from the CUDA generator.
-        request["device"] = "cuda"
-    texts = params.get("texts")
-    if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
-        request["texts_sha256"] = file_digest(texts)
-    if params.get("sink_maps"):
-        request["sink_maps_sha256"] = _digest(params["sink_maps"])
-    return request
-
-
-def _code_identity(name: str) -> dict[str, str | None]:
-    from sinkstudy.provenance import code_version, package_versions
-
-    here = Path(__file__).resolve().parent
-    if name in MERGEKIT_METHODS:
-        return {"sinkstudy": code_version(here / "merge.py"), "mergekit": package_versions().get("mergekit")}
-    if name in SPECTRAL_METHODS:
-        return {"sinkstudy": code_version(here / "spectral.py", here / "merge.py")}
-    from interventions.mitigations import get_mitigation, source_hash
-
-    return {"sinkstudy": code_version(here / "mitigations" / "__init__.py"), "plugin": source_hash(get_mitigation(name))}
+    return request(name, params, seed, models, sink_maps=params.get("sink_maps"), mergekit_options=mergekit_options)
 
 
 def _digest(obj) -> str:
-    """Content digest of sink maps given as JSON paths, loaded JSON, SinkMaps or tensors."""
+    """Content digest of sink maps given as fingerprints, JSON paths, loaded JSON, SinkMaps or tensors."""
     from sinkstudy.io import json_default
     from sinkstudy.provenance import file_digest
 
@@ -173,26 +286,26 @@ def recorded_request(out_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The request stored in a finished intervention's `intervention.json` (None if there is none)."""
     f = Path(out_dir) / RESULT_JSON
     try:
-        request = json.loads(f.read_text(encoding="utf-8")).get("request")
+        stored = json.loads(f.read_text(encoding="utf-8")).get("request")
     except (OSError, ValueError, AttributeError):
         return None
-    return request if isinstance(request, dict) else None
+    return stored if isinstance(stored, dict) else None
 
 
-def finished(out_dir: str | os.PathLike, request: Mapping[str, Any]) -> bool:
-    """True when `out_dir` holds a finished intervention made by exactly `request`."""
-    return recorded_request(out_dir) == dict(request)
+def finished(out_dir: str | os.PathLike, req: Mapping[str, Any]) -> bool:
+    """True when `out_dir` holds a finished intervention made by exactly `req`."""
+    return recorded_request(out_dir) == dict(req)
 
 
-def _refusal(out_dir: Path, existing: dict | None, request: dict) -> str:
+def _refusal(out_dir: Path, existing: dict | None, req: dict) -> str:
     if existing is None:
         return f"output {out_dir} exists and holds no finished intervention; pass --force to replace it"
-    if existing.get("models") is not None and existing.get("models") != request["models"]:
-        which = ", ".join(k for k in sorted(set(existing["models"]) | set(request["models"]))
-                          if existing["models"].get(k) != request["models"].get(k))
+    if existing.get("models") is not None and existing.get("models") != req["models"]:
+        which = ", ".join(k for k in sorted(set(existing["models"]) | set(req["models"]))
+                          if existing["models"].get(k) != req["models"].get(k))
         return (f"output {out_dir} holds {existing.get('name')} of another pair of models (the content of {which} differs); "
                 "choose another --out or pass --force to replace it")
-    differ = ", ".join(k for k in sorted(set(existing) | set(request)) if existing.get(k) != request.get(k))
+    differ = ", ".join(k for k in sorted(set(existing) | set(req)) if existing.get(k) != req.get(k))
     return f"output {out_dir} exists and was made by another request ({differ} differ); pass --force to replace it"
 
 
@@ -208,53 +321,29 @@ def apply_intervention(
     progress: bool = True,
     mergekit_options: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Apply intervention `name` (see `list_interventions`) and return the output checkpoint dir.
+    """Apply post-hoc intervention `name` (see `list_interventions`) and return the output checkpoint dir.
 
     Holds `out_dir`'s lock from the reuse check to the end: a second writer fails at once.
     `mergekit_options` (mergekit methods: cuda, lazy_unpickle, low_cpu_memory) say how mergekit runs,
     recorded in intervention.json; `cuda` also changes what it computes, so it is part of the request
     (a merge made on the CPU is not reused for a `cuda` one, nor the reverse).
     """
-    from interventions.merge import local_checkpoint
+    from sinkstudy.checkpoint import local_checkpoint
     from sinkstudy.io import output_lock
 
-    params = dict(params or {})
-    validate_intervention(name, params)
+    method = get_method(name)
+    resolved = validate_intervention(name, params)
     options = execution_options(name, mergekit_options)
-    root = params.get("root")
-    request = intervention_request(name, local_checkpoint(base_path), local_checkpoint(vlm_lm_path),
-                                   {**params, **({"root": local_checkpoint(root)} if root is not None else {})}, seed,
-                                   mergekit_options=options)
+    root = resolved.get("root")
+    req = intervention_request(name, local_checkpoint(base_path), local_checkpoint(vlm_lm_path),
+                               {**resolved, **({"root": local_checkpoint(root)} if root is not None else {})}, seed,
+                               mergekit_options=options)
     out_dir = Path(out_dir)
     with output_lock(out_dir):
         existing = recorded_request(out_dir)
-        if not force and existing == request:
+        if not force and existing == req:
             return out_dir
         if out_dir.exists() and not force:
-            raise MergeError(_refusal(out_dir, existing, request))
-        _dispatch(name, base_path, vlm_lm_path, params, out_dir, options, seed=seed, force=force, progress=progress,
-                  request=request)
+            raise MergeError(_refusal(out_dir, existing, req))
+        method.run(out_dir, base_path, vlm_lm_path, resolved, options, seed=seed, force=force, progress=progress, request=req)
     return out_dir
-
-
-def _dispatch(name: str, base, vlm, params: dict[str, Any], out_dir: Path, options: dict[str, bool] | None, **kw) -> None:
-    if name in MERGEKIT_METHODS:
-        from interventions.merge import run_mergekit_merge
-
-        mk = {k: params.pop(k) for k in ("weight", "density", "select", "root") if k in params}
-        run_mergekit_merge(name, base, vlm, out_dir, params=params, options=options, **mk, **kw)
-    elif name in SPECTRAL_METHODS:
-        from interventions.spectral import run_spectral_merge
-
-        run_spectral_merge(name, base, vlm, out_dir, **_spectral_kwargs(name, params), **kw)
-    else:
-        from interventions.mitigations import run_mitigation
-
-        own = {k: v for k, v in params.items() if k not in _MITIGATION_RESERVED}
-        run_mitigation(name, base, vlm, out_dir, params=own, sink_maps=params.get("sink_maps"), texts=params.get("texts"), **kw)
-
-
-def _check_keys(name: str, params: Mapping[str, Any], allowed: set[str]) -> None:
-    unknown = set(params) - allowed
-    if unknown:
-        raise MergeError(f"{name} has no parameter(s) {', '.join(sorted(unknown))}; it takes {', '.join(sorted(allowed))}")

@@ -29,19 +29,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from interventions.merge import (
-    MergeError,
-    Selection,
-    check_disk_space,
-    check_number,
-    check_pair,
-    checkpoint_weights,
-    copy_side_files,
-    estimate_output_bytes,
-    local_checkpoint,
-    resolve_lm,
-    write_result,
-)
+from interventions.outputs import (MergeError, check_disk_space, check_pair, checkpoint_weights, copy_side_files,
+                                   estimate_output_bytes, resolve_lm, write_result)
+from interventions.params import Selection, check_number
+from sinkstudy.checkpoint import local_checkpoint
 
 SPECTRAL_METHODS = ("tsv", "star")
 SHARD_BYTES = 4 * 1024**3

@@ -72,3 +72,27 @@ def train_causal_lm(
             "final_loss_steps": stats["final_loss_steps"], "mean_loss": stats["mean_loss"], "tokens": stats["tokens"],
             "trainable_params": stats["trainable_params"], "lr": lr, "seed": seed, "batch_size": batch_size, "seq_len": seq_len,
             "steps_per_second": stats["steps_per_second"]}
+
+
+def chat_text(tokenizer, user: str, assistant: str) -> str:
+    """A training text in the tokenizer's chat template, without the leading BOS the training loop adds."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}], tokenize=False
+    )
+    return text.removeprefix(tokenizer.bos_token or "")
+
+
+def read_training_texts(path, tokenizer) -> list[str]:
+    """Training strings from a file: a .jsonl of chats ({"user", "assistant"}: in the tokenizer's chat template;
+    an assistant of null: the user text alone, plain text), else texts as calibration files hold them
+    (`evals.sink.calibration.load_texts_file`: .json, .jsonl of {"text"}, .txt one per line)."""
+    import json
+
+    from evals.sink.calibration import load_texts_file
+    from sinkstudy.io import read_text
+
+    if str(path).endswith(".jsonl"):
+        rows = [json.loads(line) for line in read_text(path, "training text").splitlines() if line.strip()]
+        if rows and all(isinstance(r, dict) and "user" in r for r in rows):
+            return [chat_text(tokenizer, r["user"], r["assistant"]) if r.get("assistant") is not None else r["user"] for r in rows]
+    return [t.text for t in load_texts_file(path)]

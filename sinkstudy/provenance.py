@@ -236,6 +236,20 @@ def code_version(*paths: str | os.PathLike) -> str:
     return "code-sha256:" + h.hexdigest()[:24]
 
 
+def module_code_version(*modules: str) -> str:
+    """`code_version` of the source files of importable `modules` (dotted names; a package: its whole
+    directory), found through the import system: a module's identity follows it wherever it lives."""
+    import importlib.util
+
+    paths = []
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"{name!r} is not an importable module")
+        paths.append(Path(spec.origin).parent if spec.submodule_search_locations else Path(spec.origin))
+    return code_version(*paths)
+
+
 def state_dict_fingerprint(model) -> str:
     """sha256 over names, dtypes, shapes and bytes of a loaded model's parameters and buffers."""
     h = hashlib.sha256()

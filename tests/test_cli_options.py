@@ -1,7 +1,7 @@
-"""Issue 21 item 1: one option vocabulary. Every sub-command's parser is walked: a flag name has one
+"""One option vocabulary. Every sub-command's parser is walked: a flag name has one
 meaning (action, destination, value type, default, choices, arity) on every command that takes it;
 a command that runs lm-eval takes the shared groups whole (evals, model loading, output and
-caching); every command takes --quiet (issue 24 item 5)."""
+caching); every command takes --quiet."""
 
 import argparse
 

@@ -1,4 +1,4 @@
-"""Issue 21 items 2, 3 and 5, as a user meets them: numbers named for what they are (no recovery
+"""What a user meets: numbers named for what they are (no recovery
 without a loss, GSM by both graders, final vs mean loss), data identity visible (a run on other
 data says so; `compare` names the --data that would make two runs comparable), and outputs where a
 user looks (a merge's folder is a run `compare` reads; the extracted VLM LM is named; `eval` writes
@@ -49,7 +49,8 @@ def test_recovery_is_a_number_only_where_there_is_a_loss_to_recover():
 
 
 def test_merge_lines_say_no_loss_to_recover_and_name_gsm_by_both_graders():
-    from experiments.cli.cmd_merge import _summary, recovery_text
+    from experiments.cli.cmd_merge import _summary
+    from experiments.report.treatments import recovery_text
 
     row = {"metric": FLEX, "base": 0.0, "vlm": 0.5, "score": 0.0, "recovery": None, "ci": [None, None], "status": "no loss to recover",
            "loss_points": 50.0, "loss_points_ci": [20.0, 80.0], "n": 2}
@@ -93,7 +94,7 @@ def test_final_loss_is_the_mean_of_the_last_steps():
 # --------------------------------------------------------------------------- data identity
 
 def test_compare_of_two_datasets_names_the_data_that_would_make_them_comparable(tmp_path, capsys):
-    """The demo's held-out sinkstudy_ifeval against a plain eval's shipped set used to fail as "not the same data"."""
+    """The demo's held-out sinkstudy_ifeval against a plain eval's shipped set: `compare` names the --data that makes them comparable."""
     from experiments.cli import main
 
     held = tmp_path / "heldout.jsonl"
@@ -135,16 +136,16 @@ def test_merge_of_a_vlm_names_its_extracted_language_model(tmp_path, tokenizer, 
     out = tmp_path / "m"
     assert main(["merge", "--method", "linear", "--base", str(base), "--vlm", str(vlm), "--out", str(out), "--no-eval", "--quiet"]) == 0
     printed = capsys.readouterr().out
-    (lm,) = list((tmp_path / "cache" / "vlm_lm").iterdir())
-    assert f"the VLM's language model (in the base's architecture): {lm}" in printed
+    lm = out / "vlm-lm"  # extracted once by the plan's first step (another merge of the pair reuses it)
+    assert f"the VLM's language model (in the base's architecture): {lm}" in printed and (lm / "config.json").is_file()
     outputs = next(line for line in printed.splitlines() if line.startswith("   outputs:"))
     assert str(lm) in outputs and str(out / "model") in outputs
-    assert f"the VLM's language model, extracted in the base's architecture: `{lm}`" in (out / "model" / "README.md").read_text()
+    assert f"`{lm}`" in (out / "model" / "README.md").read_text()
 
 
 @pytest.mark.slow
 def test_eval_writes_to_its_default_out_and_reuses_it(tmp_path, tokenizer, monkeypatch, capsys):
-    """`eval` without --out used to write nothing; now it shares `sink`'s rule: runs/<command>/<model>, reused."""
+    """`eval` without --out shares `sink`'s rule: it writes runs/<command>/<model> and a rerun reuses it."""
     from experiments.cli import main
     from sinkstudy.tiny import tiny_causal_lm
 
@@ -165,7 +166,7 @@ def test_eval_writes_to_its_default_out_and_reuses_it(tmp_path, tokenizer, monke
 
 def test_a_merge_below_both_of_its_inputs_says_so_and_few_prompts_say_they_decide_nothing():
     from evals.stats import recovery
-    from experiments.cli.cmd_merge import _recovery_row as row_of, recovery_text
+    from experiments.report.treatments import recovery_row as row_of, recovery_text
 
     base, vlm = np.array([1] * 30 + [0] * 10), np.array([1] * 20 + [0] * 20)
     text = recovery_text(row_of(recovery(base, vlm, np.array([1] * 5 + [0] * 35), n_boot=2000)))

@@ -67,7 +67,7 @@ def test_adapt_under_accelerate_launch_equals_one_process(base, tmp_path):
     args = ["adapt", "--base", str(base), "--tiny-vision", "--train-data", "digits", "--recipe", str(tmp_path / "recipe.yaml"), "--quiet"]
     _launch([*args, "--out", str(tmp_path / "dp")], tmp_path)
     assert cli_main([*args, "--out", str(tmp_path / "one")]) == 0
-    dp, one = (json.loads((tmp_path / run / "adapt.json").read_text()) for run in ("dp", "one"))
+    dp, one = (json.loads((tmp_path / run / "run" / "adapt.json").read_text()) for run in ("dp", "one"))
     assert [s["processes"] for s in dp["stages"]] == [2, 2] and [s["processes"] for s in one["stages"]] == [1, 1]
     assert [s["effective_batch"] for s in dp["stages"]] == [s["effective_batch"] for s in one["stages"]] == [4, 4]
     assert [s["losses"] for s in dp["stages"]] == [s["losses"] for s in one["stages"]]

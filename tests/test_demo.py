@@ -58,7 +58,8 @@ def test_demo_vl_recipe_learns_to_read_digits(tmp_path, tokenizer):
     """The demo's VL config of the engine must make the answer depend on the digit shown: a regression
     test for the VLM whose held-out accuracy sat at chance (0.1). Stage 1 trains the projector only.
     (One answer wording here, "It is a d.", the one the probe scores; the demo varies it.)"""
-    from experiments.demo.vl import digit_accuracy, recipe, vision
+    from experiments.demo.vl import recipe, vision
+    from interventions.adapt.probe import digit_skill
     from interventions.adapt import adapt
     from interventions.adapt.data import digits_records
     from sinkstudy.tiny import tiny_causal_lm
@@ -69,7 +70,7 @@ def test_demo_vl_recipe_learns_to_read_digits(tmp_path, tokenizer):
     config = recipe(cfg, digits_records("train", n_heldout=cfg["heldout_images"], seed=cfg["seed"]))
     report = adapt(tmp_path / "base", vision=vision(cfg), config=config, out=tmp_path / "run", progress=False)
     assert report["stages"][0]["trainable_groups"] == ["projector"] and report["build"]["round_trip_max_abs_logit_diff"] <= 1e-5
-    assert digit_accuracy(tmp_path / "run" / "model", cfg)["digit_accuracy"] >= 0.25  # chance is 0.1
+    assert digit_skill(tmp_path / "run" / "model", cfg["heldout_images"], cfg["seed"])["digit_accuracy"] >= 0.25  # chance is 0.1
 
 
 def test_saved_demo_vlm_processor_feeds_the_model_as_training_did(tmp_path, tokenizer):
@@ -246,7 +247,7 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
 
     # A rerun reuses every step; a changed intervention re-runs only its own steps.
     again = run_study(load_study(DEMO_CONFIG, out=out, overrides=quick_overrides(raw)), progress=False)
-    assert again["reused"] == again["steps"]
+    assert again["reused"] == again["steps"], [e["step"] for e in again["log"] if not e["reused"]]
     changed = quick_overrides(raw)
     changed["interventions"] = [dict(i, params={**i["params"], "density": 0.3}) if i["name"] == "ties" else i
                                 for i in changed["interventions"]]
@@ -260,7 +261,7 @@ def test_probe_scores_each_answer_as_a_whole_forward_pass_does(tokenizer, family
     log-probability must equal the one a plain forward pass of the whole row gives (the study's two backbones)."""
     import torch
 
-    from experiments.demo.vl import answer_logprobs
+    from evals.vqa import answer_logprobs
     from interventions.adapt.build import VisionSpec, build_vlm
     from interventions.adapt.data import Encoder, collate, digits_records
     from sinkstudy.tiny import tiny_causal_lm

@@ -160,9 +160,9 @@ def test_bad_input_fails_with_one_line_before_work(tokenizer, model_dir, tmp_pat
     plain.chat_template = None
     with pytest.raises(SinkstudyError, match="no chat template"):
         run_eval(model, plain, tasks="sinkstudy_gsm", cache_dir=tmp_path)
-    with pytest.raises(SinkstudyError, match="TASK=PATH"):
+    with pytest.raises(SinkstudyError, match="TASK=FILE"):
         run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files="sinkstudy_gsm", cache_dir=tmp_path)
-    with pytest.raises(SinkstudyError, match="not requested"):
+    with pytest.raises(SinkstudyError, match="not evaluated"):
         run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files={"sinkstudy_ifeval": str(model_dir / "config.json")}, cache_dir=tmp_path)
     with pytest.raises(SinkstudyError, match="vllm backend"):
         run_eval(model, tokenizer, tasks="sinkstudy_gsm", backend="vllm", cache_dir=tmp_path)

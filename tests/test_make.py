@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Targets another change owns: the variables they still miss, and why (issue 17 splits the work).
+# Targets whose variables are owned elsewhere: the variables they still miss, and why.
 OWNED_ELSEWHERE: dict[str, str] = {}
 # A lower bound, so the classification below cannot silently find no evaluating target.
 EVALUATING = {"eval", "merge-linear", "merge-ties", "merge-dare", "merge-sweep", "mitigate", "qknorm", "qknorm-arm",
@@ -214,7 +214,7 @@ def test_clean_keeps_the_virtualenv_and_clean_venv_says_it_removes_it():
 
 
 def test_make_adapt_hands_device_and_dtype_on(values):
-    """`make adapt DEVICE=cuda` used to drop the device: adapt trained wherever the Trainer chose."""
+    """`make adapt DEVICE=cuda` hands the device on (adapt trains there, not wherever the Trainer chooses)."""
     from experiments.cli import build_parser
 
     for target in ("adapt", "protect"):
@@ -227,14 +227,14 @@ def test_make_adapt_hands_device_and_dtype_on(values):
 def test_eval_without_tasks_is_offline_and_without_a_model_says_what_to_pass(values, tmp_path):
     from evals.tasks import SHIPPED_TASKS
     from experiments.cli import build_parser
-    from experiments.cli.options import eval_tasks
+    from experiments.cli.options import eval_protocol
 
     dry = _make("-n", "eval", "MODEL=m")
     (line,) = [x for x in dry.stdout.splitlines() if "sinkstudy" in x]
     assert "--tasks" not in line
     args = build_parser().parse_args(shlex.split(line)[1:])
     # the CLI's default: the two small shipped offline sets (the larger shipped ones are opt-in)
-    tasks = eval_tasks(args).split(",")
+    tasks = list(eval_protocol(args).tasks)
     assert tasks == ["sinkstudy_ifeval", "sinkstudy_gsm"] and set(tasks) <= set(SHIPPED_TASKS)
     # No MODEL= and no demo model: one line naming what to pass, and nothing run.
     for target in ("eval", "sink"):
@@ -294,7 +294,7 @@ def test_study_commands_take_the_eval_overrides():
     args = build_parser().parse_args(["run", str(DEMO_CONFIG), "--limit", "0.5", "--tasks", "sinkstudy_gsm", "--device", "cuda",
                                       "--dtype", "bfloat16"])
     study = load_study(args.config, overrides=_overrides(args))
-    assert study.evals.limit == 0.5 and study.evals.tasks == ["sinkstudy_gsm"]
+    assert study.evals.protocol.limit == 0.5 and study.evals.protocol.tasks == ("sinkstudy_gsm",)
     assert (study.model.device, study.model.dtype) == ("cuda", "bfloat16")
     plain = build_parser().parse_args(["paper", "--dry-run"])
     assert _overrides(plain) is None

@@ -326,7 +326,9 @@ def test_cli_merge_and_mitigate_list(trio, tmp_path, capsys):
 
 
 def test_sweep_configs_expand_and_pareto_front():
-    from experiments.cli.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, pareto_front
+    from experiments.cli.cmd_sweep import DEFAULT_SWEEP_CONFIG
+    from experiments.report.treatments import pareto_front
+    from experiments.study.sweep import load_sweep
 
     small = load_sweep(DEFAULT_SWEEP_CONFIG)["points"]  # the default: small enough to run as it is
     assert len(small) <= 9 and {p["method"] for p in small} == {"linear", "ties", "dare_ties"}
@@ -347,7 +349,8 @@ def test_sweep_configs_expand_and_pareto_front():
 
 
 def test_max_points_keeps_an_even_deterministic_spread_over_the_grid():
-    from experiments.cli.cmd_sweep import DEFAULT_SWEEP_CONFIG, load_sweep, spread
+    from experiments.cli.cmd_sweep import DEFAULT_SWEEP_CONFIG
+    from experiments.study.sweep import load_sweep, spread
 
     grid = load_sweep(DEFAULT_SWEEP_CONFIG.parent / "merge_sweep_full.yaml")["points"]
     assert [p["name"] for p in spread(grid, 3)] == [grid[0]["name"], grid[31]["name"], grid[62]["name"]]
@@ -362,7 +365,7 @@ def test_max_points_keeps_an_even_deterministic_spread_over_the_grid():
 
 
 def test_sweep_summary_table_and_plot(tmp_path):
-    from experiments.cli.cmd_sweep import format_sweep, plot_pareto
+    from experiments.report.treatments import format_sweep, plot_pareto
 
     def row(name, method, rec, dist, nll):
         return {"name": name, "method": method, "weight_distance_to_vlm": dist, "caption_nll": {"value": nll},
@@ -377,7 +380,7 @@ def test_sweep_summary_table_and_plot(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
-# --------------------------------------------------------------------------- issue 12 items 2 and 3
+# --------------------------------------------------------------------------- outputs of other inputs never reused
 
 def _variant(src: Path, dst: Path, rope_theta: float, template_word: str, extra_file: str | None = None) -> Path:
     """A copy of checkpoint `src` whose config and chat template say where they came from."""
@@ -493,83 +496,57 @@ def test_a_different_pair_into_the_same_out_is_refused_never_reused(trio, tmp_pa
     assert made == ["runs/interventions/base__root/linear-weight0.5", "runs/interventions/base__vlm/linear-weight0.5"]
 
 
-class _FakeMeasure:
-    """cmd_merge.Measure without lm-eval: what a sweep reuses is decided by keys, not by scores."""
-
-    calls: list = []
-    ref: dict = {}
-
-    def __init__(self, base, vlm_lm, args, ref_dir):
-        self.tasks = ["t"]
-        self.identity = {"tasks": ["t"]}
-
-    def measure(self, path, out):
-        _FakeMeasure.calls.append(Path(path).parent.name)
-        return {"sink_strength": 1.0, "sink_metric": "logodds", "caption_nll": None}
-
-    def summary(self, point):
-        return {"sink_strength": {"value": 1.0, "base": 1.0, "vlm": 0.5, "metric": "logodds"},
-                "tasks": {"t": {"recovery": 0.5, "ci": [0.4, 0.6]}}, "caption_nll": None}
-
-
-def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, monkeypatch, capsys):
+def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, fake_measurements, own_cache, capsys):
     import yaml
 
-    import experiments.cli.cmd_sweep as cm
     from experiments.cli import main
+    from experiments.study.sweep import load_sweep
     from sinkstudy import SinkstudyError
 
-    monkeypatch.setattr(cm, "Measure", _FakeMeasure)
-    monkeypatch.setattr(cm, "plot_pareto", lambda rows, path: None)
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"keep_models": False, "grid": [{"method": "linear", "weight": [0.2, 0.8]}]}))
     out = tmp_path / "sweep"
 
     def sweep(vlm, *extra):
-        _FakeMeasure.calls = []
+        fake_measurements.clear()
         args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio[vlm]), "--sweep", str(config), "--out", str(out), *extra]
         return main(args)
 
-    assert sweep("vlm") == 0 and _FakeMeasure.calls == ["linear-w0.2", "linear-w0.8"]
+    assert sweep("vlm") == 0 and fake_measurements == ["linear-w0.2", "linear-w0.8"]
     assert not list(out.glob("points/*/model"))  # keep_models: false, removed inside the sweep dir
-    assert sweep("vlm") == 0 and _FakeMeasure.calls == []  # same pair and settings: reused
-    assert "merge sweep plan: 2 point(s): 0 to run, 2 reused" in capsys.readouterr().out
-    assert sweep("root") == 2 and _FakeMeasure.calls == []  # another pair: refused, not reused
-    assert sweep("root", "--force") == 0 and _FakeMeasure.calls == ["linear-w0.2", "linear-w0.8"]
+    capsys.readouterr()
+    assert sweep("vlm") == 0 and fake_measurements == []  # same pair and settings: reused
+    printed = capsys.readouterr().out
+    assert "merge sweep plan: 2 point(s): 0 to run, 2 reused" in printed and "reused pair/intervene/linear-w0.2" in printed
+    assert sweep("root") == 2 and fake_measurements == []  # another pair: refused, not reused
+    assert "made by another request (models differ)" in capsys.readouterr().err
+    assert sweep("root", "--force") == 0 and fake_measurements == ["linear-w0.2", "linear-w0.8"]
     with pytest.raises(SinkstudyError, match="point name"):
         config.write_text(yaml.safe_dump({"points": [{"name": "../../escape", "method": "linear", "weight": 0.5}]}))
-        cm.load_sweep(config)
+        load_sweep(config)
 
 
-def test_sweep_prints_its_plan_before_any_work_and_runs_the_spread(trio, tmp_path, monkeypatch, capsys):
-    import json
-
+def test_sweep_prints_its_plan_before_any_work_and_runs_the_spread(trio, tmp_path, monkeypatch, fake_measurements, own_cache, capsys):
     import yaml
 
-    import experiments.cli.cmd_sweep as cm
+    import experiments.report.treatments as rt
     import interventions.registry
     from experiments.cli import main
 
     events = []
-    monkeypatch.setattr(cm, "Measure", _FakeMeasure)
-    monkeypatch.setattr(cm, "plot_pareto", lambda rows, path: None)
     monkeypatch.setattr(interventions.registry, "apply_intervention", lambda method, b, v, params, out, **k: events.append(f"work {out.parent.name}") or
                         _copy_model(b, out))
-    monkeypatch.setattr(cm, "weight_distance", lambda *a: 0.5)
-    plan = cm.format_plan
-    monkeypatch.setattr(cm, "format_plan", lambda *a: events.append("plan") or plan(*a))
+    plan = rt.format_plan
+    monkeypatch.setattr(rt, "format_plan", lambda *a: events.append("plan") or plan(*a))
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"grid": [{"method": "linear", "weight": [0.1, 0.3, 0.5, 0.7, 0.9]}]}))
     out = tmp_path / "sweep"
     args = ["merge-sweep", "--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--sweep", str(config), "--out", str(out)]
-    _FakeMeasure.calls = []
     assert main([*args, "--max-points", "3"]) == 0
     assert events == ["plan", "work linear-w0.1", "work linear-w0.5", "work linear-w0.9"]
     printed = capsys.readouterr().out
     assert "merge sweep plan: 3 point(s) of 5, evenly spread over the grid: 3 to run, 0 reused" in printed
     assert "printed once the base and VLM LM references are measured" in printed  # no timing known yet
-    seconds = json.loads((out / "points" / "linear-w0.5" / "measure.json").read_text())["seconds"]
-    assert seconds > 0
     events.clear()
     assert main(args) == 0  # all 5: the 3 finished are reused, the estimate comes from their recorded times
     assert events == ["plan", "work linear-w0.3", "work linear-w0.7"]
@@ -585,18 +562,15 @@ def _copy_model(src, out):
     return out
 
 
-def test_sweep_mergekit_options_reach_the_mergekit_points_only(trio, tmp_path, monkeypatch):
+def test_sweep_mergekit_options_reach_the_mergekit_points_only(trio, tmp_path, fake_measurements, own_cache):
     """`merge-sweep --lazy-unpickle` runs mergekit's points with it (recorded beside each) and the
     TSV point as it runs: a sweep mixing mergekit and spectral methods is not refused mid-way."""
     import json
 
     import yaml
 
-    import experiments.cli.cmd_sweep as cm
     from experiments.cli import main
 
-    monkeypatch.setattr(cm, "Measure", _FakeMeasure)
-    monkeypatch.setattr(cm, "plot_pareto", lambda rows, path: None)
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"points": [{"name": "lin", "method": "linear", "weight": 0.5},
                                                  {"name": "tsv", "method": "tsv", "alpha": 1.0}]}))

@@ -1,4 +1,4 @@
-"""Issue 12 item 8: every numeric setting of every method and mitigation is checked (finite, in
+"""Every numeric setting of every method and mitigation is checked (finite, in
 range) by one function before any work, and no model with non-finite tensors is ever saved."""
 
 import math

@@ -1,5 +1,5 @@
-"""Issue 12 items 7 (deletions stay inside the run), 9 (one writer per output) and 10 (killed runs
-leave nothing behind for long; outputs follow the umask), on real processes and real checkpoints."""
+"""Deletions stay inside the run, one writer per output, killed runs leave nothing behind for long and
+outputs follow the umask, on real processes and real checkpoints."""
 
 import os
 import signal

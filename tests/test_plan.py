@@ -71,7 +71,7 @@ def test_plan_lists_every_step_in_dependency_order(config, tmp_path, capsys):
     by_id = {s["id"]: s for s in steps}
     assert by_id[f"{PAIR}/extract"]["inputs"] == [str(config.parent / "base"), str(config.parent / "vlm")]
     assert by_id[f"{PAIR}/eval/lin"]["after"] == [f"{PAIR}/intervene/lin"]
-    assert by_id[f"{PAIR}/eval/lin"]["inputs"] == [str(out / "models" / f"{PAIR}-lin")]
+    assert by_id[f"{PAIR}/eval/lin"]["inputs"] == [str(config.parent / "base"), str(out / "models" / f"{PAIR}-lin")]  # + the prompts' tokenizer
     # the mitigation reads both sink maps: it runs after the two sink steps
     assert set(by_id[f"{PAIR}/intervene/hr"]["after"]) == {f"{PAIR}/extract", f"{PAIR}/sink/base", f"{PAIR}/sink/vlm"}
     assert by_id[f"{PAIR}/intervene/hr"]["level"] == 3
@@ -151,25 +151,24 @@ def test_step_jobs_lock_their_step_and_a_plan_locks_nothing(config, tmp_path, ca
 def test_a_plan_keys_made_models_on_their_steps_records(config, tmp_path, monkeypatch):
     """Planning fingerprints no model at all; a single step keys the checkpoints other steps make (the VLM
     LM, interventions) on those steps' records (the folders may not exist here), its inputs on their content."""
-    import experiments.study.pair_steps
     import experiments.study.engine as engine_mod
     import sinkstudy.provenance
-    from experiments.study.runner import engine_for, plan_study
     from experiments.study.config import load_study
+    from experiments.study.kinds import step_key
+    from experiments.study.runner import engine_for, plan_study
 
     out = tmp_path / "run"
     read = []
     spy = lambda path, revision=None: read.append(str(path)) or "fp"  # noqa: E731
     monkeypatch.setattr(engine_mod, "model_fingerprint", spy)
     monkeypatch.setattr(sinkstudy.provenance, "model_fingerprint", spy)
-    monkeypatch.setattr(experiments.study.pair_steps, "model_fingerprint", spy)
     plan = plan_study(load_study(config, out=out))
     assert not read  # a plan reads nothing
-    made = {"fingerprints": {str(out / "models" / f"{PAIR}-vlm-lm"): "fp-recorded"}}
     engine = engine_for(plan.study, plan)
     engine.live = False
-    ctx = engine_mod.StepContext(engine, {f"{PAIR}/extract": made})
-    spec = plan.plan[f"{PAIR}/sink/vlm"].spec(ctx)
-    assert spec["model"] == "fp-recorded" and not read  # the producing step's record, nothing read from disk
-    assert plan.plan[f"{PAIR}/sink/base"].spec(ctx)["model"] == "fp"  # the base: its content
+    engine.made = {f"{PAIR}/extract": {str(out / "models" / f"{PAIR}-vlm-lm"): "fp-recorded"}}
+    ctx = engine_mod.StepContext(engine, {})
+    identity = step_key(plan.plan[f"{PAIR}/sink/vlm"].args, ctx)[1]
+    assert identity["args"]["model"] == "fp-recorded" and not [p for p in read if p.startswith(str(out))]  # the producer's record
+    assert step_key(plan.plan[f"{PAIR}/sink/base"].args, ctx)[1]["args"]["model"] == "fp"  # the base: its content
     assert read and not [p for p in read if p.startswith(str(out))]

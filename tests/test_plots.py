@@ -1,4 +1,4 @@
-"""Issue 21 item 4: plots a person can read. Each plot kind is rendered on a small case and the
+"""Plots a person can read. Each plot kind is rendered on a small case and the
 ranges it returns are checked: masses on 0..1 whatever the data, log-odds on one symmetric range
 shared by the base and VLM panels, clipped values always marked, no offset notation on any axis,
 and recovery drawn only where there is a loss to recover."""
@@ -104,7 +104,7 @@ def test_recovery_marks_every_clip_names_no_loss_and_uses_one_colour(tmp_path):
 
 def test_scatter_pretrain_and_sweep_pareto_return_their_axes(tmp_path):
     from experiments.report import plots
-    from experiments.cli.cmd_sweep import plot_pareto
+    from experiments.report.treatments import plot_pareto
 
     summary = _summary({p: ([-30.0, -5.0], {"recovery": 0.5, "ci": [0.1, 0.9], "status": "recovery"}) for p in ("a", "b", "c")})
     scatter = plots.scatter(summary, "t", tmp_path)

@@ -455,7 +455,7 @@ def test_adapt_command_takes_protections_with_settings(tmp_path, tokenizer, caps
                  "--protect-param", "keys=false", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert 'text sink_head_freeze: {"heads": [{"layer": 0, "head": 1' in out and '"frozen_rows": 32' in out  # q rows + q bias rows (keys: false)
-    request = json.loads((tmp_path / "run" / "request.json").read_text())
+    request = json.loads((tmp_path / "run" / "run" / "request.json").read_text())
     assert request["hooks"][0]["params"]["config"]["heads"] == [[0, 1]] and request["hooks"][0]["params"]["config"]["keys"] is False
     for extra, needle in [(["--protect", "sink_head_freeze", "--protect-param", "top_k=2"], "has no parameter"),
                           (["--protect", "a", "--protect", "b", "--protect-param", "k=1"], "unknown protection"),

@@ -211,10 +211,11 @@ def test_merge_and_qknorm_take_the_protocol_flags():
                  ["merge-sweep", "--base", "b", "--vlm", "v"], ["qknorm", "b"]):
         args = parser.parse_args([*argv, "--chat-template-kwargs", "enable_thinking=false", "--system-instruction", "S",
                                   "--gen-kwargs", "temperature=0", "--num-fewshot", "0"])
-        from experiments.cli.options import protocol_kwargs
+        from experiments.cli.options import eval_protocol
 
-        assert protocol_kwargs(args) == {"chat_template_kwargs": {"enable_thinking": False}, "system_instruction": "S",
-                                         "gen_kwargs": {"temperature": 0}, "num_fewshot": 0, "confirm_run_unsafe_code": False}
+        protocol = eval_protocol(args)
+        assert (dict(protocol.chat_template_kwargs), protocol.system_instruction, dict(protocol.gen_kwargs), protocol.num_fewshot,
+                protocol.confirm_run_unsafe_code) == ({"enable_thinking": False}, "S", {"temperature": 0}, 0, False)
 
 
 # ----------------------------------------------------------------------------- lm-eval's own CLI
@@ -285,18 +286,18 @@ def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
     from experiments.study.config import load_study
 
     study = load_study(ROOT / "experiments" / "configs" / "paper_six_pairs.yaml")
-    ev = study.evals
-    assert ev.tasks == ["ifeval", "eq_bench", "gsm8k_cot", "gpqa_diamond_cot_zeroshot", "mmlu", "boolq", "mbpp", "mmlu_pro"]
+    ev = study.evals.protocol
+    assert ev.tasks == ("ifeval", "eq_bench", "gsm8k_cot", "gpqa_diamond_cot_zeroshot", "mmlu", "boolq", "mbpp", "mmlu_pro")
     assert ev.chat_template_kwargs == {"enable_thinking": False} and ev.num_fewshot == 0 and ev.batch_size == 8
     assert ev.confirm_run_unsafe_code is True  # mbpp runs generated code
     specs = lmeval.resolve_tasks(ev.tasks)  # lm-eval's own index: each a task or group, none a tag
-    assert [s.name for s in specs] == ev.tasks
+    assert [s.name for s in specs] == list(ev.tasks)
     assert {s.name for s in specs if s.is_group} == {"mmlu", "mmlu_pro"}
     assert all(lmeval.HEADLINE_METRICS.get(t) for t in ev.tasks)
 
 
 @pytest.mark.parametrize("patch, needle", [
-    ({"chat_template_kwargs": ["enable_thinking"]}, "evals.chat_template_kwargs: chat template kwargs must be a mapping"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "evals.chat_template_kwargs must be a mapping"),
     ({"gen_kwargs": {"max_gen_toks": 5}}, "evals.gen_kwargs: generation kwargs: set max_gen_toks with --max-gen-toks (evals.max_gen_toks)"),
     ({"backend": "tgi"}, "evals.backend: must be one of hf, hf-continuous, vllm"),
     ({"backend_args": {"pretrained": "x"}}, "evals.backend_args: backend args: 'pretrained' is set by sinkstudy"),
@@ -312,7 +313,7 @@ def test_study_evals_protocol_keys_are_checked_in_one_line(patch, needle):
         validate(raw)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
     ok = validate({**raw, "evals": {"tasks": ["sinkstudy_gsm"], "batch_size": "auto:2", "gen_kwargs": {"temperature": 0}}})
-    assert ok.evals.batch_size == "auto:2" and ok.evals.chat_template_kwargs == {}
+    assert ok.evals.protocol.batch_size == "auto:2" and ok.evals.protocol.chat_template_kwargs == {}
 
 
 def test_study_with_vllm_plans_anywhere_and_runs_only_where_installed(tmp_path, capsys):

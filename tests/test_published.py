@@ -203,7 +203,7 @@ def test_report_verdict_names_the_convention_and_reads_the_sign_right():
     assert "Δ = VLM LM − base in points (negative = capability lost)" in paper_like
     assert "ρ = +0.971 on points and +0.794 on Δ/base" in paper_like
     assert [row[-1] for row in paper_rows(r) if row[0].startswith("ρ(S")] == ["same sign", "same sign"]
-    # The opposite relation (a stronger sink, more loss) must not be called agreement: issue 12 item 4.
+    # The opposite relation (a stronger sink, more loss) must not be called agreement.
     r = _results(_summary(strengths, [_outcomes(k) for k in (1, 6, 12, 18, 24, 30)]))
     opposite = next(line for line in verdicts(r) if "Spearman ρ(S, Δ points)" in line)
     assert "= -1.000" in opposite and "the opposite of the paper's direction" in opposite and "yes" not in opposite.split(":")[0]

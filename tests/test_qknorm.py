@@ -188,11 +188,11 @@ def test_training_gains_only_changes_only_gains(tokenizer):
         assert changed == name.endswith(("q_norm.weight", "k_norm.weight")), name
 
 
-def test_cli_choices_match_the_library():
+def test_the_registrys_choices_match_the_library():
     import interventions.qknorm as lib
-    from experiments.cli import cmd_qknorm
+    from interventions import registry
 
-    assert (cmd_qknorm.INIT_MODES, cmd_qknorm.TRAINABLE_MODES) == (lib.INIT_MODES, lib.TRAINABLE_MODES)
+    assert (registry.QKNORM_INITS, registry.QKNORM_TRAINABLE) == (lib.INIT_MODES, lib.TRAINABLE_MODES)
 
 
 def test_train_steps_per_stage_belongs_to_the_recipe(tmp_path, capsys):
@@ -231,4 +231,6 @@ def test_cli_end_to_end_on_tiny_qwen2(tokenizer, tmp_path, monkeypatch, capsys):
     assert report["provenance"]["model_fingerprints"]["injected"] != report["provenance"]["model_fingerprints"]["original"]
     assert "Sink Strength" in capsys.readouterr().out
     assert qk_norm_kind(load_injected(out / "model")) == "native"  # reloads as Qwen3
-    assert main(argv) == 2  # never overwrites without --force
+    assert main(argv) == 0 and "reused qknorm/inject" in capsys.readouterr().out  # finished: reused, and said so
+    assert main([*argv, "--train-lr", "0.01"]) == 2  # other settings never overwrite without --force
+    assert "made by another request (lr differ)" in capsys.readouterr().err

@@ -25,13 +25,13 @@ REAL_CACHE = Path(os.environ["SINKSTUDY_REAL_CACHE"])  # tests/conftest.py
 
 def shared_checkpoint(name: str) -> Path:
     """`name` converted once in REAL_CACHE and linked into this run's cache, where a name or a .gguf path resolves."""
-    from sinkstudy import real_models
+    from sinkstudy import real_models, real_weights
     from sinkstudy.io import cache_root
 
     model = real_models.get(name)
     if not model.installed():
         pytest.skip(f"{name}'s package is not installed (make real-model)")
-    converted = real_models.checkpoint(name, REAL_CACHE)
+    converted = real_weights.checkpoint(name, REAL_CACHE)
     links = {cache_root() / "gguf" / converted.name: converted}
     if model.chunks:
         links[cache_root() / "real" / model.file] = REAL_CACHE / "real" / model.file
@@ -45,10 +45,10 @@ def shared_checkpoint(name: str) -> Path:
 @pytest.fixture(scope="module")
 def gemma():
     """(GGUF file, converted checkpoint dir)."""
-    from sinkstudy import real_models
+    from sinkstudy import real_weights
 
     converted = shared_checkpoint("gemma-3-270m")
-    return real_models.gguf_file("gemma-3-270m"), converted
+    return real_weights.gguf_file("gemma-3-270m"), converted
 
 
 def test_gguf_path_is_a_model_path_and_the_sink_pass_finds_a_sink(gemma, tmp_path, capsys):
@@ -118,7 +118,7 @@ def test_gemma_chat_checkpoint_links_the_weights_and_renders_gemma_turns(gemma, 
     the turn end as EOS (generation stops where a reply ends)."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    from sinkstudy.real_models import chat_checkpoint
+    from sinkstudy.real_weights import chat_checkpoint
 
     out = chat_checkpoint("gemma-3-270m", tmp_path / "gemma")
     assert (out / "model.safetensors").is_symlink()
@@ -201,7 +201,7 @@ def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, t
     from experiments.demo.corpus import main as write_chats
     from experiments.study.runner import plan_records
     from experiments.study.config import load_study
-    from sinkstudy.real_models import main as link
+    from sinkstudy.real_weights import main as link
 
     steps = {}
     for config in ("study_real", "study_real_quick"):

@@ -31,7 +31,7 @@ def test_lazy_unpickle_merge_is_identical_and_recorded(pair, tmp_path, capsys):
     base, vlm = pair
     common = ["merge", "--method", "linear", "--weight", "0.3", "--base", str(base), "--vlm", str(vlm), "--no-eval"]
     assert cli_main([*common, "--out", str(tmp_path / "plain")]) == 0
-    assert cli_main([*common, "--out", str(tmp_path / "lazy"), "--lazy-unpickle"]) == 0
+    assert cli_main([*common, "--out", str(tmp_path / "lazy"), "--lazy-unpickle", "--force"]) == 0  # made again, not reused
     plain_dir, lazy_dir = tmp_path / "plain" / "model", tmp_path / "lazy" / "model"
     a, b = load_file(str(plain_dir / "model.safetensors")), load_file(str(lazy_dir / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

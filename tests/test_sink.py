@@ -309,7 +309,7 @@ def test_underflow_convention_is_the_same_on_both_paths(tokenizer):
             _assert_close(lf[key] / (1 + le[key].abs()), le[key] / (1 + le[key].abs()), atol=1e-4)
             clipped += int((le[key] == -LOGODDS_CAP).sum())
         assert torch.equal(lf["head_argmax"], le["head_argmax"])
-    assert clipped > 0  # eager keeps an underflowed a as -CAP (it used to drop it)
+    assert clipped > 0  # eager keeps an underflowed a as -CAP (never drops it)
     kw = dict(texts=TEXTS, max_length=40, progress=False)
     s_fast = strength_from_maps(compute_sink_maps(model, tokenizer, **kw), last_layers=2)
     s_eager = strength_from_maps(compute_sink_maps(model, tokenizer, method="eager", **kw), last_layers=2)

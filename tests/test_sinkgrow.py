@@ -100,8 +100,10 @@ def test_with_noise_puts_noise_before_the_chosen_share(demo_tokenizer):
 
 
 def test_sprinkle_noise_only_touches_user_turns(demo_tokenizer):
+    from interventions.training import chat_text
+
     records = corpus.training_records(300, 0)
-    texts = [corpus.chat(demo_tokenizer, u, a) if a is not None else u for u, a in records]
+    texts = [chat_text(demo_tokenizer, u, a) if a is not None else u for u, a in records]
     noisy = sinkgrow.sprinkle_noise(texts, demo_tokenizer, 0.5, seed=2)
     inserted = words = 0
     for (user, assistant), clean, text in zip(records, texts, noisy):

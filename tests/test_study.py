@@ -33,7 +33,7 @@ def test_minimal_config_fills_defaults():
     s = validate(MINIMAL)
     assert s.out == Path("runs/t")
     assert s.sink.metric == "logodds"
-    assert s.evals.batch_size == 8 and s.evals.apply_chat_template is True
+    assert s.evals.protocol.batch_size == 8 and s.evals.protocol.apply_chat_template is True
     assert s.interventions[0].params == {"weight": 0.5}
     assert s.keep_models is True
 
@@ -45,12 +45,12 @@ def test_minimal_config_fills_defaults():
     ({"pairs": [{"name": "p", "base": "b"}]}, "vlm must be a hub id or a path"),
     ({"pairs": [{"name": "p", "base": "b", "vlm": "v", "published": {"S": 1}}]}, "unknown key(s) S"),
     ({"evals": {"tasks": ["x"], "batch_size": 0}}, "evals.batch_size: batch size must be an integer >= 1"),
-    ({"evals": {"tasks": ["x"], "data_files": {"y": "f.jsonl"}}}, "names task(s) not in tasks: y"),
+    ({"evals": {"tasks": ["x"], "data_files": {"y": "f.jsonl"}}}, "names task(s) not evaluated: y"),
     ({"evals": {"tasks": ["x"], "limit": -3}}, "evals.limit"),
     ({"sink": {"metric": "nope"}}, "unknown sink metric 'nope'"),
     ({"interventions": [{"name": "m", "method": "frobnicate"}]}, "unknown method 'frobnicate'"),
     ({"interventions": [{"name": "base", "method": "linear"}]}, "reserved"),
-    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"vl": True}}]}, "needs the demo's build section"),
+    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"vl": True}}]}, "needs the study's build section"),
     ({"interventions": [{"name": "q", "method": "qknorm", "params": {"gain": 2}}]}, "qknorm has no parameter(s) gain"),
     ({"model": {"dtype": "int4"}}, "model.dtype"),
     ({"keep_models": "yes"}, "keep_models"),
@@ -63,20 +63,20 @@ _TINY_BACKBONE = {"family": "qwen2", "hidden_size": 32, "num_hidden_layers": 1, 
 
 
 @pytest.mark.parametrize("patch, needle", [
-    # item 12: what used to fail hours into a run fails at load
+    # what would fail hours into a run fails at load
     ({"interventions": [{"name": "t", "method": "ties", "params": {"density": 2}}]}, "interventions[0].params: density must be in (0.0, 1.0]"),
     ({"interventions": [{"name": "t", "method": "tsv", "params": {"alpha": float("nan")}}]}, "must be a finite number"),
     ({"interventions": [{"name": "s", "method": "star", "params": {"eta": 0}}]}, "eta"),
     ({"interventions": [{"name": "h", "method": "head_restore", "params": {"top_k": 0}}]}, "top_k"),
-    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"lr": float("nan")}}]}, "params.lr"),
-    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"init": "magic"}}]}, "params.init"),
+    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"lr": float("nan")}}]}, "qknorm lr"),
+    ({"interventions": [{"name": "q", "method": "qknorm", "params": {"init": "magic"}}]}, "qknorm init"),
     ({"evals": {"tasks": ["sinkstudy_gsm", "nosuch_task_xyz"]}}, "unknown task 'nosuch_task_xyz'"),
     ({"evals": {"tasks": ["sinkstudy_gsm"], "limit": float("nan")}}, "evals.limit"),
     ({"pairs": [{"name": "p", "base": "./missing/base", "vlm": "org/vlm"}]}, "base ./missing/base does not exist"),
     ({"pairs": [{"name": "p", "base": "org/base", "vlm": "org/vlm", "root": "/no/such/root"}]}, "root /no/such/root does not exist"),
     ({"evals": {"tasks": ["sinkstudy_gsm"], "data_files": {"sinkstudy_gsm": "./missing.jsonl"}}}, "missing.jsonl does not exist"),
     ({"sink": {"texts": "./missing_texts.txt"}}, "sink.texts"),
-    # item 7: names that become path components are slugs; no two outputs share a directory
+    # names that become path components are slugs; no two outputs share a directory
     ({"name": "../../x"}, "name: must be a name"),
     ({"pairs": [{"name": "..", "base": "org/b", "vlm": "org/v"}]}, "pairs[0].name"),
     ({"interventions": [{"name": "../../..", "method": "linear"}]}, "interventions[0].name"),
@@ -88,7 +88,7 @@ def test_load_validates_settings_tasks_inputs_and_names(patch, needle):
 
 
 @pytest.mark.parametrize("patch, needle", [
-    # item 7: no two outputs share a directory, no two steps a name: a check on the plan, before any work
+    # no two outputs share a directory, no two steps a name: a check on the plan, before any work
     ({"pairs": [{"name": "a", "base": "org/b", "vlm": "org/v"}, {"name": "a-b", "base": "org/b", "vlm": "org/v"}],
       "interventions": [{"name": "b-lin", "method": "linear"}, {"name": "lin", "method": "linear"}]}, "would both write"),
     ({"interventions": [{"name": "vlm-lm", "method": "linear"}]}, "would both write"),
@@ -147,14 +147,14 @@ def test_shipped_configs_validate():
     demo = load_study(CONFIGS / "demo.yaml")
     assert [p.name for p in demo.pairs] == [b["name"] for b in demo.build.backbones]  # one pair per backbone
     assert [p.native_qk_norm for p in demo.pairs] == [b["family"] == "qwen3" for b in demo.build.backbones]
-    assert demo.evals.data_files["sinkstudy_ifeval"] == "runs/demo/data/heldout_ifeval.jsonl"
+    assert demo.evals.protocol.data_files["sinkstudy_ifeval"] == "runs/demo/data/heldout_ifeval.jsonl"
     template = load_study(CONFIGS / "real_pairs_template.yaml")
     assert {p.vlm for p in template.pairs} >= {"Qwen/Qwen2.5-VL-7B-Instruct", "llava-hf/llava-1.5-7b-hf"}
     paper = load_study(CONFIGS / "paper_six_pairs.yaml")
     assert len(paper.pairs) == 6
     # The merge grid comes from the merge module's file: seven methods, the paper's parameters.
     grid = {i.name: i for i in paper.interventions}
-    assert grid["star"].params == {"eta": 40} and grid["dare"].params["density"] == 0.1
+    assert grid["star"].params == {"eta": 40, "device": "cpu"} and grid["dare"].params["density"] == 0.1  # defaults filled
     assert {p.published["ifeval_delta"] for p in paper.pairs} == {-5.4, -1.8, -9.6, -8.9, -7.9, -18.7}
 
 
@@ -200,48 +200,61 @@ def test_paper_refuses_without_cuda_unless_limited():
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "--limit" in r.stderr
 
 
-def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path):
+def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path, own_cache):
     import json
+    from dataclasses import dataclass
+    from typing import ClassVar
 
     from experiments.study.engine import Engine
     from experiments.study.graph import Plan, Step
+    from experiments.study.kinds import Ref, StepArgs, location
 
     study = validate({**MINIMAL, "out": str(tmp_path)})
     calls = []
 
-    def step(name, value):
-        def fn(ctx):
-            calls.append(name)
-            (tmp_path / name).mkdir(exist_ok=True)
-            return {"value": value}
-        return fn
+    @dataclass(frozen=True)
+    class Write(StepArgs):
+        kind: ClassVar[str] = "test-write"
+        name: str
+        value: int
+        reads: Ref | None = None
+        out: Path = location()
 
-    def run_all(a_value, b_spec):
-        r = Engine(Plan([Step("p/a/x", {"v": a_value}, outputs=(tmp_path / "a",), run=step("a", a_value)),
-                         Step("p/b/x", b_spec, deps=("p/a/x",), run=step("b", 0)),
-                         Step("p/c/x", {}, deps=("p/b/x",), run=step("c", 0))]),
+        def run(self, ctx):
+            calls.append(self.name)
+            self.out.mkdir(exist_ok=True)
+            (self.out / "v").write_text(f"{self.value} {self.reads and self.reads.fingerprint(ctx)}")
+            return {"value": self.value}
+
+    def run_all(a_value, b_value):
+        a, b, c = (tmp_path / n for n in "abc")
+        r = Engine(Plan([Step("p/a/x", Write("a", a_value, out=a), outputs=(a,)),
+                         Step("p/b/x", Write("b", b_value, Ref(str(a), "p/a/x"), out=b), outputs=(b,)),
+                         Step("p/c/x", Write("c", 0, Ref(str(b), "p/b/x"), out=c), outputs=(c,))]),
                    study.out, config={"path": None, "content": study.raw}, seed=study.seed, progress=False)
         r.run_all()
         return r
 
-    run_all(1, {"k": 1})
+    run_all(1, 1)
     assert calls == ["a", "b", "c"]
     saved = json.loads((tmp_path / "steps" / "p" / "b" / "x.json").read_text())
     assert saved["key"] and saved["provenance"]["config"]["content"]["name"] == "t" and saved["provenance"]["seeds"] == {"study": 0}
     calls.clear()
-    r = run_all(1, {"k": 1})
+    r = run_all(1, 1)
     assert calls == [] and all(e["reused"] for e in r.log)
-    run_all(1, {"k": 2})  # b's settings changed: b and what reads it re-run, a is reused
+    run_all(1, 2)  # b's settings changed: b and what reads it re-run, a is reused
     assert calls == ["b", "c"]
     calls.clear()
-    run_all(2, {"k": 2})  # the first step changed: everything downstream re-runs
+    run_all(2, 2)  # the first step changed: everything downstream re-runs
     assert calls == ["a", "b", "c"]
     calls.clear()
-    (tmp_path / "a").rmdir()  # a step whose output has gone runs again; its unchanged key keeps b and c
-    run_all(2, {"k": 2})
+    import shutil
+
+    shutil.rmtree(tmp_path / "a")  # a step whose output has gone runs again; the same content keeps b and c
+    run_all(2, 2)
     assert calls == ["a"]
     with pytest.raises(Exception, match="did not run"):
-        Plan([Step("p/d/x", {}, deps=("p/zzz/x",), run=step("d", 0))])
+        Plan([Step("p/d/x", Write("d", 0, out=tmp_path / "d"), deps=("p/zzz/x",))])
 
 
 @pytest.mark.parametrize("pair, needle", [
@@ -301,11 +314,11 @@ def test_a_pinned_hub_base_is_loaded_and_keyed_at_its_revision(tmp_path, tokeniz
     pinned_id = f"hub:{repo}@{pinned}"
     at_pin, at_head = (model_fingerprint(storage / "snapshots" / c) for c in (pinned, head))
     assert at_pin != at_head
-    assert step("extract")["result"]["fingerprints"][repo] == pinned_id
-    assert step("extract")["spec"]["models"]["base"] == pinned_id
-    assert step("sink/base")["result"]["fingerprint"] == pinned_id and step("sink/base")["spec"]["model"] == pinned_id
+    assert step("extract")["provenance"]["model_fingerprints"][repo] == pinned_id
+    assert step("extract")["identity"]["args"]["base"] == pinned_id
+    assert step("sink/base")["identity"]["args"]["model"] == pinned_id
     assert step("eval/base")["result"]["fingerprint"] == at_pin  # the weights at the pinned commit were evaluated
-    assert step("intervene/lin")["spec"]["models"]["base"] == pinned_id
+    assert step("intervene/lin")["identity"]["args"]["models"]["base"] == pinned_id
     merged = json.loads((out / "models" / "p-lin" / "intervention.json").read_text())
     assert merged["provenance"]["fingerprints"]["base"] == at_pin  # and merged
 

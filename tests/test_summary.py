@@ -1,4 +1,4 @@
-"""Issue 17 item 6: every command ends with a summary (experiments.cli.closing): the one-line result,
+"""Every command ends with a summary (experiments.cli.closing): the one-line result,
 where its outputs are (paths that exist), how long it took, and what to run next (command lines the
 CLI parses). Run here over the commands with cheap paths on tiny real models; the demo's is checked
 in tests/test_demo.py."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_merge import _FakeMeasure, _perturbed, _save_model
+from tests.test_merge import _perturbed, _save_model
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +75,11 @@ def test_merge_mitigate_pair_and_sink_end_with_a_summary(pair, tmp_path, capsys)
     assert s["outputs"] == [tmp_path / "s" / "sink.json", tmp_path / "s" / "sink_map.png"]
 
 
-def test_sweep_paper_table_and_clean_end_with_a_summary(pair, tmp_path, monkeypatch, capsys):
+def test_sweep_paper_table_and_clean_end_with_a_summary(pair, tmp_path, fake_measurements, own_cache, capsys):
     import yaml
 
-    import experiments.cli.cmd_sweep as cm
     from experiments.cli import main
 
-    monkeypatch.setattr(cm, "Measure", _FakeMeasure)  # the sweep's own logic; Measure is tested in test_merge
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"grid": [{"method": "linear", "weight": [0.2, 0.8]}]}))
     out = tmp_path / "sweep"

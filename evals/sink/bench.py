@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
+
+from sinkstudy.memory import PeakRSS
 
 MODEL = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              head_dim=32, max_position_embeddings=8192)
@@ -31,26 +32,6 @@ VOCAB = 1024
 LENGTHS = (512, 1024, 2048, 4096)
 QUICK_LENGTHS = (128, 256)
 METHODS = {"fast": "fast sink pass", "eager": "HF eager output_attentions", "sdpa": "plain SDPA forward (floor)"}
-
-
-def _rss_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-        return True
-    except OSError:
-        return False
 
 
 def _forward(method: str, model, ids, mask):
@@ -84,16 +65,14 @@ def run_case(method: str, length: int, repeat: int) -> dict:
         times = []
         peak_kb = None
         for _ in range(repeat):
-            exact = _reset_peak()
-            before = _rss_kb("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            t0 = time.perf_counter()
-            result = _forward(method, model, ids, mask)
-            times.append(time.perf_counter() - t0)
-            after = _rss_kb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            peak_kb = max(peak_kb or 0, after - before)
+            with PeakRSS() as peak:
+                t0 = time.perf_counter()
+                result = _forward(method, model, ids, mask)
+                times.append(time.perf_counter() - t0)
+            peak_kb = max(peak_kb or 0, peak.kib)
             del result
     return {"method": method, "length": length, "time_s": min(times), "peak_mib": peak_kb / 1024,
-            "peak_exact": exact, "threads": torch.get_num_threads()}
+            "peak_exact": peak.exact, "threads": torch.get_num_threads()}
 
 
 def _ratio(a: float, b: float, floor: float = 0.0) -> str:

@@ -1,31 +1,13 @@
 """The closing summary of every `sinkstudy` command: where its outputs are, the one-line result, how
 long it took and what to run next. A command returns a `Summary`; `experiments.cli.main` prints it
-with the command's wall time, so every command ends the same way. Durations as text (`format_duration`,
-and `format_clock` for progress lines) live here for every command."""
+with the command's wall time, so every command ends the same way."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def format_duration(seconds: float) -> str:
-    """12.3 s, 47 s, 3 min 05 s, 2 h 07 min."""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
-
-
-def format_clock(seconds: float) -> str:
-    """A stopwatch reading for progress lines: 0:07, 3:05, 127:40 (minutes:seconds)."""
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes}:{secs:02d}"
+from experiments.report.fmt import format_duration
 
 
 @dataclass

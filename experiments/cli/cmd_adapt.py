@@ -13,6 +13,7 @@ gives another (docs/adapt.md); --train-data without STAGE= feeds every stage, wi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from experiments.report.fmt import brief as _f
 from experiments.cli.closing import Summary, cmd
@@ -170,16 +171,22 @@ def main(args) -> Summary | int:
         print(format_estimate(estimate(args.base, vision, config, gpu=args.gpu, world=args.gpus,
                                        tokens_per_example=args.tokens_per_example, examples=examples)))
         return 0
-    from interventions.adapt import adapt
+    from experiments.study.arms import Adapt
+    from experiments.study.graph import Plan, Step
+    from experiments.study.kinds import Ref
+    from experiments.study.runner import run_plan
+    from interventions.adapt.run import REPORT, check_inputs
+    from sinkstudy.io import read_json
 
-    tokenizer = None
-    if args.tokenizer:
-        from sinkstudy.checkpoint import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
-    report = adapt(args.base, vision=vision, config=config, out=args.out, resume=args.resume, force=args.force,
-                   qknorm={"init": args.qknorm} if args.qknorm else None, hooks=hooks, progress=not args.quiet,
-                   device=args.device, tokenizer=tokenizer)
+    check_inputs(args.base, vision, config, hooks)  # data, tower, stages: before anything is written
+    out = Path(args.out)
+    step = Step("adapt/run", Adapt(Ref(str(args.base)), config.to_dict(), vision.to_dict() if vision else None,
+                                   tuple({"name": h.name, "params": h.config} for h in hooks),
+                                   {"init": args.qknorm} if args.qknorm else None,
+                                   Ref(str(args.tokenizer)) if args.tokenizer else None, device=args.device, run_dir=out / "run",
+                                   model_dir=out / "model", resume=args.resume), outputs=(out / "run", out / "model"))
+    engine = run_plan(Plan([step]), out, force=args.force, progress=not args.quiet, seed=config.seed, guarded=("run",))
+    report = read_json(out / "run" / REPORT) if engine.main and (out / "run" / REPORT).is_file() else None
     if report:
         print(format_summary(report))
         for stage in report["stages"]:

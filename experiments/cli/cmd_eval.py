@@ -6,13 +6,7 @@ from pathlib import Path
 
 from experiments.cli import argtypes
 from experiments.cli import options
-from experiments.cli.options import (  # noqa: F401  (eval_kwargs: also reached through this module)
-    DEFAULT_TASKS,
-    PAPER_TASKS,
-    check_hub_tasks,
-    eval_kwargs,
-    eval_tasks,
-)
+from experiments.cli.options import DEFAULT_TASKS, PAPER_TASKS, check_hub_tasks, eval_cache, eval_protocol
 from experiments.cli.closing import Summary, cmd
 
 
@@ -56,14 +50,11 @@ def _eval(args) -> Summary | int:
     from evals.lmeval import run_eval
     from experiments.study.loaders import load_model
 
-    tasks = eval_tasks(args)
-    kwargs = eval_kwargs(args)
-    check_hub_tasks(tasks, kwargs["data_files"])
+    protocol = eval_protocol(args)
+    check_hub_tasks(protocol.tasks, protocol.data_files)
     out = Path(args.out) if args.out else options.default_out("eval", args.model)
-    run = run_eval(
-        args.model, args.tokenizer, tasks=tasks, out_dir=out, force=args.force, device=args.device, dtype=args.dtype,
-        seed=args.seed, loader=load_model, progress=not args.quiet, **kwargs,
-    )
+    run = run_eval(args.model, args.tokenizer, protocol=protocol, out_dir=out, force=args.force, device=args.device, dtype=args.dtype,
+                   seed=args.seed, loader=load_model, progress=not args.quiet, **eval_cache(args))
     if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
         return 0
     for task, source in data_sources(run).items():  # the run header: a task on other data says so

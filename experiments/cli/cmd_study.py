@@ -123,7 +123,7 @@ def _overrides(args) -> dict | None:
 def _check_hub(study) -> None:
     from experiments.cli.cmd_eval import check_hub_tasks
 
-    check_hub_tasks(study.evals.tasks, study.evals.data_files)
+    check_hub_tasks(study.evals.protocol.tasks, study.evals.protocol.data_files)
 
 
 def _run(study, args, jobs: int = 1) -> int:

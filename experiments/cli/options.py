@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evals.protocol import BACKENDS
+from evals.protocol import BACKENDS, EvalProtocol
 from experiments.cli import argtypes
 
 DTYPES = ("float32", "bfloat16", "float16")
-# The shipped offline task sets (evals.tasks.SHIPPED_TASKS, copied so --help stays light; a test keeps
-# them equal): a run without --tasks never needs the hub. The paper's hub tasks are opt-in.
-DEFAULT_TASKS = "sinkstudy_ifeval,sinkstudy_gsm"
+PROTOCOL = EvalProtocol()  # the defaults every evaluating command and study shares (their one definition)
+DEFAULT_TASKS = ",".join(PROTOCOL.tasks)  # a run without --tasks never needs the hub; the paper's hub tasks are opt-in
 PAPER_TASKS = "ifeval,gsm8k_cot,bbh_cot_fewshot"
 
 
@@ -47,20 +46,20 @@ def add_limit_option(p) -> None:
 
 def add_eval_options(p) -> None:
     """How an evaluating command runs lm-eval: the flags of `sinkstudy eval`, on every command that
-    evaluates (`eval_kwargs` reads them back)."""
+    evaluates (`eval_protocol` reads them back); a flag left out keeps the protocol's default."""
     g = p.add_argument_group("evals (lm-eval)")
     add_task_option(g)
     add_limit_option(g)
-    g.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=256, metavar="N",
-                   help="generation cap per prompt (default 256; 0 keeps each task's own)")
-    g.add_argument("--batch-size", type=argtypes.batch_size, default=8, metavar="N|auto",
-                   help="eval batch size: an integer, or auto / auto:N (lm-eval detects it; default 8)")
+    g.add_argument("--max-gen-toks", type=argtypes.int_at_least(0), default=None, metavar="N",
+                   help=f"generation cap per prompt (default {PROTOCOL.max_gen_toks}; 0 keeps each task's own)")
+    g.add_argument("--batch-size", type=argtypes.batch_size, default=None, metavar="N|auto",
+                   help=f"eval batch size: an integer, or auto / auto:N (lm-eval detects it; default {PROTOCOL.batch_size})")
     g.add_argument("--no-chat-template", action="store_true", help="prompt without the tokenizer's chat template")
     g.add_argument("--data", dest="eval_data", action="append", default=None, metavar="TASK=FILE",
                    help="a task's prompts from this local jsonl instead of its default data (repeatable)")
-    g.add_argument("--backend", choices=BACKENDS, default="hf",
-                   help="hf-continuous: lm-eval's HF backend with continuous-batching greedy generation (docs/evals.md); "
-                        "vllm: lm-eval's vLLM backend (GPU)")
+    g.add_argument("--backend", choices=BACKENDS, default=None,
+                   help=f"default {PROTOCOL.backend}; hf-continuous: lm-eval's HF backend with continuous-batching greedy "
+                        "generation (docs/evals.md); vllm: lm-eval's vLLM backend (GPU)")
     g.add_argument("--backend-args", default=None, metavar="JSON|K=V,...",
                    help="backend constructor arguments as a JSON object or K=V pairs (quote values with commas), "
                         "e.g. tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.85")
@@ -81,32 +80,29 @@ def add_protocol_options(p) -> None:
                    help="let tasks that execute model-written code run (MBPP)")
 
 
-def eval_tasks(args) -> str:
-    """--tasks, or the shipped offline sets."""
-    return args.tasks or DEFAULT_TASKS
+# The flag of each protocol field, for one-line errors.
+_FLAGS = {"data_files": "--data", "apply_chat_template": "--no-chat-template"}
 
 
-def eval_kwargs(args) -> dict:
-    """run_eval's keyword arguments from the flags of `add_eval_options` (and the eval cache's of
-    `add_output_options`), checked (one line on bad input); JSON data, so a command can record them."""
-    from evals.protocol import check_backend, parse_kwargs
+def eval_protocol(args) -> "EvalProtocol":
+    """The protocol the eval flags (`add_eval_options`) ask for, over the defaults, checked (one line on bad input,
+    naming the flag); the backend's package must be installed."""
+    from evals.protocol import check_backend
 
-    check_backend(args.backend)
-    return {"limit": args.limit, "batch_size": args.batch_size, "apply_chat_template": not args.no_chat_template,
-            "max_gen_toks": args.max_gen_toks or None, "data_files": args.eval_data, "backend": args.backend,
-            "backend_args": parse_kwargs(args.backend_args, "--backend-args"), **protocol_kwargs(args),
-            "use_cache": not args.no_cache, "cache_dir": args.cache_dir}
+    flags = {"tasks": args.tasks, "limit": args.limit, "max_gen_toks": args.max_gen_toks, "batch_size": args.batch_size,
+             "apply_chat_template": False if args.no_chat_template else None, "data_files": args.eval_data,
+             "backend": args.backend, "backend_args": args.backend_args,
+             **{k: getattr(args, k, None) for k in ("chat_template_kwargs", "system_instruction", "gen_kwargs", "num_fewshot")},
+             "confirm_run_unsafe_code": True if getattr(args, "confirm_run_unsafe_code", False) else None}
+    protocol = EvalProtocol.build({k: v for k, v in flags.items() if v is not None},
+                                  name=lambda f: _FLAGS.get(f, "--" + f.replace("_", "-")))
+    check_backend(protocol.backend)
+    return protocol
 
 
-def protocol_kwargs(args) -> dict:
-    """run_eval's protocol arguments from the flags of `add_protocol_options`, checked (one line on bad input)."""
-    from evals.protocol import check_gen_kwargs, check_system_instruction, parse_kwargs
-
-    return {"chat_template_kwargs": parse_kwargs(args.chat_template_kwargs, "--chat-template-kwargs"),
-            "system_instruction": check_system_instruction(args.system_instruction),
-            "gen_kwargs": check_gen_kwargs(parse_kwargs(args.gen_kwargs, "--gen-kwargs")),
-            "num_fewshot": args.num_fewshot,
-            "confirm_run_unsafe_code": args.confirm_run_unsafe_code}
+def eval_cache(args) -> dict:
+    """lm-eval's per-task cache as the flags of `add_output_options(cache=True)` set it (results are the same either way)."""
+    return {"use_cache": not args.no_cache, "cache_dir": args.cache_dir}
 
 
 def check_hub_tasks(tasks, data_files=None) -> None:

@@ -173,27 +173,22 @@ class Build:
         return [{"name": b["name"], "base": f"{{out}}/models/{b['name']}-base", "vlm": f"{{out}}/models/{b['name']}-vlm",
                  "native_qk_norm": b["native_qk_norm"]} for b in self.backbones]
 
-    def steps(self, out: Path, sink: dict) -> list:
-        """Every build step (`experiments.study.graph.Step`) under `out`; `sink`: the study's sink settings."""
+    def steps(self, out: Path, measurement) -> list:
+        """Every build step (`experiments.study.graph.Step`) under `out`; `measurement`: how the study measures
+        (`experiments.study.pair_steps.Measurement`)."""
         from experiments.demo.steps import build_steps
 
-        return build_steps(self, Path(out), sink)
+        return build_steps(self, Path(out), measurement)
 
-    def makes(self, pair: str) -> list[str]:
-        """The step that makes pair `pair`'s models (its backbone's VLM), if the build makes them."""
-        return [f"build/vl/{pair}"] if any(b["name"] == pair for b in self.backbones) else []
-
-    def vl_adaptation(self, step_id: str, base: Path, vlm: Path, out: Path, *, deps: tuple[str, ...], owner: str):
-        """The build's VL recipe on another start (`base`), as a step writing the VLM `vlm`."""
+    def vl_adaptation(self, step_id: str, base, vlm: Path, out: Path, *, owner: str):
+        """The build's VL recipe on another start (`base`, a `Ref`), as a step writing the VLM `vlm`."""
         from experiments.demo.steps import vl_adaptation
 
-        return vl_adaptation(self, step_id, base, vlm, out, deps=deps, owner=owner)
+        return vl_adaptation(self, step_id, base, vlm, Path(out), owner=owner)
 
-    def training_texts(self, out: Path, tokenizer) -> list[str]:
-        """The corpus under `out` as training strings (chats in the tokenizer's template)."""
-        from experiments.demo.steps import training_texts
-
-        return training_texts(Path(out) / "data", tokenizer)
+    def training_text(self, out: Path) -> Path:
+        """The corpus under `out` (chat records, `interventions.training.read_training_texts` reads them)."""
+        return Path(out) / "data" / "train.jsonl"
 
     def facts(self, results: dict[str, dict]) -> dict:
         """What the report says about the build, from its steps' results (`experiments.demo.steps.build_facts`)."""

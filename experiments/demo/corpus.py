@@ -213,14 +213,6 @@ def digit_caption(label: int, rng: random.Random) -> tuple[str, str]:
     return "Which number is shown in the picture?", f"The picture shows the number {label}, which is {word}."
 
 
-def chat(tokenizer, user: str, assistant: str) -> str:
-    """A training text in the tokenizer's chat template, without the leading BOS the training loop adds."""
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}], tokenize=False
-    )
-    return text.removeprefix(tokenizer.bos_token or "")
-
-
 def training_records(n: int, seed: int) -> list[tuple[str, str | None]]:
     """`n` training records: (user, assistant) chats, or (plain text, None) for ordinary text."""
     train, _ = _splits()

@@ -1,67 +1,167 @@
-"""The demo's build steps, as plan records (`experiments.study.graph.Step`), and their bodies.
+"""The demo's build steps, as plan records (`experiments.study.graph.Step`) of their own kinds
+(`experiments.study.kinds`), and their bodies.
 
-corpus -> tokenizer -> pretrain/<backbone> -> vl/<backbone>, and reference/<model> (the Sink
-Strength of a real pretrained LLM, beside the miniatures'). Each is keyed by the engine on its
-settings, its code and its inputs' keys. Files land under `<out>/data` and
-`<out>/models/<backbone>-{base,vlm}`. `experiments.demo.build.Build` hands these to the study's plan.
+corpus -> tokenizer -> pretrain/<backbone> -> vl/<backbone>, and reference/<model> (the Sink Strength of a
+real pretrained LLM, beside the miniatures'). Each is keyed by the engine on its arguments, its code and the
+content of what it reads. Files land under `<out>/data` and `<out>/models/<backbone>-{base,vlm}`.
+`experiments.demo.build.Build` hands these to the study's plan.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar, Mapping
 
 from experiments.study.graph import Step
+from experiments.study.kinds import Ref, StepArgs, location
 from sinkstudy import SinkstudyError
 
-_ROOT = Path(__file__).resolve().parent.parent.parent
+
+@dataclass(frozen=True)
+class Corpus(StepArgs):
+    """The demo corpus: training records and the held-out eval prompts (`experiments.demo.corpus`)."""
+
+    kind: ClassVar[str] = "demo-corpus"
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus",)
+    corpus: Mapping[str, Any]
+    data: Path = location()
+
+    def run(self, ctx) -> dict:
+        return make_corpus(self.data, self.corpus)
 
 
-def _code(*parts: str) -> str:
-    from sinkstudy.provenance import code_version
+@dataclass(frozen=True)
+class Chats(StepArgs):
+    """The demo corpus's first `records` training records (drawn with `seed`) as chat records, one JSON line each
+    (`interventions.training.read_training_texts` reads them): text for recovery training."""
 
-    return code_version(*(_ROOT / p for p in parts))
+    kind: ClassVar[str] = "demo-chats"
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus",)
+    records: int
+    seed: int
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        from experiments.demo import corpus
+        from sinkstudy.io import write_text_atomic
+
+        write_text_atomic(self.out, corpus.records_jsonl(corpus.training_records(self.records, self.seed)))
+        return {"path": str(self.out), "records": self.records}
 
 
-def build_steps(build, out: Path, sink: dict) -> list[Step]:
-    """Every build step of `build` (experiments.demo.build.Build) under `out`; `sink`: the study's sink settings."""
+@dataclass(frozen=True)
+class Tokenizer(StepArgs):
+    """A byte-level BPE tokenizer trained on the corpus."""
+
+    kind: ClassVar[str] = "demo-tokenizer"
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "sinkstudy.tiny")
+    corpus: Ref
+    settings: Mapping[str, Any]
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        return make_tokenizer(Path(self.corpus.path), self.out, self.settings)
+
+
+@dataclass(frozen=True)
+class Reference(StepArgs):
+    """The Sink Strength of a real pretrained LLM with the study's sink settings (skipped, saying why, while its
+    weights package is not installed: `installed` is in the key, so it is measured once it is)."""
+
+    kind: ClassVar[str] = "demo-reference"
+    code: ClassVar[tuple[str, ...]] = ("evals.sink", "sinkstudy.real_models", "sinkstudy.real_weights")
+    name: str
+    installed: bool
+    model: Mapping[str, Any]  # its identity: the GGUF's sha256
+    metric: str
+    texts: Any
+    params: Mapping[str, Any]
+    options: Mapping[str, Any]
+
+    def run(self, ctx) -> dict:
+        return reference_step(self, ctx.progress)
+
+
+@dataclass(frozen=True)
+class LinkPretrained(StepArgs):
+    """A pretrained backbone: its converted checkpoint linked with a chat template."""
+
+    kind: ClassVar[str] = "demo-pretrained"
+    code: ClassVar[tuple[str, ...]] = ("sinkstudy.real_models", "sinkstudy.real_weights")
+    name: str
+    model: Mapping[str, Any]  # its identity: the GGUF's sha256
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        return link_pretrained(self.name, self.out)
+
+
+@dataclass(frozen=True)
+class Pretrain(StepArgs):
+    """One backbone's sink recipe trained from scratch on the corpus, S recorded every `curve_every` steps."""
+
+    kind: ClassVar[str] = "demo-pretrain"
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.sinkgrow", "experiments.demo.backbones", "interventions.training",
+                                       "interventions.adapt")
+    backbone: Mapping[str, Any]
+    curve_every: int | None
+    tokenizer: Ref
+    corpus: Ref
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        return pretrain_step(Path(self.corpus.path), Path(self.tokenizer.path), dict(self.backbone), self.out, self.curve_every,
+                             ctx.progress)
+
+
+@dataclass(frozen=True)
+class VL(StepArgs):
+    """The demo's VL recipe (`build.vl`) on the checkpoint `base`, writing the VLM `out`."""
+
+    kind: ClassVar[str] = "demo-vl"
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", "interventions.adapt", "evals.vqa")
+    base: Ref
+    vl: Mapping[str, Any]
+    corpus: Ref  # its chats: the text-only share of a stage with `text_share`
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        return vl_step(Path(self.base.local()), self.out, dict(self.vl), ctx.progress, corpus=Path(self.corpus.path))
+
+
+def build_steps(build, out: Path, m) -> list[Step]:
+    """Every build step of `build` (experiments.demo.build.Build) under `out`; `m`: how the study measures
+    (`experiments.study.pair_steps.Measurement`: its sink settings)."""
+    from sinkstudy.real_models import get, identity
+
     data, models = out / "data", out / "models"
-    steps = [Step("build/corpus", lambda ctx: {"corpus": build.corpus, "code": _code("experiments/demo/corpus.py")},
-                  outputs=(data / "train.jsonl",), run=lambda ctx: make_corpus(data, build.corpus), owner="build.corpus"),
-             Step("build/tokenizer", {"tokenizer": build.tokenizer}, deps=("build/corpus",), outputs=(models / "tokenizer",),
-                  run=lambda ctx: make_tokenizer(data, models / "tokenizer", build.tokenizer), owner="build.tokenizer")]
+    train, tokenizer = data / "train.jsonl", models / "tokenizer"
+    corpus = Ref(str(train), "build/corpus")
+    steps = [Step("build/corpus", Corpus(build.corpus, data=data),
+                  outputs=(train, data / "heldout_ifeval.jsonl", data / "heldout_gsm.jsonl"), owner="build.corpus"),
+             Step("build/tokenizer", Tokenizer(corpus, build.tokenizer, out=tokenizer), outputs=(tokenizer,), owner="build.tokenizer")]
     for name in build.references:
-        from sinkstudy.real_models import get, identity
-
-        # `installed` in the key: a reference skipped for want of its package is measured once it is installed.
-        steps.append(Step(f"build/reference/{name}", lambda ctx, name=name: {"model": identity(name), "installed": get(name).installed(), "sink": sink,
-                                                                            "code": _code("evals/sink", "sinkstudy/real_models.py")},
-                          run=lambda ctx, name=name: reference_step(name, sink, ctx.progress), owner=f"build.references {name}"))
+        steps.append(Step(f"build/reference/{name}", Reference(name, get(name).installed(), identity(name), m.metric, m.texts, m.params,
+                                                               m.options), owner=f"build.references {name}"))
     curve_every = build.pretrain["curve_every"]
     for b in build.backbones:
         base, vlm, owner = models / f"{b['name']}-base", models / f"{b['name']}-vlm", f"backbone {b['name']}"
         if b["kind"] == "pretrained":
-            from sinkstudy.real_models import identity
-
-            steps.append(Step(f"build/pretrain/{b['name']}",
-                              lambda ctx, b=b: {"backbone": identity(b["pretrained"]), "code": _code("sinkstudy/real_models.py")},
-                              outputs=(base,), run=lambda ctx, b=b, base=base: link_pretrained(b["pretrained"], base), owner=owner))
+            args = LinkPretrained(b["pretrained"], identity(b["pretrained"]), out=base)
         else:
-            train_code = ("experiments/demo/sinkgrow.py", "experiments/demo/backbones.py", "interventions/training.py", "interventions/adapt")
-            steps.append(Step(f"build/pretrain/{b['name']}", lambda ctx, b=b: {"backbone": b, "curve_every": curve_every, "code": _code(*train_code)},
-                              deps=("build/tokenizer",), outputs=(base,), owner=owner,
-                              run=lambda ctx, b=b, base=base: pretrain_step(data, models, b, base, curve_every, ctx.progress)))
-        steps.append(vl_adaptation(build, f"build/vl/{b['name']}", base, vlm, out, deps=(f"build/pretrain/{b['name']}", "build/corpus"),
-                                   owner=owner))
+            args = Pretrain(b, curve_every, Ref(str(tokenizer), "build/tokenizer"), corpus, out=base)
+        steps.append(Step(f"build/pretrain/{b['name']}", args, outputs=(base,), owner=owner))
+        steps.append(vl_adaptation(build, f"build/vl/{b['name']}", Ref(str(base), f"build/pretrain/{b['name']}"), vlm, out, owner=owner))
     return steps
 
 
-def vl_adaptation(build, step_id: str, base: Path, vlm: Path, out: Path, *, deps: tuple[str, ...], owner: str) -> Step:
+def vl_adaptation(build, step_id: str, base: Ref, vlm: Path, out: Path, *, owner: str) -> Step:
     """The demo's VL recipe (`build.vl`) on the checkpoint `base`, writing the VLM `vlm`: a backbone's
     pair, or the same recipe on another start (the study's QK-norm arm)."""
-    return Step(step_id, lambda ctx: {"vl": build.vl, "code": _code("experiments/demo/vl.py", "interventions/adapt")},
-                deps=deps, outputs=(vlm,), owner=owner, run=lambda ctx: vl_step(base, vlm, build.vl, ctx.progress, data=out / "data"))
+    return Step(step_id, VL(base, build.vl, Ref(str(out / "data" / "train.jsonl"), "build/corpus"), out=vlm), outputs=(vlm,), owner=owner)
 
 
 def build_facts(build, results: dict[str, dict]) -> dict:
@@ -101,44 +201,38 @@ def make_corpus(data: Path, cfg: dict) -> dict:
             "files": {k: str(data / f) for k, f in (("train", "train.jsonl"), ("ifeval", "heldout_ifeval.jsonl"), ("gsm", "heldout_gsm.jsonl"))}}
 
 
-def read_records(data: Path) -> list[tuple[str, str | None]]:
-    rows = [json.loads(line) for line in (data / "train.jsonl").read_text(encoding="utf-8").splitlines() if line]
+def read_records(train: Path) -> list[tuple[str, str | None]]:
+    rows = [json.loads(line) for line in train.read_text(encoding="utf-8").splitlines() if line]
     return [(r["user"], r["assistant"]) for r in rows]
 
 
-def training_texts(data: Path, tokenizer) -> list[str]:
-    """The corpus as training strings: chats in the tokenizer's template, plain text as is."""
-    from experiments.demo.corpus import chat
-
-    return [chat(tokenizer, u, a) if a is not None else u for u, a in read_records(data)]
-
-
-def make_tokenizer(data: Path, out_dir: Path, cfg: dict) -> dict:
+def make_tokenizer(train: Path, out_dir: Path, cfg: Mapping[str, Any]) -> dict:
     from experiments.demo.corpus import tokenizer_texts
     from sinkstudy.io import atomic_output_dir
     from sinkstudy.tiny import train_bpe_tokenizer
 
-    tok = train_bpe_tokenizer(tokenizer_texts(read_records(data)), vocab_size=cfg["vocab_size"])
+    tok = train_bpe_tokenizer(tokenizer_texts(read_records(train)), vocab_size=cfg["vocab_size"])
     with atomic_output_dir(out_dir, force=True) as tmp:
         tok.save_pretrained(tmp)
     return {"path": str(out_dir), "vocab_size": len(tok)}
 
 
-def pretrain_step(data: Path, models: Path, backbone: dict, out: Path, curve_every: int | None, progress: bool) -> dict:
+def pretrain_step(train: Path, tokenizer: Path, backbone: dict, out: Path, curve_every: int | None, progress: bool) -> dict:
     """Train one backbone's recipe on the corpus (its data mix formed here), recording S every
     `curve_every` steps; save model + tokenizer to `out` atomically."""
     import dataclasses
 
     from experiments.demo.backbones import save_backbone
     from experiments.demo.sinkgrow import Recipe, grow
+    from interventions.training import read_training_texts
     from sinkstudy.checkpoint import load_tokenizer
     from sinkstudy.provenance import model_fingerprint
 
-    tok = load_tokenizer(models / "tokenizer")
+    tok = load_tokenizer(tokenizer)
     fields = {f.name for f in dataclasses.fields(Recipe)}
     recipe = Recipe(**{k: v for k, v in backbone.items() if k in fields})
     marks = sorted({0, recipe.steps, *range(0, recipe.steps, curve_every)}) if curve_every else ()
-    model, grown = grow(recipe, tok, training_texts(data, tok), checkpoints=marks, progress=progress)
+    model, grown = grow(recipe, tok, read_training_texts(train, tok), checkpoints=marks, progress=progress)
     save_backbone(model, tok, out)
     return {"steps": recipe.steps, "final_loss": grown.final_loss, "tokens": grown.tokens, "train_seconds": round(grown.train_seconds, 1),
             "params": sum(p.numel() for p in model.parameters()), "recipe": grown.recipe.to_json(),
@@ -148,12 +242,12 @@ def pretrain_step(data: Path, models: Path, backbone: dict, out: Path, curve_eve
 
 def link_pretrained(name: str, out: Path) -> dict:
     """A pretrained backbone: `out` holds its converted checkpoint (weights linked from the user's cache)
-    with a chat template (`sinkstudy.real_models.chat_checkpoint`)."""
-    from sinkstudy import real_models
+    with a chat template (`sinkstudy.real_weights.chat_checkpoint`)."""
+    from sinkstudy import real_models, real_weights
     from sinkstudy.provenance import model_fingerprint
 
-    real_models.chat_checkpoint(name, out)
-    return {"pretrained": name, "source": real_models.get(name).source, "checkpoint": str(real_models.checkpoint(name)), "path": str(out),
+    real_weights.chat_checkpoint(name, out)
+    return {"pretrained": name, "source": real_models.get(name).source, "checkpoint": str(real_weights.checkpoint(name)), "path": str(out),
             "params": _count_params(out), "fingerprint": model_fingerprint(out)}
 
 
@@ -164,26 +258,28 @@ def _count_params(path: Path) -> int:
     return sum(math.prod(t.shape) for t in files.tensors.values()) if files else 0
 
 
-def reference_step(name: str, sink: dict, progress: bool) -> dict:
+def reference_step(ref: Reference, progress: bool) -> dict:
     """Sink Strength of a real pretrained LLM with the study's sink settings (skipped, saying why,
     when its weights package is not installed)."""
     from evals.sink import compute_sink_maps, strength_from_maps
     from interventions.pairs import load_causal_lm
-    from sinkstudy import real_models
+    from sinkstudy import real_models, real_weights
 
+    name = ref.name
     model_info = real_models.get(name)
     if not model_info.installed():
         return {"name": name, "skipped": f"its weights package is not installed ({model_info.install_command()}; make real-model installs it)"}
-    path = real_models.checkpoint(name)
+    path = real_weights.checkpoint(name)
     model, tok = load_causal_lm(path)
-    maps = compute_sink_maps(model, tok, sink["texts"], metric=sink["metric"], progress=progress, **sink["options"])
-    strength = strength_from_maps(maps, sink["metric"], **sink["params"])
+    texts = ref.texts.path if isinstance(ref.texts, Ref) else ref.texts
+    maps = compute_sink_maps(model, tok, texts, metric=ref.metric, progress=progress, **ref.options)
+    strength = strength_from_maps(maps, ref.metric, **ref.params)
     return {"name": name, "source": model_info.source, "native_qk_norm": model_info.native_qk_norm, "path": str(path),
             "sink_strength": strength.value, "mean_mass": float(maps.mass.mean()),
             "median_per_layer": strength.details.get("median_per_layer"), "layers": model.config.num_hidden_layers}
 
 
-def vl_step(base: Path, out: Path, cfg: dict, progress: bool, *, data: Path) -> dict:
+def vl_step(base: Path, out: Path, cfg: dict, progress: bool, *, corpus: Path) -> dict:
     """The engine's two LLaVA stages on digits (plus text-only corpus chats where a stage sets
     `text_share`); the run directory (report, trajectory) is `<models>/../adapt/<out name>`, the VLM
     checkpoint `out`."""
@@ -192,6 +288,6 @@ def vl_step(base: Path, out: Path, cfg: dict, progress: bool, *, data: Path) -> 
 
     if not (base / "config.json").is_file():
         raise SinkstudyError(f"VL adaptation needs the base checkpoint {base}")
-    chats = [(u, a) for u, a in read_records(data) if a is not None]
+    chats = [(u, a) for u, a in read_records(corpus) if a is not None]
     res = adapt_vl(base, out, cfg, work_dir=out.parent.parent / "adapt" / out.name, progress=progress, chats=chats)
     return {**res, "path": str(out), "fingerprint": model_fingerprint(out)}

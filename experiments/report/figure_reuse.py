@@ -2,7 +2,7 @@
 version are those of the figure already on disk (its files unchanged since) is not drawn again.
 
 Drawing is most of a report's cost (about 1 s per figure: PNG, SVG and the layout pass), and a rerun of a
-study whose results were all reused used to redraw every one. Each figure slot (plot function and its
+study whose results are all reused draws none. Each figure slot (plot function and its
 task/pair/metric arguments) keeps one record under OUT/plots/.reuse/: the key it was drawn under, the
 function's return value and the sha256 of every file it names. A record is used only when its key matches
 and every file still has that content; otherwise the figure is drawn and the record replaced. Keys leave out

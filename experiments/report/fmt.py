@@ -1,4 +1,4 @@
-"""Numbers and intervals as text, the same way in every report, table and closing line."""
+"""Numbers, intervals and durations as text, the same way in every report, table, progress and closing line."""
 
 from __future__ import annotations
 
@@ -41,3 +41,22 @@ def with_ci(x, ci, spec: str = ".3f") -> str:
 def points(score) -> str:
     """A score in [0, 1] printed in points."""
     return "n/a" if missing(score) else f"{100 * score:.1f}"
+
+
+def format_duration(seconds: float) -> str:
+    """12.3 s, 47 s, 3 min 05 s, 2 h 07 min."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def format_clock(seconds: float) -> str:
+    """A stopwatch reading for progress lines: 0:07, 3:05, 127:40 (minutes:seconds)."""
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}:{secs:02d}"

@@ -50,8 +50,7 @@ def settings(study) -> dict[str, Any]:
     """What the report says the study was set to."""
     ev = study.evals
     return {"title": study.report.title or f"sinkstudy report: {study.name}", "notes": study.report.notes,
-            "sink_metric": study.sink.metric, "apply_chat_template": ev.apply_chat_template, "max_gen_toks": ev.max_gen_toks,
-            "batch_size": ev.batch_size, "n_boot": ev.n_boot, "confidence": ev.confidence,
+            "sink_metric": study.sink.metric, **ev.protocol.as_dict(), "n_boot": ev.n_boot, "confidence": ev.confidence,
             "interventions": [iv.name for iv in study.interventions],
             "config": str(study.path) if study.path else None, "out": str(study.out), "seed": study.seed,
             "see_also": dict(study.report.see_also)}
@@ -66,8 +65,9 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
 
     study = plan.study
     ev = study.evals
+    tasks = list(ev.protocol.tasks)
     kw = {"n_boot": ev.n_boot, "confidence": ev.confidence, "seed": study.seed}
-    out: dict[str, Any] = {"study": study.name, "tasks": ev.tasks, "headline": {t: HEADLINE_METRICS.get(t) for t in ev.tasks},
+    out: dict[str, Any] = {"study": study.name, "tasks": tasks, "headline": {t: HEADLINE_METRICS.get(t) for t in tasks},
                            "convention": CONVENTION, "pairs": {}, "correlation": {}, "timings": timings,
                            "hardware": recorded_hardware((study.out / "steps").rglob("*.json"))}  # what computed the steps
     for pair in study.pairs:
@@ -78,7 +78,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
             sink = results[m.sink]
             entry["models"][label] = {"path": m.path, "sink_strength": sink["value"], "mean_mass": sink["mean_mass"],
                                       "sink_maps": sink["maps"], "scores": results[m.eval]["scores"], "method": m.method}
-        for task in ev.tasks:
+        for task in tasks:
             entry["degradation"][task] = compare(runs["base"], runs["vlm"], task, **kw).as_dict()
         for label in models:
             if label in ("base", "vlm"):
@@ -86,16 +86,16 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
             entry["interventions"][label] = {  # vs_vlm: against the unintervened VLM LM, its control
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
                        "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict(),
-                       "vs_vlm": compare(runs["vlm"], runs[label], task, **kw).as_dict()} for task in ev.tasks}
+                       "vs_vlm": compare(runs["vlm"], runs[label], task, **kw).as_dict()} for task in tasks}
         if study.adapt is not None:
             entry["protection"] = protection_summary(study, p, models, results, runs, kw)
-        entry["examples"] = examples(runs["base"], runs["vlm"], ev.tasks[0], out["headline"].get(ev.tasks[0]))
+        entry["examples"] = examples(runs["base"], runs["vlm"], tasks[0], out["headline"].get(tasks[0]))
         entry["published"] = pair.published
         entry["native_qk_norm"] = pair.native_qk_norm
         out["pairs"][p] = entry
     s = [e["models"]["base"]["sink_strength"] for e in out["pairs"].values()]
     notes = []
-    for task in ev.tasks:
+    for task in tasks:
         changes = [e["degradation"][task] for e in out["pairs"].values()]
         finite = [(a, c["delta_points"], c["delta_relative"]) for a, c in zip(s, changes)
                   if _finite(a) and _finite(c["delta_points"]) and _finite(c["delta_relative"])]

@@ -107,15 +107,15 @@ def _probe(vl_eval, recipe, where: str) -> dict | None:
 
 
 def _qknorm(raw, where: str) -> dict | None:
-    """An arm's QK-norm injection ({init, alpha}, the engine's `adapt(qknorm=...)`), checked as the study's
-    qknorm intervention checks them; None: none."""
-    from experiments.study.methods import check_qknorm
+    """An arm's QK-norm injection ({init, alpha}, the engine's `adapt(qknorm=...)`), checked and defaulted by the
+    registry's qknorm method (`interventions.registry`); None: none."""
+    from interventions.registry import QKNORM
 
     if raw is None:
         return None
     raw = mapping(raw, where, QKNORM_KEYS)
-    check_qknorm(raw, where, vl_recipe=False)
-    return {"init": raw.get("init", "identity-gain"), **({"alpha": raw["alpha"]} if "alpha" in raw else {})}
+    resolved = guarded(QKNORM.resolve, where, raw)
+    return {"init": resolved["init"], **({"alpha": raw["alpha"]} if "alpha" in raw else {})}
 
 
 def _text_only(raw, where: str, out: Path | None) -> dict | None:

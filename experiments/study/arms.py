@@ -17,63 +17,107 @@ each protection reported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 from experiments.study.adapt_section import CONTROL_ARM
-from experiments.study.graph import Step
 from experiments.study.config import model_dir
+from experiments.study.graph import Step
+from experiments.study.kinds import Ref, StepArgs, location
 from sinkstudy import SinkstudyError
 from sinkstudy.io import read_json
 
-_HERE = Path(__file__).resolve().parent.parent.parent
 REPLAY = "text_replay"  # the protection every sink-specific one is also set against
 
 
-def arm_hooks(arm) -> list:
-    """The arm's protections, constructed from their settings."""
+def make_hooks(protections) -> list:
+    """Protection hooks constructed from their settings ([{name, params}])."""
     from interventions.protect import make_protection
 
-    return [make_protection(p["name"], p["params"]) for p in arm.protections]
+    return [make_protection(p["name"], p["params"]) for p in protections]
 
 
-def arm_request(study, pair, arm) -> tuple[Any, Any, list, dict]:
-    """(vision spec, recipe, protection hooks, the run's request) of one arm on one pair."""
-    from interventions.adapt.build import VisionSpec
-    from interventions.adapt.config import from_dict, text_only_twin
-    from interventions.adapt.run import make_request
+def protect_code_version() -> str:
+    """The protections' shared machinery (the adaptation engine's own code is in its request). Each protection's
+    own module is left out: the request carries the source hash of the protections a run uses, so editing one
+    reruns exactly the runs that use it."""
+    import importlib.util
+    import inspect
 
-    seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
-    recipe = from_dict({**study.adapt.recipe, "seed": seed})
-    if arm.text_only:  # the recipe's LM training on text alone: no vision side
-        recipe, vision = text_only_twin(recipe, [arm.text_only]), None
-    else:
-        vision = VisionSpec(**{**study.adapt.vision, "seed": seed})  # the seed draws the tower and projector init too
-    hooks = arm_hooks(arm)
-    return vision, recipe, hooks, make_request(pair.base, vision, recipe, hooks=hooks, qknorm=arm.qknorm)
+    from interventions.protect import list_protections
+    from sinkstudy.provenance import code_version
 
-
-def run_dir(study, pair: str, arm: str) -> Path:
-    return Path(study.out) / "adapt" / pair / arm
+    protect = Path(importlib.util.find_spec("interventions.protect").origin).parent
+    plugin_files = {Path(inspect.getsourcefile(spec.cls)).resolve() for spec in list_protections().values()}
+    return code_version(*sorted(f for f in protect.rglob("*.py") if "__pycache__" not in f.parts and f.resolve() not in plugin_files))
 
 
-def adapt_step(study, pair, arm, progress: bool) -> dict:
-    from interventions.adapt import adapt
-    from interventions.adapt.run import REQUEST
-    from sinkstudy.provenance import model_fingerprint
+@dataclass(frozen=True)
+class Adapt(StepArgs):
+    """`interventions.adapt.adapt` of `base` with `recipe` (an AdaptConfig as a dict), `vision` (a VisionSpec as a
+    dict; None: the recipe's LM stages on text alone), protections ([{name, params}]) and QK-RMSNorm injected
+    first (`qknorm`: {init, alpha}); keyed by the run's request: the base's content, recipe with data identities,
+    vision, each protection's class, settings and source hash (so editing a plug-in reruns exactly the runs that
+    use it), the engine's code."""
 
-    vision, recipe, hooks, request = arm_request(study, pair, arm)
-    out, vlm = run_dir(study, pair.name, arm.name), model_dir(study.out, pair.name, arm.name, "vlm")
-    # The study owns this run directory: another request there (edited protection, recipe) is replaced;
-    # the same unfinished one continues from its last checkpoint.
-    stale = (out / REQUEST).is_file() and read_json(out / REQUEST) != request
-    # Arms that differ only in later stages share their earlier ones (interventions.adapt.stagecache).
-    report = adapt(pair.base, vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, qknorm=arm.qknorm, resume=True,
-                   force=stale, progress=progress, stage_cache=Path(study.out) / "adapt" / ".stage-cache")
-    return {"path": str(vlm), "fingerprint": model_fingerprint(vlm), "run": str(out), "summary": _adapt_summary(report)}
+    kind: ClassVar[str] = "adapt"
+    base: Ref
+    recipe: Mapping[str, Any]
+    vision: Mapping[str, Any] | None = None
+    protections: tuple = ()
+    qknorm: Mapping[str, Any] | None = None
+    tokenizer: Ref | None = None
+    device: str | None = location(None)
+    run_dir: Path = location()
+    model_dir: Path | None = location(None)  # None: run_dir/model
+    stage_cache: Path | None = location(None)  # finished stages shared between runs (interventions.adapt.stagecache)
+    resume: bool = location(True)
+
+    def parts(self):
+        """(VisionSpec or None, AdaptConfig, hooks) this step runs."""
+        from interventions.adapt.build import VisionSpec
+        from interventions.adapt.config import from_dict
+
+        return (VisionSpec(**self.vision) if self.vision is not None else None), from_dict(dict(self.recipe)), make_hooks(self.protections)
+
+    def identity(self, ctx) -> dict:
+        from interventions.adapt.run import make_request
+
+        vision, recipe, hooks = self.parts()
+        request = make_request(self.base.local(), vision, recipe, hooks=hooks, qknorm=self.qknorm)
+        request.pop("base")  # where the base lies is not what it is
+        request["base_fingerprint"] = self.base.fingerprint(ctx)
+        sources = [h.pop("source_sha256") for h in request["hooks"]]  # code, like the engine's: an edit reruns, never refuses
+        request["code"] = {"engine": request["code"], "hooks": sources, "protect": protect_code_version()}
+        return {**request, "tokenizer": self.tokenizer.fingerprint(ctx) if self.tokenizer else None}
+
+    @property
+    def seed(self) -> int:
+        return self.recipe["seed"]
+
+    def run(self, ctx) -> dict:
+        from interventions.adapt import adapt
+        from interventions.adapt.run import REQUEST, make_request
+        from sinkstudy.checkpoint import load_tokenizer
+        from sinkstudy.provenance import model_fingerprint
+
+        vision, recipe, hooks = self.parts()
+        out, vlm = Path(self.run_dir), Path(self.model_dir or Path(self.run_dir) / "model")
+        request = make_request(self.base.local(), vision, recipe, hooks=hooks, qknorm=self.qknorm)
+        # The engine owns this run directory: another request there (edited protection, recipe) is replaced;
+        # the same unfinished one continues from its last checkpoint.
+        stale = (out / REQUEST).is_file() and read_json(out / REQUEST) != request
+        report = adapt(self.base.local(), vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, qknorm=self.qknorm,
+                       resume=self.resume, force=stale, progress=ctx.progress, device=self.device,
+                       tokenizer=load_tokenizer(self.tokenizer.local()) if self.tokenizer else None,
+                       **({"stage_cache": self.stage_cache} if self.stage_cache is not None else {}))
+        if not report:
+            return {}  # a data-parallel worker: rank 0 reports
+        return {"path": str(vlm), "fingerprint": model_fingerprint(vlm), "run": str(out), "summary": adapt_summary(report)}
 
 
-def _adapt_summary(report: dict) -> dict:
+def adapt_summary(report: dict) -> dict:
     return {
         "stages": [{k: s.get(k) for k in ("stage", "steps", "final_loss", "steps_per_second", "trainable_params", "hooks")}
                    for s in report["stages"]],
@@ -84,27 +128,42 @@ def _adapt_summary(report: dict) -> dict:
     }
 
 
-def vl_skill_step(study, vlm_dir: str) -> dict:
-    """Held-out digit accuracy: the digit whose answer "It is a d." the VLM finds most likely."""
-    from experiments.demo.vl import digit_accuracy
+@dataclass(frozen=True)
+class VLSkill(StepArgs):
+    """Held-out digit accuracy of a VLM: the digit whose answer "It is a d." it finds most likely."""
 
-    probe = study.adapt.vl_eval
-    return digit_accuracy(Path(vlm_dir), {"heldout_images": probe["heldout"], "seed": probe["seed"]})
+    kind: ClassVar[str] = "vl-skill"
+    code: ClassVar[tuple[str, ...]] = ("evals.vqa", "interventions.adapt.probe", "interventions.adapt.data", "interventions.adapt.build")
+    model: Ref
+    heldout: int
+    seed: int
+
+    def run(self, ctx) -> dict:
+        from interventions.adapt.probe import digit_skill
+
+        return digit_skill(Path(self.model.local()), self.heldout, self.seed)
 
 
-def adapt_code_version() -> str:
-    """The adaptation engine and the protections' shared machinery. Each shipped protection's own module is
-    left out: the request carries the source hash of the protections an arm uses, so editing one reruns
-    exactly the arms that use it."""
-    import inspect
 
-    from interventions.protect import list_protections
-    from sinkstudy.provenance import code_version
+def arm_step(study, pair, arm, base: Ref) -> Adapt:
+    """The adaptation of one arm on one pair: the study's recipe and vision side with the arm's seed (which
+    draws the tower and projector init too), protections and QK-norm; a text-only arm trains the recipe's LM
+    stages on its text."""
+    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import from_dict, text_only_twin
 
-    protect = _HERE / "interventions" / "protect"
-    plugin_files = {Path(inspect.getsourcefile(spec.cls)).resolve() for spec in list_protections().values()}
-    shared = sorted(f for f in protect.rglob("*.py") if "__pycache__" not in f.parts and f.resolve() not in plugin_files)
-    return code_version(_HERE / "interventions" / "adapt", *shared)
+    seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
+    recipe = from_dict({**study.adapt.recipe, "seed": seed})
+    if arm.text_only:  # the recipe's LM training on text alone: no vision side
+        recipe, vision = text_only_twin(recipe, [arm.text_only]), None
+    else:
+        vision = VisionSpec(**{**study.adapt.vision, "seed": seed}).to_dict()
+    return Adapt(base, recipe.to_dict(), vision, tuple(arm.protections), arm.qknorm, run_dir=run_dir(study, pair.name, arm.name),
+                 model_dir=model_dir(study.out, pair.name, arm.name, "vlm"), stage_cache=Path(study.out) / "adapt" / ".stage-cache")
+
+
+def run_dir(study, pair: str, arm: str) -> Path:
+    return Path(study.out) / "adapt" / pair / arm
 
 
 def check_arms(pp) -> None:
@@ -121,7 +180,7 @@ def check_arms(pp) -> None:
         if arm.qknorm or not arm.protections:
             continue  # an injected base is made by a step
         config = config or load_config(pair.base)
-        for hook in arm_hooks(arm):
+        for hook in make_hooks(arm.protections):
             try:
                 hook.check_base(config)
             except SinkstudyError as exc:
@@ -133,13 +192,8 @@ def adapt_steps(pp) -> dict[str, str]:
     study, pair = pp.study, pp.pair
     out = {}
     for arm in study.arms_of(pair.name):
-        def spec(ctx, arm=arm) -> dict:
-            *_, request = arm_request(study, pair, arm)
-            return {"base": pair.base, "request": request, "code": adapt_code_version(), "seed": request["config"]["seed"]}
-
-        vlm = model_dir(study.out, pair.name, arm.name, "vlm")
-        out[arm.name] = pp.add(Step(f"{pair.name}/adapt/{arm.name}", spec, tuple(pp.deps), (vlm,),
-                                    lambda ctx, arm=arm: adapt_step(study, pair, arm, ctx.progress), reads=(pair.base,),
+        args = arm_step(study, pair, arm, pp.ref(pair.base))
+        out[arm.name] = pp.add(Step(f"{pair.name}/adapt/{arm.name}", args, outputs=(args.model_dir, args.run_dir),
                                     owner=f"pair {pair.name} arm {arm.name}"))
     return out
 
@@ -147,16 +201,13 @@ def adapt_steps(pp) -> dict[str, str]:
 def measure_arms(pp, adapts: dict[str, str]) -> None:
     """Probe every arm's VL skill; extract and measure every arm's language model but the control's (the pair's
     VLM LM, measured as `vlm`)."""
-    from sinkstudy.provenance import code_version
-
     study, pair, p = pp.study, pp.pair, pp.pair.name
     for arm in study.arms_of(p):
         step, vlm = adapts[arm.name], model_dir(study.out, p, arm.name, "vlm")
         skill = None
         if study.adapt.vl_eval is not None and not arm.text_only:
-            spec = lambda ctx, step=step: {"probe": study.adapt.vl_eval, "model": ctx.result(step)["fingerprint"],  # noqa: E731
-                                           "code": code_version(_HERE / "experiments" / "demo" / "vl.py")}
-            skill = pp.add(Step(f"{p}/vlskill/{arm.name}", spec, (step,), run=lambda ctx, vlm=vlm: vl_skill_step(study, str(vlm)),
+            probe = study.adapt.vl_eval
+            skill = pp.add(Step(f"{p}/vlskill/{arm.name}", VLSkill(Ref(str(vlm), step), probe["heldout"], probe["seed"]),
                                 owner=f"pair {p} arm {arm.name}"))
         info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "qknorm": arm.qknorm, "seed": arm.seed,
                 "text_only": arm.text_only, "adapt": step, "vl_skill": skill}
@@ -164,11 +215,11 @@ def measure_arms(pp, adapts: dict[str, str]) -> None:
             pp.models["vlm"].arm = info
             continue
         if arm.text_only:  # the run wrote a causal LM: nothing to extract
-            pp.measure(arm.name, str(vlm), [step], made_by=step, method="protection", arm=info, owner=f"pair {p} arm {arm.name}")
+            pp.measure(arm.name, Ref(str(vlm), step), method="protection", arm=info, owner=f"pair {p} arm {arm.name}")
             continue
         # An injected QK-norm is not in the base's class: extract in the class the engine trained.
-        own_class = bool(arm.qknorm) or any(hook.changes_architecture() for hook in arm_hooks(arm))
-        pp.adapted(arm.name, step, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base,
+        own_class = bool(arm.qknorm) or any(hook.changes_architecture() for hook in make_hooks(arm.protections))
+        pp.adapted(arm.name, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base,
                    extract_id=f"{p}/adapt/{arm.name}-extract", method="protection", own_class=own_class, arm=info,
                    owner=f"pair {p} arm {arm.name}")
 
@@ -221,14 +272,14 @@ def protection_summary(study, pair: str, models: dict, results: dict[str, dict],
         if name == CONTROL_ARM:
             continue
         control = runs[labels[entry["control"]]]
-        entry["vs_control"] = {t: compare(control, runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+        entry["vs_control"] = {t: compare(control, runs[entry["label"]], t, **kw).as_dict() for t in study.evals.protocol.tasks}
         if entry["control"] == CONTROL_ARM and entry["replicate_of"] == CONTROL_ARM:
-            entry["vs_base"] = {t: compare(runs["base"], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+            entry["vs_base"] = {t: compare(runs["base"], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.protocol.tasks}
         # The baseline a sink-specific protection must beat: text replay on the same seed.
         replay = next((r for r, e in arms.items() if e["protections"] == [REPLAY] and reps[r]["training_seed"] == entry["training_seed"]), None)
         if replay and entry["protections"] and entry["protections"] != [REPLAY]:
             entry["replay"] = replay
-            entry["vs_replay"] = {t: compare(runs[labels[replay]], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.tasks}
+            entry["vs_replay"] = {t: compare(runs[labels[replay]], runs[entry["label"]], t, **kw).as_dict() for t in study.evals.protocol.tasks}
     return {"arms": arms, "convention": "vs_control: Δ = arm − its control in points (score × 100; the control: the unprotected "
                                         "adaptation with the arm's training seed; positive = the arm kept more text skill)"}
 

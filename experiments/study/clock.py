@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from experiments.cli.closing import format_clock
+from experiments.report.fmt import format_clock
 
 
 class StepClock:

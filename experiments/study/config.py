@@ -10,11 +10,13 @@ the study's steps write one output is a check on its plan (`experiments.study.pi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from evals.protocol import EvalProtocol
 from experiments.study.adapt_section import CONTROL_ARM, AdaptSection, Arm, parse_adapt  # noqa: F401  (part of this module's API)
 from experiments.study.schema import (StudyConfigError, boolean, checked, deep_merge, fail, guarded, integer,  # noqa: F401
                                 mapping, parse, relative_file, slug)
@@ -29,40 +31,6 @@ PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", 
 def _must_map(value, where: str) -> dict:
     if not isinstance(value, dict):
         fail(where, "must be a mapping")
-    return value
-
-
-def _protocol(check_name: str):
-    """An eval-protocol key, checked by the same function the CLI uses (evals.protocol)."""
-    def check(value, where):
-        from evals import protocol
-
-        fn = {"chat_template_kwargs": lambda v: protocol.check_mapping(v, "chat template kwargs")}.get(check_name) \
-            or getattr(protocol, f"check_{check_name}")
-        return guarded(fn, where, value)
-    return check
-
-
-def _tasks(value, where: str) -> list[str]:
-    if isinstance(value, str):
-        value = [t.strip() for t in value.split(",") if t.strip()]
-    if not isinstance(value, list) or not value or not all(isinstance(t, str) for t in value):
-        fail(where, "must be a non-empty list of lm-eval task names")
-    return value
-
-
-def _backend(value, where: str) -> str:
-    from evals import protocol
-
-    if value not in protocol.BACKENDS:  # installed or not is checked when a run starts, not by --plan
-        fail(where, f"must be one of {', '.join(protocol.BACKENDS)}, got {value!r}")
-    return value
-
-
-def _limit(value, where: str):
-    from evals.lmeval import check_limit
-
-    guarded(check_limit, where, value)
     return value
 
 
@@ -91,31 +59,26 @@ class Sink:
 
 @dataclass
 class Evals:
-    """`evals:` the strict evals through lm-eval; every field but n_boot / confidence keys each eval step."""
+    """`evals:` the strict evals: the protocol (`evals.protocol.EvalProtocol`: every key but n_boot and
+    confidence, each keying every eval step) and the bootstrap of the statistics."""
 
-    tasks: list = checked(factory=lambda: ["sinkstudy_ifeval", "sinkstudy_gsm"], check=_tasks)
-    data_files: dict = checked(factory=dict, check=lambda v, w: v if isinstance(v, dict) else fail(w, "must be a mapping {task: jsonl path}"))
-    limit: Any = checked(None, _limit)
-    batch_size: Any = checked(8, _protocol("batch_size"))
-    max_gen_toks: int | None = checked(256, lambda v, w: integer(v, w, 1, allow_none=True))
-    apply_chat_template: bool = checked(True, boolean)
-    num_fewshot: int | None = checked(None, lambda v, w: integer(v, w, 0, allow_none=True))
-    n_boot: int = checked(2000, lambda v, w: integer(v, w, 100))
-    confidence: float = checked(0.95, _confidence)
-    chat_template_kwargs: dict = checked(factory=dict, check=_protocol("chat_template_kwargs"))
-    system_instruction: str | None = checked(None, _protocol("system_instruction"))
-    gen_kwargs: dict = checked(factory=dict, check=_protocol("gen_kwargs"))
-    confirm_run_unsafe_code: bool = checked(False, boolean)
-    backend: str = checked("hf", _backend)
-    backend_args: dict = checked(factory=dict, check=_protocol("backend_args"))
+    protocol: EvalProtocol
+    n_boot: int = 2000
+    confidence: float = 0.95
 
-    def check(self, where: str) -> None:
-        from evals.lmeval import check_task_names
 
-        extra = sorted(set(self.data_files) - set(self.tasks))
-        if extra:
-            fail(f"{where}.data_files", f"names task(s) not in tasks: {', '.join(extra)}")
-        guarded(check_task_names, f"{where}.tasks", self.tasks)  # shipped names at once; others against lm-eval's (cached) index
+def _evals(raw, where: str) -> Evals:
+    from evals.lmeval import check_task_names
+
+    cfg = dict(mapping(raw, where))
+    n_boot = integer(cfg.pop("n_boot", 2000), f"{where}.n_boot", 100)
+    confidence = _confidence(cfg.pop("confidence", 0.95), f"{where}.confidence")
+    try:
+        protocol = EvalProtocol.build(cfg, name=lambda f: f"{where}.{f}")
+    except SinkstudyError as exc:
+        raise StudyConfigError(str(exc)) from None
+    guarded(check_task_names, f"{where}.tasks", protocol.tasks)  # shipped names at once; others against lm-eval's (cached) index
+    return Evals(protocol, n_boot, confidence)
 
 
 @dataclass
@@ -277,7 +240,7 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     pairs = _pairs(pairs_raw, where, out_dir, adapting=adapting, built=build is not None)
 
     sink = _checked_section(Sink, cfg.get("sink"), f"{where}: sink")
-    evals = _checked_section(Evals, cfg.get("evals"), f"{where}: evals")
+    evals = _evals(cfg.get("evals"), f"{where}: evals")
     interventions = _interventions(cfg.get("interventions") or [], path, where, vl=build is not None)
     model = _checked_section(ModelSettings, cfg.get("model"), f"{where}: model")
     protocol = cfg.get("protocol") or {}
@@ -292,7 +255,8 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
         for role in MODEL_ROLES:
             if isinstance(getattr(p, role), str):
                 setattr(p, role, study.expand(getattr(p, role)))
-    study.evals.data_files = {t: study.expand(f) for t, f in study.evals.data_files.items()}
+    files = {t: study.expand(f) for t, f in study.evals.protocol.data_files.items()}
+    study.evals.protocol = dataclasses.replace(study.evals.protocol, data_files=files)
     _check_local_inputs(study, where)
     return study
 
@@ -350,8 +314,8 @@ def _interventions(items, path: Path | None, where: str, *, vl: bool) -> list[In
             fail(iw, f"intervention name {iname!r} is a duplicate or reserved (base, vlm)")
         seen.add(iname)
         params = dict(mapping(iv.get("params"), f"{iw}.params"))
-        check_method(iv.get("method"), params, iw, vl_recipe=vl)
-        out.append(Intervention(iname, iv["method"], params, iv.get("notes")))
+        resolved = check_method(iv.get("method"), params, iw, vl_recipe=vl)  # the method's defaults filled in
+        out.append(Intervention(iname, iv["method"], resolved, iv.get("notes")))
     return out
 
 
@@ -379,7 +343,7 @@ def _check_local_inputs(study: Study, where: str) -> None:
         for k in p.revision:
             if looks_like_path(getattr(p, k)) or Path(getattr(p, k)).expanduser().exists():
                 fail(where, f"pair {p.name}: {k}_revision pins a hub id, but {k} {getattr(p, k)} is a local path")
-    for task, f in study.evals.data_files.items():
+    for task, f in study.evals.protocol.data_files.items():
         if _local_input(study, f):
             from sinkstudy.io import read_text
 

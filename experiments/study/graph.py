@@ -1,10 +1,10 @@
-"""A study's plan as data: every step a `Step` record, held in dependency order by a `Plan`.
+"""A plan as data: every step a `Step` record, held in dependency order by a `Plan`.
 
-A step is `Step(id, spec, deps, outputs, run)`: its settings (`spec`, hashed with its dependencies'
-keys into the key a finished step is reused by), the steps it runs after, the files and checkpoint
-dirs it writes (besides its record `steps/<id>.json`) and its body. `spec` (a mapping, or a function
-of the step's context when it names models other steps make) and `run` are called by
-`experiments.study.engine` only: making a plan runs and reads nothing.
+A step is `Step(id, args, deps, outputs)`: its arguments (`args`, a frozen `experiments.study.kinds.StepArgs`
+of its kind: its identity and its body's input), the steps it runs after (besides those that make the
+models and files its arguments read, added by `Plan.add`), and the files and checkpoint dirs it writes
+(besides its record `steps/<id>.json`). Its body, `args.run`, is called by `experiments.study.engine`
+only: making a plan runs and reads nothing.
 
 `Plan.add` checks each step as it joins, so a plan that exists holds together: ids are unique, every
 dependency is an earlier step, and no two steps claim the same output (two config names that would
@@ -13,11 +13,13 @@ share a directory fail here, before any work, naming both).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator
 
+from experiments.study.kinds import StepArgs, refs
 from sinkstudy import SinkstudyError
 
 
@@ -28,13 +30,16 @@ class PlanError(SinkstudyError):
 @dataclass(frozen=True)
 class Step:
     id: str  # <group>/<stage>/...: the second component is its stage (timings, progress estimates)
-    spec: Mapping[str, Any] | Callable[[Any], Mapping[str, Any]]
+    args: StepArgs
     deps: tuple[str, ...] = ()
     outputs: tuple[Path, ...] = ()  # re-run when one has gone (or, transient, when a reader needs it)
-    run: Callable[[Any], dict] | None = None
-    reads: tuple[str, ...] = ()  # models and files from outside the plan (`--plan`'s inputs)
     owner: str = ""  # what in the config makes this step, for plan errors ("pair p intervention x")
     transient: bool = False  # outputs deleted once every step that reads them has finished (keep_models: false)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The models and files it reads from outside the plan (`--plan`'s inputs)."""
+        return tuple(dict.fromkeys(r.path for r in refs(self.args) if r.made_by is None))
 
     @property
     def stage(self) -> str:
@@ -51,6 +56,9 @@ class Plan:
         self.extend(steps)
 
     def add(self, step: Step) -> Step:
+        """Add `step`, its dependencies completed by the makers of what its arguments read."""
+        made = tuple(r.made_by for r in refs(step.args) if r.made_by is not None)
+        step = dataclasses.replace(step, deps=tuple(dict.fromkeys((*step.deps, *made))))
         who = step.owner or step.id
         if step.id in self.steps:
             other = self.steps[step.id]
@@ -86,6 +94,11 @@ class Plan:
     @property
     def ids(self) -> list[str]:
         return list(self.steps)
+
+    def maker(self, path) -> str | None:
+        """The step that writes `path`, if one of the plan does."""
+        step = self._claims.get(os.path.normpath(os.fspath(path)))
+        return step.id if step is not None else None
 
     def dependents(self, step_id: str) -> list[Step]:
         return [s for s in self if step_id in s.deps]

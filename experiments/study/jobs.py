@@ -104,7 +104,7 @@ def run_study_parallel(study, *, jobs: int, force: bool = False, progress: bool 
     from experiments.study.runner import collect_study
     from sinkstudy.io import output_lock
 
-    check_backend(study.evals.backend)
+    check_backend(study.evals.protocol.backend)
     t0 = time.perf_counter()
     plan = plan_study(study)  # a plan that does not hold together fails here, before anything is written
     with output_lock(study.out):

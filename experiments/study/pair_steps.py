@@ -1,207 +1,328 @@
-"""The bodies of a pair's steps and the settings that key them: extract the VLM's language model,
-Sink maps + Strength of a model, its strict evals through lm-eval, a registered intervention, and
-QK-norm injection. Each body reads its inputs and writes its outputs; `experiments.study.pipeline` places
-them in the plan. A model's identity in a pair (`pair_fingerprint`) is its content for a local path
-and `hub:<id>@<revision>` for a hub id the study pins.
+"""The steps that make and measure the models of a pair, for studies and single commands alike: extract the
+VLM's language model, Sink maps + Strength of a model, its strict evals through lm-eval, a registered
+intervention, QK-RMSNorm injection (and recovery training), an adapted VLM's language model. Each kind is a
+frozen dataclass of arguments (`experiments.study.kinds`): what its body reads, keyed by content; `Ref`s
+name the models and files it reads, `location()`s where it writes. `Measurement` says how every model of a
+plan is measured, and `measure_steps` adds the two steps that measure one.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from dataclasses import asdict
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar, Mapping
 
+from evals.protocol import EvalProtocol
+from experiments.study.graph import Step
+from experiments.study.kinds import Ref, StepArgs, keyed, location
 from sinkstudy import SinkstudyError
-from sinkstudy.checkpoint import load_tokenizer
-from sinkstudy.io import read_json, write_json_atomic
-from sinkstudy.provenance import code_version, model_fingerprint
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+EVAL_CODE = ("evals.lmeval", "evals.protocol", "evals.tasks", "evals.nltk_offline", "evals.generate")
 
 
-def sink_code_version() -> str:
-    """The sink measurement code (evals/sink): part of every sink result's key."""
-    return code_version(ROOT / "evals" / "sink")
+@dataclass(frozen=True)
+class Loading:
+    """How models are loaded: dtype and device."""
+
+    dtype: str = "float32"
+    device: str | None = None
+
+    def load(self, path: str):
+        """(model, tokenizer or None) of the checkpoint at `path`, as the pair loader reads it."""
+        import torch
+
+        from interventions.pairs import load_causal_lm
+
+        return load_causal_lm(path, dtype=getattr(torch, self.dtype), device=self.device or "cpu")
 
 
-# --------------------------------------------------------------------------- a pair's models
-
-def pinned(pair, path) -> str | None:
-    """The revision the study pins `path` to (`base_revision`..., for the pair's hub ids), else None."""
-    return next((rev for role, rev in pair.revision.items() if getattr(pair, role) == path), None)
-
-
-def pair_fingerprint(pair, path) -> str:
-    """A model's identity in `pair`'s steps: content for a local path, `hub:<id>@<revision>` for a hub id
-    the study pins, `hub:<id>` otherwise."""
-    return model_fingerprint(path, revision=pinned(pair, path))
+def texts_ref(texts) -> Ref | str | None:
+    """Calibration texts as a step reads them: a file by content, a shipped set by name, None: the default set."""
+    if isinstance(texts, (str, os.PathLike)) and Path(texts).expanduser().is_file():
+        return Ref(os.fspath(texts))
+    return texts
 
 
-def loadable(pair, path) -> str:
-    """What loaders read for `path`: itself, or for a pinned hub id its snapshot at that revision (fetched
-    once, when a step body needs it; never by a plan)."""
-    from sinkstudy.checkpoint import local_checkpoint
+def _texts(texts, default_set: str) -> list[str]:
+    from evals.sink.calibration import resolve_texts
 
-    revision = pinned(pair, path)
-    return path if revision is None else os.fspath(local_checkpoint(path, revision))
+    return [t.text for t in resolve_texts(texts.path if isinstance(texts, Ref) else texts, default_set)[0]]
 
 
-def native_qk_norm(pair) -> bool:
-    """Whether the pair's base has QK-norm of its own: the config's `native_qk_norm`, else its model type."""
-    if pair.native_qk_norm is not None:
-        return bool(pair.native_qk_norm)
+def _tokenizer(model_tokenizer, tokenizer: Ref | None):
+    """The model's own tokenizer, unless another is named (the base's: the prompts every model of a pair sees)."""
+    from sinkstudy.checkpoint import load_tokenizer
+
+    return load_tokenizer(tokenizer.local()) if tokenizer is not None else model_tokenizer
+
+
+# --------------------------------------------------------------------------- the VLM's language model
+
+@dataclass(frozen=True)
+class Extract(StepArgs):
+    """The VLM's language model in the base's class and vocabulary, streamed disk to disk in `dtype`: about one
+    shard in memory; the vision tower is never read or built."""
+
+    kind: ClassVar[str] = "extract"
+    code: ClassVar[tuple[str, ...]] = ("interventions.pairs",)
+    base: Ref
+    vlm: Ref
+    dtype: str | None  # None: the VLM's stored dtype
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        import torch
+
+        from interventions.pairs import plan_extraction, resolve, write_language_model
+        from sinkstudy.checkpoint import try_load_tokenizer
+        from sinkstudy.provenance import model_fingerprint
+
+        base = resolve(self.base.local())
+        if base.kind != "causal_lm":
+            raise SinkstudyError(f"the base must be a causal LM, got a {base.config.model_type} VLM: {base.id}")
+        plan = plan_extraction(self.vlm.local(), base)  # every check before any weight is read
+        report = plan.report.to_dict()
+        write_language_model(plan, self.out, tokenizer=try_load_tokenizer(base.tokenizer_path),
+                             dtype=getattr(torch, self.dtype) if self.dtype else None,
+                             force=True, extra={"extraction": report, "vlm": self.vlm.path}, progress=ctx.progress)
+        return {"path": str(self.out), "report": report, "fingerprint": model_fingerprint(self.out)}
+
+
+@dataclass(frozen=True)
+class ExtractAdapted(StepArgs):
+    """An adapted VLM's language model, extracted against the base it started from (`own_class`: in the class
+    the adaptation trained, where it changed the base's: an injected QK-norm, a protection's architecture)."""
+
+    kind: ClassVar[str] = "extract-adapted"
+    code: ClassVar[tuple[str, ...]] = ("interventions.pairs", "interventions.adapt.build")
+    vlm: Ref
+    start: Ref
+    own_class: bool = False
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        from interventions.adapt.build import save_extracted_lm
+        from sinkstudy.provenance import model_fingerprint
+
+        save_extracted_lm(self.vlm.local(), self.start.local(), self.out, force=True, own_class=self.own_class)
+        return {"path": str(self.out), "fingerprint": model_fingerprint(self.out)}
+
+
+# --------------------------------------------------------------------------- measurements
+
+@dataclass(frozen=True)
+class MeasureSink(StepArgs):
+    """Sink maps and Sink Strength of a model on calibration texts."""
+
+    kind: ClassVar[str] = "sink"
+    code: ClassVar[tuple[str, ...]] = ("evals.sink",)
+    model: Ref
+    tokenizer: Ref | None  # when the model has none: the base's
+    metric: str = "logodds"
+    texts: Ref | str | None = None  # None: the metric's own calibration set
+    params: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    loading: Loading = Loading()
+    out: Path = location()  # the maps, as JSON
+
+    def run(self, ctx) -> dict:
+        from evals.sink import compute_sink_maps, strength_from_maps
+        from sinkstudy.io import write_json_atomic
+
+        model, tok = self.loading.load(self.model.local())
+        tok = tok if tok is not None else _tokenizer(None, self.tokenizer)
+        texts = self.texts.path if isinstance(self.texts, Ref) else self.texts
+        maps = compute_sink_maps(model, tok, texts, metric=self.metric, progress=ctx.progress, **self.options)
+        strength = strength_from_maps(maps, self.metric, **self.params)
+        write_json_atomic(self.out, maps.to_json())
+        details = {k: v for k, v in strength.details.items() if k != "median_per_layer"}
+        return {"value": strength.value, "metric": strength.metric, "details": details,
+                "median_per_layer": strength.details.get("median_per_layer"), "mean_mass": float(maps.mass.mean()),
+                "maps": str(self.out)}
+
+
+@dataclass(frozen=True)
+class MeasureEval(StepArgs):
+    """Strict evals of a model through lm-eval, prompted through `tokenizer` (the base's for every model of a
+    pair, so runs pair on doc_id); the model is loaded only when something is left to evaluate."""
+
+    kind: ClassVar[str] = "eval"
+    code: ClassVar[tuple[str, ...]] = EVAL_CODE
+    model: Ref
+    tokenizer: Ref
+    protocol: EvalProtocol
+    seed: int = 0
+    loading: Loading = Loading()
+    out: Path = location()
+    use_cache: bool = location(True)  # lm-eval's per-task cache (evals.lmeval): results identical either way
+    cache_dir: str | None = location(None)
+
+    def identity(self, ctx) -> dict:
+        from sinkstudy.provenance import file_digest
+
+        out = keyed(self, ctx)
+        files = self.protocol.data_files
+        out["protocol"]["data_files"] = {t: file_digest(f) if Path(f).is_file() else f"missing:{f}" for t, f in files.items()}
+        return out
+
+    def run(self, ctx) -> dict:
+        from evals.lmeval import run_eval
+        from experiments.study.loaders import load_model
+        from sinkstudy.checkpoint import load_tokenizer
+
+        run = run_eval(self.model.local(), load_tokenizer(self.tokenizer.local()), protocol=self.protocol, out_dir=self.out,
+                       force=True, device=self.loading.device, dtype=self.loading.dtype, seed=self.seed, progress=ctx.progress,
+                       loader=load_model, use_cache=self.use_cache, cache_dir=self.cache_dir)
+        return {"dir": str(self.out), "scores": run.scores, "fingerprint": run.fingerprint}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How every model of a plan is measured: Sink Strength's metric, texts and settings, the eval protocol,
+    the seed, how models are loaded, and lm-eval's cache."""
+
+    metric: str = "logodds"
+    texts: Ref | str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    protocol: EvalProtocol = EvalProtocol()
+    seed: int = 0
+    loading: Loading = Loading()
+    use_cache: bool = True
+    cache_dir: str | None = None
+
+    def sink(self, model: Ref, tokenizer: Ref | None, out: Path) -> MeasureSink:
+        return MeasureSink(model, tokenizer, self.metric, self.texts, self.params, self.options, self.loading, out=out)
+
+    def eval(self, model: Ref, tokenizer: Ref, out: Path) -> MeasureEval:
+        return MeasureEval(model, tokenizer, self.protocol, self.seed, self.loading, out=out, use_cache=self.use_cache,
+                           cache_dir=self.cache_dir)
+
+
+def measure_steps(m: Measurement, group: str, label: str, model: Ref, tokenizer: Ref, sink_out: Path, eval_out: Path, *,
+                  deps: tuple[str, ...] = (), owner: str = "") -> tuple[Step, Step]:
+    """`<group>/sink/<label>` and `<group>/eval/<label>`: the two steps that measure `model`."""
+    return (Step(f"{group}/sink/{label}", m.sink(model, tokenizer, sink_out), deps, (sink_out,), owner=owner),
+            Step(f"{group}/eval/{label}", m.eval(model, tokenizer, eval_out), deps, (eval_out,), owner=owner))
+
+
+# --------------------------------------------------------------------------- treatments
+
+@dataclass(frozen=True)
+class Intervene(StepArgs):
+    """A registered intervention (`interventions.registry`: merges, spectral merges, mitigations) on (base, VLM
+    LM); keyed by the registry's request: the inputs' content, every setting, the seed and the method's code
+    (a plug-in's source included)."""
+
+    kind: ClassVar[str] = "intervene"
+    method: str
+    base: Ref
+    vlm: Ref
+    params: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    root: Ref | None = None  # the common pretrained ancestor, for task-vector methods
+    sink_maps: Mapping[str, Ref] | None = None  # {"base", "vlm"}: the maps a mitigation reads
+    mergekit: Mapping[str, bool] = field(default_factory=dict)  # how mergekit runs (only `cuda` changes the numbers)
+    out: Path = location()
+
+    def identity(self, ctx) -> dict:
+        from interventions.registry import request
+
+        models = {"base": self.base.fingerprint(ctx), "vlm": self.vlm.fingerprint(ctx),
+                  **({"root": self.root.fingerprint(ctx)} if self.root is not None else {})}
+        maps = {k: r.fingerprint(ctx) for k, r in self.sink_maps.items()} if self.sink_maps else None
+        return request(self.method, self._params(local=False), self.seed, models, sink_maps=maps, mergekit_options=self.mergekit)
+
+    def _params(self, *, local: bool) -> dict:
+        params = dict(self.params)
+        if self.root is not None:
+            params["root"] = self.root.local() if local else self.root.path
+        if self.sink_maps and local:
+            params["sink_maps"] = {k: r.local() for k, r in self.sink_maps.items()}
+        return params
+
+    def run(self, ctx) -> dict:
+        from interventions.registry import apply_intervention
+        from sinkstudy.io import read_json
+        from sinkstudy.provenance import model_fingerprint
+
+        out = apply_intervention(self.method, self.base.local(), self.vlm.local(), self._params(local=True), self.out,
+                                 seed=self.seed, force=True, progress=ctx.progress, mergekit_options=dict(self.mergekit) or None)
+        info = read_json(Path(out) / "intervention.json") if (Path(out) / "intervention.json").is_file() else {}
+        return {"path": str(out), "fingerprint": model_fingerprint(out), "info": {k: v for k, v in info.items() if k != "provenance"}}
+
+
+@dataclass(frozen=True)
+class InjectQKNorm(StepArgs):
+    """QK-RMSNorm injected into the base (`init`; None: a base with QK-norm of its own, kept as it is), compared
+    with it on calibration texts (next-token KL, Sink Strength); with `train_steps`, the parameters `trainable`
+    names then trained on `training_text` to recover, and compared again."""
+
+    kind: ClassVar[str] = "qknorm"
+    code: ClassVar[tuple[str, ...]] = ("interventions.qknorm", "interventions.training", "interventions.adapt", "evals.sink")
+    base: Ref
+    init: str | None = "scale-preserving"
+    alpha: float = 0.5
+    texts: Ref | str | None = None  # calibration texts (gains, KL, S); None: `default_texts`
+    default_texts: str = "ifeval15"
+    tokenizer: Ref | None = None  # None: the base's own
+    train_steps: int = 0
+    trainable: str = "gains"
+    lr: float = 1e-3
+    batch_size: int = 8
+    seq_len: int = 128
+    training_text: Ref | None = None  # `interventions.training.read_training_texts`
+    seed: int = 0
+    loading: Loading = Loading()
+    out: Path = location()
+
+    def run(self, ctx) -> dict:
+        from interventions.qknorm import checkpoint_format, init_report, inject_qk_norm, qk_norm_kind, save_injected, trainable_filter
+        from interventions.training import read_training_texts, train_causal_lm
+        from sinkstudy.io import atomic_output_dir
+        from sinkstudy.provenance import model_fingerprint
+
+        model, tok = self.loading.load(self.base.local())
+        tok = _tokenizer(tok, self.tokenizer)
+        if tok is None:
+            raise SinkstudyError(f"no tokenizer found for {self.base.path}; pass one")
+        texts = _texts(self.texts, self.default_texts)
+        native = self.init is None
+        if native and qk_norm_kind(model) != "native":
+            raise SinkstudyError(f"{self.base.path} has no QK-norm of its own to keep")
+        candidate = copy.deepcopy(model)
+        if not native:
+            inject_qk_norm(candidate, init=self.init, calibration_texts=texts, tokenizer=tok, alpha=self.alpha, progress=ctx.progress)
+        report: dict[str, Any] = {"init": init_report(model, candidate, tok, texts, progress=ctx.progress)}
+        if self.train_steps:
+            if self.training_text is None:
+                raise SinkstudyError("QK-norm recovery training needs training text")
+            stats = train_causal_lm(candidate, tok, read_training_texts(self.training_text.local(), tok), steps=self.train_steps,
+                                    lr=self.lr, batch_size=self.batch_size, seq_len=self.seq_len, device=self.loading.device,
+                                    trainable=trainable_filter(self.trainable), seed=self.seed, progress=ctx.progress,
+                                    desc=f"recovery ({self.trainable})")
+            report["training"] = stats
+            report["after_training"] = init_report(model, candidate, tok, texts, progress=ctx.progress,
+                                                   sink_original=report["init"]["sink_strength_original"])
+        if native:
+            with atomic_output_dir(self.out, force=True) as tmp:
+                candidate.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+        else:
+            save_injected(candidate, self.out, tokenizer=tok, metadata={"init": self.init, "alpha": self.alpha}, force=True)
+        return {"path": str(self.out), "fingerprint": model_fingerprint(self.out), "report": report,
+                "checkpoint_format": "native" if native else checkpoint_format(candidate)}
+
+
+def native_qk_norm(base: Ref, stated: bool | None) -> bool:
+    """Whether a base has QK-norm of its own: `stated` (a study's `native_qk_norm`), else its model type."""
+    if stated is not None:
+        return bool(stated)
     from interventions.pairs.resolve import load_config
 
-    cfg = load_config(pair.base, revision=pinned(pair, pair.base))
+    cfg = load_config(base.path, revision=base.revision)
     return getattr(cfg, "model_type", "") in ("qwen3", "gemma3_text", "olmo2", "olmo3")
 
 
-def sink_file(study, pair: str, label: str) -> Path:
-    return study.out / "sink" / pair / f"{label}.json"
-
-
-def eval_dir(study, pair: str, label: str) -> Path:
-    return study.out / "evals" / pair / label
-
-
-def _dtype(study):
-    import torch
-
-    return getattr(torch, study.model.dtype)
-
-
-def _load(path: str, study):
-    from interventions.pairs import load_causal_lm
-
-    return load_causal_lm(path, dtype=_dtype(study), device=study.model.device or "cpu")
-
-
-# --------------------------------------------------------------------------- settings (keys)
-
-def sink_spec(study, path: str, fingerprint: str) -> dict:
-    return {"sink": asdict(study.sink), "path": path, "model": fingerprint, "dtype": study.model.dtype, "code": sink_code_version()}
-
-
-def eval_step_spec(study, path: str, fingerprint: str) -> dict:
-    from evals.lmeval import eval_code_version
-
-    return {"evals": eval_spec(study), "path": path, "model": fingerprint, "code": eval_code_version()}
-
-
-def eval_spec(study) -> dict:
-    spec = {k: v for k, v in asdict(study.evals).items() if k not in ("n_boot", "confidence")}
-    spec["data_files"] = {t: _file_digest(f) for t, f in spec["data_files"].items()}
-    return {**spec, "seed": study.seed, "device": study.model.device, "dtype": study.model.dtype}
-
-
-def _file_digest(path: str) -> str:
-    from sinkstudy.provenance import file_digest
-
-    return file_digest(path) if Path(path).is_file() else f"missing:{path}"
-
-
-# --------------------------------------------------------------------------- bodies
-
-def extract_step(pair, lm_dir: Path, study, progress: bool = False) -> dict:
-    """The VLM's language model in the base's class and vocabulary, streamed disk to disk in the study's
-    dtype: about one shard in memory; the vision tower is never read or built."""
-    from interventions.pairs import plan_extraction, resolve, write_language_model
-    from sinkstudy.checkpoint import try_load_tokenizer
-
-    base = resolve(loadable(pair, pair.base))
-    if base.kind != "causal_lm":
-        raise SinkstudyError(f"pair {pair.name}: the base must be a causal LM, got a {base.config.model_type} VLM: {base.id}")
-    plan = plan_extraction(loadable(pair, pair.vlm), base)  # every check before any weight is read
-    report = plan.report.to_dict()
-    write_language_model(plan, lm_dir, tokenizer=try_load_tokenizer(base.tokenizer_path), dtype=_dtype(study), force=True,
-                         extra={"extraction": report, "vlm": pair.vlm}, progress=progress)
-    fps = {pair.base: pair_fingerprint(pair, pair.base), pair.vlm: pair_fingerprint(pair, pair.vlm),
-           str(lm_dir): model_fingerprint(lm_dir)}
-    return {"path": str(lm_dir), "report": report, "fingerprints": fps}
-
-
-def sink_step(study, pair, label: str, path: str, progress: bool) -> dict:
-    from evals.sink import compute_sink_maps, strength_from_maps
-
-    model, tok = _load(loadable(pair, path), study)
-    if tok is None:
-        tok = load_tokenizer(loadable(pair, pair.base))
-    sink = study.sink
-    maps = compute_sink_maps(model, tok, sink.texts, metric=sink.metric, progress=progress, **sink.options)
-    strength = strength_from_maps(maps, sink.metric, **sink.params)
-    maps_file = sink_file(study, pair.name, label)
-    write_json_atomic(maps_file, maps.to_json())
-    details = {k: v for k, v in strength.details.items() if k != "median_per_layer"}
-    return {"value": strength.value, "metric": strength.metric, "details": details,
-            "median_per_layer": strength.details.get("median_per_layer"), "mean_mass": float(maps.mass.mean()),
-            "maps": str(maps_file), "path": path, "fingerprint": pair_fingerprint(pair, path)}
-
-
-def eval_step(study, pair, label: str, path: str, progress: bool) -> dict:
-    from evals.lmeval import run_eval
-    from experiments.study.loaders import load_model
-
-    ev = study.evals
-    out_dir = eval_dir(study, pair.name, label)
-    # Every model is prompted through the base's tokenizer and chat template, so runs pair on doc_id.
-    # The path is loaded (in the study's dtype) only when something is left to evaluate.
-    protocol = {k: getattr(ev, k) for k in ("limit", "batch_size", "apply_chat_template", "chat_template_kwargs", "system_instruction",
-                                            "max_gen_toks", "gen_kwargs", "num_fewshot", "confirm_run_unsafe_code", "backend",
-                                            "backend_args")}
-    run = run_eval(loadable(pair, path), load_tokenizer(loadable(pair, pair.base)), tasks=ev.tasks,
-                   data_files=ev.data_files or None, out_dir=out_dir, force=True, device=study.model.device,
-                   dtype=study.model.dtype, seed=study.seed, progress=progress, loader=load_model, **protocol)
-    return {"dir": str(out_dir), "scores": run.scores, "path": path, "fingerprint": run.fingerprint}
-
-
-def intervene_step(study, pair, method: str, params: dict, lm_dir: Path, out_dir: Path, progress: bool) -> dict:
-    from interventions.registry import apply_intervention
-
-    params = {**params, **({"root": loadable(pair, params["root"])} if params.get("root") else {})}
-    out = apply_intervention(method, loadable(pair, pair.base), lm_dir, params, out_dir, seed=study.seed, force=True,
-                             progress=progress)
-    info = read_json(Path(out) / "intervention.json") if (Path(out) / "intervention.json").is_file() else {}
-    return {"path": str(out), "fingerprint": model_fingerprint(out), "info": {k: v for k, v in info.items() if k != "provenance"}}
-
-
-def qknorm_step(study, pair, params: dict, out_dir: Path, progress: bool) -> dict:
-    """QK-RMSNorm injected into the base; with `train_steps`, its `trainable` parameters then trained on
-    the study's text (the demo corpus) to recover."""
-    from interventions.qknorm import init_report, inject_qk_norm, save_injected, trainable_filter
-
-    model, tok = _load(loadable(pair, pair.base), study)
-    tok = tok or load_tokenizer(loadable(pair, pair.base))
-    texts = _calibration_texts(study)
-    injected = inject_qk_norm(copy.deepcopy(model), init=params["init"], calibration_texts=texts, tokenizer=tok,
-                              **({"alpha": params["alpha"]} if "alpha" in params else {}))
-    report = {"init": init_report(model, injected, tok, texts, progress=progress)}
-    if params["train_steps"]:
-        from interventions.training import train_causal_lm
-
-        if study.build is None:
-            raise SinkstudyError("qknorm train_steps needs training text: only the demo (build section) has a corpus")
-        stats = train_causal_lm(injected, tok, study.build.training_texts(study.out, tok), steps=params["train_steps"],
-                                lr=params["lr"], trainable=trainable_filter(params["trainable"]), seed=study.seed,
-                                progress=progress, desc=f"qknorm recovery {pair.name}")
-        stats.pop("losses", None)
-        report["training"] = stats
-        report["after_training"] = init_report(model, injected, tok, texts, progress=progress)
-    save_injected(injected, out_dir, tokenizer=tok, metadata={"params": params}, force=True)
-    return {"path": str(out_dir), "fingerprint": model_fingerprint(out_dir), "report": report}
-
-
-def _calibration_texts(study) -> list[str]:
-    from evals.sink.calibration import resolve_texts
-    from evals.sink.metrics import get_metric
-
-    return [t.text for t in resolve_texts(study.sink.texts, get_metric(study.sink.metric).calibration)[0]]
-
-
-def extract_arm_step(vlm: str, start: str, lm: Path, own_class: bool) -> dict:
-    """An adapted arm's language model, extracted against the base it started from (`own_class`: in the
-    class the engine trained, where a protection changed the base's)."""
-    from interventions.adapt.build import save_extracted_lm
-
-    save_extracted_lm(vlm, start, lm, force=True, own_class=own_class)
-    return {"path": str(lm), "fingerprint": model_fingerprint(lm)}

@@ -51,9 +51,8 @@ def plan(study) -> dict[str, Any]:
         "name": study.name,
         "protocol": study.protocol,
         "pairs": pairs,
-        "tasks": {k: getattr(study.evals, k) for k in ("num_fewshot", "apply_chat_template", "chat_template_kwargs", "system_instruction",
-                                                       "gen_kwargs", "limit", "max_gen_toks", "batch_size", "backend", "backend_args")}
-                 | {"names": study.evals.tasks},
+        "tasks": {k: v for k, v in study.evals.protocol.as_dict().items() if k not in ("tasks", "data_files")}
+                 | {"names": list(study.evals.protocol.tasks)},
         "sink": asdict(study.sink),
         "interventions": [asdict(i) for i in study.interventions],
         "model": asdict(study.model),

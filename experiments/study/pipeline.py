@@ -1,31 +1,33 @@
-"""A study as a plan: the typed config in, a `StudyPlan` out (the steps, and which of them measure
-which model). Making the plan runs nothing and reads no weights (only the config of a base whose QK-norm
-the study does not state, for a QK-norm intervention); it fails in one line when two of its steps would
-write one output (`experiments.study.graph`).
+"""A study as a plan: the typed config in, a `StudyPlan` out (the steps, and which of them measure which
+model). Making the plan runs nothing and reads no weights (only the config of a base whose QK-norm the
+study does not state, for a QK-norm intervention); it fails in one line when two of its steps would write
+one output (`experiments.study.graph`).
 
-Steps, in plan order: the steps the study's build section hands over (the demo's `Build.steps`: no
-other code here knows the demo), then per pair P: its adaptation arms' training (`P/adapt/A`, the
-`adapt:` section, `experiments.study.arms`), `P/extract` (the VLM's language model), `P/sink|eval/L`
-for the base and the VLM LM, each `interventions:` entry through the step builder of its kind
-(`BUILDERS`, keyed by `experiments.study.methods.kind`: a post-hoc method on the VLM LM, or QK-norm injected
-into the base, re-adapted with the build's VL recipe with `vl: true`), then each arm's VL skill and
-language model. Every treated model is measured by the same two steps (`PairPlan.measure`), and every
-adapted model, arm or re-adapted QK-norm base, reaches them through one builder (`PairPlan.adapted`).
+Steps, in plan order: the steps the study's build section hands over (`Build.steps`: no other code here
+knows what a build makes), then per pair P: its adaptation arms' training (`P/adapt/A`, the `adapt:`
+section, `experiments.study.arms`), `P/extract` (the VLM's language model), `P/sink|eval/L` for the base
+and the VLM LM, each `interventions:` entry through the step builder of its kind (`BUILDERS`, keyed by
+`experiments.study.methods.kind`: a post-hoc method on the VLM LM, or QK-norm injected into the base,
+re-adapted with the build's VL recipe with `vl: true`), then each arm's VL skill and language model.
+Every treated model is measured by the same two steps (`PairPlan.measure`), and every adapted model, arm
+or re-adapted QK-norm base, reaches them through one builder (`PairPlan.adapted`). A model the plan makes
+is read through a `Ref` naming the step that writes it (`Plan.maker`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments.study import arms as protection, pair_steps as bodies
-from experiments.study.graph import Plan, Step
-from experiments.study.methods import INJECTION, POSTHOC, QKNORM_DEFAULTS, kind
+from experiments.study import arms as protection
 from experiments.study.config import model_dir
-from sinkstudy.provenance import code_version
-
-ROOT = bodies.ROOT
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.methods import INJECTION, POSTHOC, kind
+from experiments.study.pair_steps import (Extract, ExtractAdapted, InjectQKNorm, Intervene, Loading, Measurement, measure_steps,
+                                          native_qk_norm, texts_ref)
+from sinkstudy import SinkstudyError
 
 
 @dataclass
@@ -47,122 +49,132 @@ class StudyPlan:
     models: dict[str, dict[str, Measured]] = field(default_factory=dict)  # pair -> label -> Measured, in report order
 
 
-class PairPlan:
-    """Adds one pair's steps to `plan`; `deps`: the steps that make the pair's models (the build's)."""
+def measurement(study) -> Measurement:
+    """How the study measures every model: its sink section, eval protocol, seed and model settings."""
+    s = study.sink
+    return Measurement(s.metric, texts_ref(s.texts), s.params, s.options, study.evals.protocol, study.seed,
+                       Loading(study.model.dtype, study.model.device))
 
-    def __init__(self, study, plan: Plan, pair, deps: list[str]):
-        self.study, self.plan, self.pair, self.deps = study, plan, pair, list(deps)
+
+def sink_file(study, pair: str, label: str) -> Path:
+    return study.out / "sink" / pair / f"{label}.json"
+
+
+def eval_dir(study, pair: str, label: str) -> Path:
+    return study.out / "evals" / pair / label
+
+
+class PairPlan:
+    """Adds one pair's steps to `plan`."""
+
+    def __init__(self, study, plan: Plan, pair):
+        self.study, self.plan, self.pair = study, plan, pair
+        self.measurement = measurement(study)
         self.models: dict[str, Measured] = {}
         self.lm_dir = model_dir(study.out, pair.name, "vlm", "lm")
 
     def add(self, step: Step) -> str:
         return self.plan.add(step).id
 
-    def extract(self, vlm_deps: list[str]) -> str:
-        """P/extract: the VLM's language model in the base's class (`vlm_deps`: steps that make the VLM)."""
-        study, pair, lm_dir = self.study, self.pair, self.lm_dir
-        spec = lambda ctx: {"base": pair.base, "vlm": pair.vlm, "dtype": study.model.dtype,  # noqa: E731
-                            "models": {"base": bodies.pair_fingerprint(pair, pair.base), "vlm": bodies.pair_fingerprint(pair, pair.vlm)},
-                            "code": code_version(ROOT / "interventions" / "pairs")}
-        return self.add(Step(f"{pair.name}/extract", spec, (*self.deps, *vlm_deps), (lm_dir,),
-                             lambda ctx: bodies.extract_step(pair, lm_dir, study, ctx.progress), reads=(pair.base, pair.vlm),
-                             owner=f"pair {pair.name}"))
+    def ref(self, path) -> Ref:
+        """A model of the pair: made by a step of the plan, or an input (a pinned hub id at its revision)."""
+        path = str(path)
+        pinned = next((rev for role, rev in self.pair.revision.items() if getattr(self.pair, role) == path), None)
+        return Ref(path, self.plan.maker(path), pinned)
 
-    def measure(self, label: str, path: str, deps: list[str], *, made_by: str | None = None, method: str | None = None,
-                arm: dict | None = None, owner: str | None = None) -> Measured:
-        """P/sink/L and P/eval/L of the model at `path`, keyed on its fingerprint (`made_by`: the step that made
-        it; otherwise an input of the study)."""
-        study, pair, p = self.study, self.pair, self.pair.name
-        fingerprint: Callable = (lambda ctx: ctx.fingerprint(path, made_by)) if made_by else (lambda ctx: bodies.pair_fingerprint(pair, path))
-        owner = owner or f"pair {p}"
-        sink = self.add(Step(f"{p}/sink/{label}", lambda ctx: bodies.sink_spec(study, path, fingerprint(ctx)), tuple(deps),
-                             (bodies.sink_file(study, p, label),), lambda ctx: bodies.sink_step(study, pair, label, path, ctx.progress),
-                             reads=(path,), owner=owner))
-        ev = self.add(Step(f"{p}/eval/{label}", lambda ctx: bodies.eval_step_spec(study, path, fingerprint(ctx)), tuple(deps),
-                           (bodies.eval_dir(study, p, label),), lambda ctx: bodies.eval_step(study, pair, label, path, ctx.progress),
-                           reads=(path,), owner=owner))
-        self.models[label] = Measured(label, path, method, sink, ev, arm)
+    def extract(self) -> str:
+        """P/extract: the VLM's language model in the base's class."""
+        pair = self.pair
+        return self.add(Step(f"{pair.name}/extract", Extract(self.ref(pair.base), self.ref(pair.vlm), self.study.model.dtype,
+                                                              out=self.lm_dir), outputs=(self.lm_dir,), owner=f"pair {pair.name}"))
+
+    def measure(self, label: str, model: Ref, *, method: str | None = None, arm: dict | None = None,
+                owner: str | None = None) -> Measured:
+        """P/sink/L and P/eval/L of `model`, prompted through the base's tokenizer."""
+        study, p = self.study, self.pair.name
+        sink, ev = measure_steps(self.measurement, p, label, model, self.ref(self.pair.base), sink_file(study, p, label),
+                                 eval_dir(study, p, label), owner=owner or f"pair {p}")
+        self.models[label] = Measured(label, model.path, method, self.add(sink), self.add(ev), arm)
         return self.models[label]
 
-    def adapted(self, label: str, adapt_step: str, vlm: Path, lm: Path, start: str, *, extract_id: str, method: str,
-                own_class: bool = False, arm: dict | None = None, owner: str) -> Measured:
+    def adapted(self, label: str, vlm: Path, lm: Path, start: str, *, extract_id: str, method: str, own_class: bool = False,
+                arm: dict | None = None, owner: str) -> Measured:
         """An adapted model's language model (extracted against the base it started from) and its measurements."""
-        spec = {"code": code_version(ROOT / "interventions" / "pairs"), "own_class": own_class}
-        ex = self.add(Step(extract_id, spec, (adapt_step,), (lm,), lambda ctx: bodies.extract_arm_step(vlm, start, lm, own_class),
-                           reads=(start,), owner=owner))
-        return self.measure(label, str(lm), [ex], made_by=ex, method=method, arm=arm, owner=owner)
+        ex = self.add(Step(extract_id, ExtractAdapted(self.ref(vlm), self.ref(start), own_class, out=lm), outputs=(lm,), owner=owner))
+        return self.measure(label, Ref(str(lm), ex), method=method, arm=arm, owner=owner)
 
     # ----------------------------------------------------------------------- interventions, by kind
 
     def posthoc(self, iv) -> None:
         """A registered intervention on (base, VLM LM): merges from the pair's root where it has one, mitigations with
         both sink maps; deleted once measured with keep_models: false."""
-        from interventions.registry import intervention_request, takes_root
+        from interventions.mitigations import list_mitigations
+        from interventions.registry import takes_root
 
-        study, pair, p, lm_dir = self.study, self.pair, self.pair.name, self.lm_dir
-        params, deps = dict(iv.params), [f"{p}/extract", *self.deps]
-        if pair.root and takes_root(iv.method):
-            params.setdefault("root", pair.root)  # task vectors from the common pretrained ancestor
-        if _needs_sink_maps(iv.method):
-            params["sink_maps"] = {label: str(bodies.sink_file(study, p, label)) for label in ("base", "vlm")}
-            deps += [f"{p}/sink/base", f"{p}/sink/vlm"]
+        study, pair, p = self.study, self.pair, self.pair.name
+        params = {k: v for k, v in iv.params.items() if k != "root"}
+        root_path = iv.params.get("root") or (pair.root if takes_root(iv.method) else None)  # task vectors from the common ancestor
+        root = self.ref(root_path) if root_path else None
+        mitigation = list_mitigations().get(iv.method)
+        maps = ({label: Ref(str(sink_file(study, p, label)), f"{p}/sink/{label}") for label in ("base", "vlm")}
+                if mitigation is not None and mitigation.needs_sink_maps else None)
         out_dir = model_dir(study.out, p, iv.name)
-        # Input fingerprints, full settings, seed and the intervention's code (a plug-in's source).
-        pins = {r: rev for r, rev in pair.revision.items() if r != "vlm"}  # the request's vlm is the extracted LM
         owner = f"pair {p} intervention {iv.name}"
         made = self.add(Step(f"{p}/intervene/{iv.name}",
-                             lambda ctx: intervention_request(iv.method, pair.base, lm_dir, params, study.seed, revisions=pins),
-                             tuple(deps), (out_dir,),
-                             lambda ctx: bodies.intervene_step(study, pair, iv.method, params, lm_dir, out_dir, ctx.progress),
-                             reads=(pair.base, *([params["root"]] if params.get("root") else [])), owner=owner,
-                             transient=not study.keep_models))
-        self.measure(iv.name, str(out_dir), [made], made_by=made, method=iv.method, owner=owner)
+                             Intervene(iv.method, self.ref(pair.base), Ref(str(self.lm_dir), f"{p}/extract"), params, study.seed,
+                                       root=root, sink_maps=maps, out=out_dir),
+                             outputs=(out_dir,), owner=owner, transient=not study.keep_models))
+        self.measure(iv.name, Ref(str(out_dir), made), method=iv.method, owner=owner)
 
     def injection(self, iv) -> None:
         """QK-RMSNorm injected into the base (pairs without native QK-norm), measured; with `vl: true` the
         injected base re-adapted with the build's VL recipe, its language model measured as `<name>-vl`."""
         study, pair, p = self.study, self.pair, self.pair.name
-        if bodies.native_qk_norm(pair):
+        if native_qk_norm(self.ref(pair.base), pair.native_qk_norm):
             return
-        params = {**QKNORM_DEFAULTS, **iv.params}
+        params = iv.params
         base_out, owner = model_dir(study.out, p, iv.name, "base"), f"pair {p} intervention {iv.name}"
-        spec = lambda ctx: {"qknorm": params, "seed": study.seed, "base": bodies.pair_fingerprint(pair, pair.base),  # noqa: E731
-                            "code": code_version(ROOT / "interventions" / "qknorm.py", ROOT / "interventions" / "training.py",
-                                                 ROOT / "interventions" / "adapt")}
-        made = self.add(Step(f"{p}/intervene/{iv.name}", spec, tuple(self.deps), (base_out,),
-                             lambda ctx: bodies.qknorm_step(study, pair, params, base_out, ctx.progress), reads=(pair.base,), owner=owner))
-        self.measure(iv.name, str(base_out), [made], made_by=made, method="qknorm", owner=owner)
+        training_text = study.build.training_text(study.out) if study.build is not None and params["train_steps"] else None
+        if params["train_steps"] and training_text is None:
+            raise SinkstudyError(f"{owner}: qknorm train_steps needs training text: only a study with a build section has a corpus")
+        args = InjectQKNorm(self.ref(pair.base), params["init"], params["alpha"], self.measurement.texts, _calibration_set(study),
+                            train_steps=params["train_steps"], trainable=params["trainable"], lr=params["lr"],
+                            batch_size=params["batch_size"], seq_len=params["seq_len"],
+                            training_text=Ref(str(training_text), self.plan.maker(training_text)) if training_text else None,
+                            seed=study.seed, loading=self.measurement.loading, out=base_out)
+        made = self.add(Step(f"{p}/intervene/{iv.name}", args, outputs=(base_out,), owner=owner))
+        self.measure(iv.name, Ref(str(base_out), made), method="qknorm", owner=owner)
         if params["vl"]:
             vlm_out = model_dir(study.out, p, iv.name, "vlm")
-            vl = self.add(study.build.vl_adaptation(f"{p}/intervene/{iv.name}-vl", base_out, vlm_out, study.out, deps=(made,), owner=owner))
-            self.adapted(f"{iv.name}-vl", vl, vlm_out, model_dir(study.out, p, iv.name, "vlm", "lm"), str(base_out),
+            self.add(study.build.vl_adaptation(f"{p}/intervene/{iv.name}-vl", Ref(str(base_out), made), vlm_out, study.out, owner=owner))
+            self.adapted(f"{iv.name}-vl", vlm_out, model_dir(study.out, p, iv.name, "vlm", "lm"), str(base_out),
                          extract_id=f"{p}/intervene/{iv.name}-vl-extract", method="qknorm+vl", owner=owner)
+
+
+def _calibration_set(study) -> str:
+    """The calibration set of the study's sink metric (what S is measured on when `sink.texts` names none)."""
+    from evals.sink.metrics import get_metric
+
+    return get_metric(study.sink.metric).calibration
 
 
 # Step builders of the `interventions:` entries, by `experiments.study.methods.kind`.
 BUILDERS: dict[str, Callable[[PairPlan, Any], None]] = {POSTHOC: PairPlan.posthoc, INJECTION: PairPlan.injection}
 
 
-def _needs_sink_maps(method: str) -> bool:
-    from interventions.mitigations import list_mitigations
-
-    m = list_mitigations().get(method)
-    return bool(m and m.needs_sink_maps)
-
-
 def plan_study(study) -> StudyPlan:
     """Every step of `study` in dependency order, checked (`experiments.study.graph.Plan`), and what each measures."""
     out = StudyPlan(study, Plan())
     if study.build is not None:
-        out.plan.extend(study.build.steps(study.out, asdict(study.sink)))
+        out.plan.extend(study.build.steps(study.out, measurement(study)))
     for pair in study.pairs:
-        pp = PairPlan(study, out.plan, pair, study.build.makes(pair.name) if study.build is not None else [])
+        pp = PairPlan(study, out.plan, pair)
         if study.adapt is not None:
             protection.check_arms(pp)
         arms = protection.adapt_steps(pp) if study.adapt is not None else {}  # the control arm makes the pair's VLM
-        pp.extract(vlm_deps=[arms[protection.CONTROL_ARM]] if arms else [])
-        pp.measure("base", pair.base, pp.deps[:1])
-        pp.measure("vlm", str(pp.lm_dir), [f"{pair.name}/extract"], made_by=f"{pair.name}/extract")
+        pp.extract()
+        pp.measure("base", pp.ref(pair.base))
+        pp.measure("vlm", Ref(str(pp.lm_dir), f"{pair.name}/extract"))
         for iv in study.interventions:
             BUILDERS[kind(iv.method)](pp, iv)
         if arms:

@@ -12,12 +12,53 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+from typing import Any, Callable
 
 from experiments.study.clock import StepClock
 from experiments.study.engine import Engine
 from experiments.study.pipeline import StudyPlan, plan_study
 from sinkstudy import SinkstudyError
 from sinkstudy.io import output_lock, write_json_atomic
+
+
+def run_plan(plan, out, *, force: bool = False, progress: bool = True, guarded: tuple[str, ...] = (), config: dict | None = None,
+             seed: int | None = None, say: Callable[[str], Any] = print, before: Callable[[Engine], Any] | None = None,
+             on_done: Callable[[str, float, bool], Any] | None = None) -> Engine:
+    """A command's plan (`experiments.study.graph.Plan`) under `out`, its lock held: every step reused when finished
+    (in `out`, or in any run with the same key), each reuse said in one line; a step of a `guarded` stage in `out`
+    made by another request is refused unless `force`. `before(engine)` runs once planned, before any step."""
+    import contextlib
+
+    def done(step_id: str, seconds: float, reused: bool) -> None:
+        if reused:
+            source = engine.reused_from.get(step_id)
+            say(f"reused {step_id} " + (f"(made by an earlier run: {source})" if source else "(finished before; --force runs it again)"))
+        if on_done is not None:
+            on_done(step_id, seconds, reused)
+
+    engine = Engine(plan, out, config=config, seed=seed, force=force, progress=progress, guarded=guarded, on_done=done)
+    fresh = not Path(out).exists()
+    with output_lock(out) if engine.main else contextlib.nullcontext():
+        if before is not None:
+            before(engine)
+        try:
+            engine.run_all()
+        except BaseException:
+            _prune(Path(out), fresh)
+            raise
+    return engine
+
+
+def _prune(out: Path, fresh: bool) -> None:
+    """What a failed command leaves: no empty folder of its records, no empty OUT it made (bad input writes nothing)."""
+    steps = out / "steps"
+    for d in sorted((p for p in steps.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) if steps.is_dir() else []:
+        if not any(d.iterdir()):
+            d.rmdir()
+    for d in (steps, out) if fresh else (steps,):
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
 
 
 def engine_for(study, plan: StudyPlan, **kw) -> Engine:
@@ -86,4 +127,4 @@ def _check_backend(study) -> None:
     """The eval backend's package is installed (vLLM is optional): checked when steps run, not by --plan."""
     from evals.protocol import check_backend
 
-    check_backend(study.evals.backend)
+    check_backend(study.evals.protocol.backend)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ BATCH, LENGTH, ANSWER_SHARE = 4, 256, 0.15
 def run_case(loss: str, vocab: int, repeat: int) -> dict:
     import torch
 
-    from evals.sink.bench import _reset_peak, _rss_kb
+    from sinkstudy.memory import PeakRSS
     from interventions.adapt.trainer import label_only_loss
     from sinkstudy.tiny import tiny_causal_lm
 
@@ -43,14 +42,12 @@ def run_case(loss: str, vocab: int, repeat: int) -> dict:
     step()  # warm-up
     times, peak_kb, value = [], 0, None
     for _ in range(repeat):
-        exact = _reset_peak()
-        before = _rss_kb("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        t0 = time.perf_counter()
-        value = step()
-        times.append(time.perf_counter() - t0)
-        after = _rss_kb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_kb = max(peak_kb, after - before)
-    return {"loss": loss, "vocab": vocab, "time_s": min(times), "peak_mib": peak_kb / 1024, "value": value, "peak_exact": exact}
+        with PeakRSS() as peak:
+            t0 = time.perf_counter()
+            value = step()
+            times.append(time.perf_counter() - t0)
+        peak_kb = max(peak_kb, peak.kib)
+    return {"loss": loss, "vocab": vocab, "time_s": min(times), "peak_mib": peak_kb / 1024, "value": value, "peak_exact": peak.exact}
 
 
 def main(argv: list[str] | None = None) -> int:

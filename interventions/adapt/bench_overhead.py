@@ -95,7 +95,7 @@ def run(model_path: str, steps: int, warmup: int, every: int, batch: int, thread
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sinkstudy import real_models
+    from sinkstudy import real_models, real_weights
 
     parser = argparse.ArgumentParser(prog="python -m interventions.adapt.bench_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a causal LM: real-model name, path or hub id")
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.warmup < args.steps:
         parser.error("--warmup must lie between 0 and --steps")
-    model = str(real_models.chat_checkpoint(args.model)) if real_models.is_registered(args.model) else args.model
+    model = str(real_weights.chat_checkpoint(args.model)) if real_models.is_registered(args.model) else args.model
     print(f"one optimizer step, text-only: {args.model}, batch {args.batch} chats (<= 256 tokens), float32, CPU, "
           f"{args.threads} thread(s); s/step over steps {args.warmup + 1}..{args.steps}")
     from transformers.utils import logging as hf_logging

@@ -137,8 +137,9 @@ def run_mitigation(
     """
     import torch
 
-    from interventions.merge import (check_disk_space, check_finite_model, check_pair, estimate_output_bytes, local_checkpoint,
-                                     resolve_lm, side_files, write_result)
+    from interventions.outputs import (check_disk_space, check_finite_model, check_pair, estimate_output_bytes, resolve_lm,
+                                       side_files, write_result)
+    from sinkstudy.checkpoint import local_checkpoint
     from interventions.pairs import load_causal_lm
     from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
 

@@ -76,13 +76,13 @@ def full_load(vlm: Path, out: Path, layers: int, shard_mb: int) -> None:
 def run_case(path: str, vlm: str, out: str, layers: int, shard_mb: int) -> dict:
     import torch
 
-    from evals.sink.bench import _rss_kb
+    from sinkstudy.memory import rss_kib
 
     torch.set_num_threads(1)
-    start = _rss_kb("VmRSS")
+    start = rss_kib("VmRSS")
     t0 = time.perf_counter()
     {"streamed": streamed, "full_load": full_load}[path](Path(vlm), Path(out), layers, shard_mb)
-    return {"path": path, "seconds": time.perf_counter() - t0, "peak_kib": _rss_kb("VmHWM"), "start_kib": start}
+    return {"path": path, "seconds": time.perf_counter() - t0, "peak_kib": rss_kib("VmHWM"), "start_kib": start}
 
 
 def lm_bytes(out: Path) -> int:
