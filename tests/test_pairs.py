@@ -331,8 +331,8 @@ def test_the_study_extract_step_streams_and_never_builds_the_vision_tower(tmp_pa
     (a weightless layout), the language model never built in memory; the written LM equals the VLM's."""
     from types import SimpleNamespace
 
-    from experiments.study.pair_steps import extract_step
-    from experiments.study.config import ModelSettings, Pair
+    from experiments.study.kinds import Ref
+    from experiments.study.pair_steps import Extract
 
     vlm_dir = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", "qwen2", tokenizer=tokenizer, max_shard_size="40KB")
     reference = tiny_vlm("qwen2_5_vl", "qwen2")
@@ -348,13 +348,11 @@ def test_the_study_extract_step_streams_and_never_builds_the_vision_tower(tmp_pa
     monkeypatch.setattr(tower, "__init__", recording_init)
     monkeypatch.setattr("interventions.pairs.extract.build_causal_lm", no_in_memory_lm)
     monkeypatch.setattr("interventions.pairs.loading.build_causal_lm", no_in_memory_lm)
-    study = SimpleNamespace(model=ModelSettings("bfloat16", None))
     base, out = base_dirs("qwen2"), tmp_path / "lm"
     with tensor_reads(poison=_is_vision) as reads:
-        result = extract_step(Pair("p", str(base), str(vlm_dir)), out, study)
+        result = Extract(Ref(str(base)), Ref(str(vlm_dir)), "bfloat16", out=out).run(SimpleNamespace(progress=False))
     assert reads and all(devices == {"meta"} for devices in towers_built)
-    assert result["fingerprints"] == {str(base): model_fingerprint(base), str(vlm_dir): model_fingerprint(vlm_dir),
-                                      str(out): model_fingerprint(out)}
+    assert result["fingerprint"] == model_fingerprint(out) and result["path"] == str(out)
     assert result["report"]["target_class"] == "Qwen2ForCausalLM" and result["report"]["dropped_rows"] == [BASE_VOCAB, BASE_VOCAB + EXTRA_VOCAB]
     assert {t.dtype for t in weight_files(out).tensors.values()} == {"BF16"}  # the study's dtype
     assert json.loads((out / EXTRACTION_JSON).read_text())["provenance"]["extraction"] == result["report"]

@@ -66,7 +66,7 @@ def test_plan_lists_every_step_in_dependency_order(config, tmp_path, capsys):
     for s in steps:
         assert set(s["after"]) <= seen  # every dependency comes earlier
         seen.add(s["id"])
-        assert s["command"].endswith(f"--out {out} --step {s['id']}")
+        assert f"--out {out} " in s["command"] and s["command"].endswith(f"--step {s['id']}")
         assert str(out / "steps" / f"{s['id']}.json") in s["outputs"]
     by_id = {s["id"]: s for s in steps}
     assert by_id[f"{PAIR}/extract"]["inputs"] == [str(config.parent / "base"), str(config.parent / "vlm")]

@@ -91,7 +91,7 @@ def _run(root, out):
     return {e["step"]: e["reused"] for e in log}
 
 
-def test_protection_study_runs_compares_arms_and_reruns_exactly_what_a_plugin_edit_touches(study_files, tmp_path):
+def test_protection_study_runs_compares_arms_and_reruns_exactly_what_a_plugin_edit_touches(study_files, tmp_path, own_cache):
     out = tmp_path / "out"
     first = _run(study_files, out)
     assert not any(first.values())

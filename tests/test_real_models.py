@@ -183,7 +183,7 @@ def test_smollm2_through_the_study_path_at_tiny_scale(smollm2, tmp_path, capsys)
     adapted = tmp_path / "adapt"
     assert main(["adapt", "--base", "smollm2-135m-instruct", "--tiny-vision", "--train-data", "digits", "--recipe", str(recipe),
                  "--out", str(adapted)]) == 0
-    trajectory = json.loads((adapted / "trajectory.json").read_text())
+    trajectory = json.loads((adapted / "run" / "trajectory.json").read_text())
     assert trajectory["points"][0]["sink_strength"] > 0  # the base's sink, before any step
 
     merged = tmp_path / "merged"

@@ -222,9 +222,9 @@ def test_cli_writes_json_png_and_refuses_overwrite(tiny_model_dir, tmp_path, cap
 
     # The same run again reuses what is there (as `sinkstudy eval` does); another run is refused in one line.
     assert main(["sink", str(tiny_model_dir), "--calibration", str(texts), "--metric", "ratio@0.2", "--out", str(out)]) == 0
-    assert "reusing finished sink run" in capsys.readouterr().out and (out / "sink.json").read_bytes() == before
+    assert "reused sink/run (finished before" in capsys.readouterr().out and (out / "sink.json").read_bytes() == before
     assert main(["sink", str(tiny_model_dir), "--out", str(out)]) == 2
-    assert "holds a different sink run; pass --force" in capsys.readouterr().err
+    assert "holds sink/run made by another request (metric, texts differ); pass --force" in capsys.readouterr().err
     assert (out / "sink.json").read_bytes() == before
 
     missing = tmp_path / "fresh"

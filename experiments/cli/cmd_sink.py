@@ -1,4 +1,5 @@
-"""`sinkstudy sink MODEL`: per-layer sink-mass table, Sink Strength, JSON + heat-map PNG."""
+"""`sinkstudy sink MODEL`: per-layer sink-mass table, Sink Strength, JSON + heat-map PNG: the arguments, then one
+`experiments.study.pair_steps.SinkMap` step through the engine."""
 
 from __future__ import annotations
 
@@ -45,76 +46,52 @@ def default_out(model: str, metric: str) -> Path:
 def run_sink(args) -> Summary | int:
     from evals.sink import DEFAULT_METRIC, get_metric
     from evals.sink.calibration import resolve_texts
+    from experiments.study.graph import Plan, Step
+    from experiments.study.kinds import Ref
+    from experiments.study.pair_steps import Loading, SinkMap, texts_ref
+    from experiments.study.runner import run_plan
     from sinkstudy import SinkstudyError
-    from sinkstudy.io import check_output_dir, output_lock, read_text
+    from sinkstudy.io import read_json, read_text
 
     # Every input is checked before the model is loaded.
     spec = get_metric(args.metric or DEFAULT_METRIC)
     if args.calibration:
         if Path(args.calibration).is_file():
             read_text(args.calibration, "calibration file")  # names a non-UTF-8 file
-    texts, source = resolve_texts(args.calibration, spec.calibration)  # fail now on a missing or malformed file
+    _, source = resolve_texts(args.calibration, spec.calibration)  # fail now on a missing or malformed file
     params = {k: v for k, v in (("last_layers", args.last_layers), ("argmax", args.argmax), ("noise_seed", args.noise_seed))
               if v is not None}
     stray = set(params) - set(spec.params)
     if stray:
         raise SinkstudyError(f"--{sorted(stray)[0].replace('_', '-')} does not apply to metric {spec.name}")
-    out = Path(args.out) if args.out else default_out(args.model, spec.name)
-    key = _key(args, spec.name, params, texts)
-    previous = _finished(out, key, args.force)
-    if previous is not None:
-        print(f"reusing finished sink run {out} (same model and settings; --force measures again)")
-        return _summary(args, previous, out, source)
-    check_output_dir(out, args.force)
     _check_architecture(args.model)
-
-    from interventions.pairs import load_causal_lm
-
-    model, tokenizer = load_causal_lm(args.model, dtype=args.dtype or "float32", device=args.device or "cpu")
-    if args.tokenizer:
-        from sinkstudy.checkpoint import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
-    if tokenizer is None:
-        raise SinkstudyError(f"no tokenizer found for {args.model}; pass --tokenizer")
-    with output_lock(out):  # a second writer into the same --out fails at once
-        return _measure_and_write(args, spec, params, model, tokenizer, out, key)
-
-
-def _key(args, metric: str, params: dict, texts) -> str:
-    """What a sink run's result depends on: the model's (and tokenizer's) content, the metric and its
-    parameters, the calibration texts, how attention is read, dtype, device type and the code."""
-    import hashlib
-    import json
-
-    from evals.sink.calibration import texts_fingerprint
-    from sinkstudy.provenance import code_version, model_fingerprint
-
-    import evals.sink
-
-    identity = {"model": model_fingerprint(args.model), "tokenizer": model_fingerprint(args.tokenizer) if args.tokenizer else None,
-                "metric": metric, "params": params, "texts": texts_fingerprint(texts), "capture": args.capture,
-                "batch_size": args.sink_batch_size, "max_length": args.max_length, "dtype": args.dtype or "float32",
-                "device": str(args.device or "cpu").split(":")[0], "code": code_version(Path(evals.sink.__file__).parent)}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    out = Path(args.out) if args.out else default_out(args.model, spec.name)
+    step = Step("sink/run", SinkMap(Ref(str(args.model)), Ref(str(args.tokenizer)) if args.tokenizer else None, spec.name,
+                                    texts_ref(args.calibration), params, args.capture, args.sink_batch_size, args.max_length,
+                                    Loading(args.dtype or "float32", args.device), out=out),
+                outputs=(out / RESULT_JSON, out / MAP_PNG))
+    engine = run_plan(Plan([step]), out, force=args.force, progress=not args.quiet, guarded=("run",))
+    data = read_json(out / RESULT_JSON)
+    if not engine.log[0]["reused"]:
+        _print_maps(data)
+    print(f"Sink Strength [{data['metric']}] = {data['value']:.4f}" if data["value"] is not None else f"Sink Strength [{data['metric']}] = n/a")
+    print(f"wrote {out / RESULT_JSON} and {out / MAP_PNG}")
+    return _summary(args, data, out, source)
 
 
-def _finished(out: Path, key: str, force: bool) -> dict | None:
-    """The sink.json in `out` when it was measured with `key` (reused); None when there is nothing to
-    reuse or `force`. Another run's output is refused in one line, as `sinkstudy eval` refuses one."""
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import read_json
+def _print_maps(data: dict) -> None:
+    """The per-layer table and the heads whose most-attended key is not the sink."""
+    from evals.sink import SinkMaps
 
-    found = out / RESULT_JSON
-    if force or not found.is_file():
-        return None
-    try:
-        data = read_json(found)
-    except SinkstudyError:
-        data = None
-    if isinstance(data, dict) and data.get("key") == key:
-        return data
-    raise SinkstudyError(f"output {out} holds a different sink run; pass --force to replace it")
+    maps = SinkMaps.from_json(data["maps"])
+    print(f"sink mass per layer (position {maps.settings['sink_position']}, {len(maps.text_ids)} texts from "
+          f"{maps.settings['calibration']}, queries from position {maps.settings['skip_queries']})")
+    print(maps.format_table())
+    off = maps.off_sink_heads()
+    if off:
+        shown = ", ".join(f"L{layer}H{head}->{pos}" for layer, head, pos in off[:16])
+        print(f"heads whose most-attended key is not position {maps.settings['sink_position']}: {shown}"
+              + (f" ... ({len(off)} in all)" if len(off) > 16 else ""))
 
 
 def _check_architecture(model: str) -> None:
@@ -128,38 +105,6 @@ def _check_architecture(model: str) -> None:
     if archs.classify(config) == "vlm":
         config = archs.plan_target_config(config)[0]
     check_supported_config(config)
-
-
-def _measure_and_write(args, spec, params, model, tokenizer, out: Path, key: str) -> Summary | int:
-    from evals.sink import plot_sink_map, sink_strength
-    from sinkstudy.io import atomic_output_dir, write_json_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
-
-    result = sink_strength(model, tokenizer, spec.name, args.calibration, method=args.capture, batch_size=args.sink_batch_size,
-                           max_length=args.max_length, progress=not args.quiet, **params)
-    maps = result.maps
-    print(f"sink mass per layer (position {maps.settings['sink_position']}, {len(maps.text_ids)} texts from "
-          f"{maps.settings['calibration']}, queries from position {maps.settings['skip_queries']})")
-    print(maps.format_table())
-    off = maps.off_sink_heads()
-    if off:
-        shown = ", ".join(f"L{layer}H{head}->{pos}" for layer, head, pos in off[:16])
-        print(f"heads whose most-attended key is not position {maps.settings['sink_position']}: {shown}"
-              + (f" ... ({len(off)} in all)" if len(off) > 16 else ""))
-    print(f"Sink Strength [{result.metric}] = {result.value:.4f}")
-    name = Path(str(args.model).rstrip("/")).name
-    with atomic_output_dir(out, force=args.force) as tmp:
-        data = {"model": args.model, **result.to_json(), "key": key,
-                "provenance": provenance(model=args.model, model_fingerprint=model_fingerprint(args.model), dtype=args.dtype or "float32",
-                                         seeds={"noise_seed": params.get("noise_seed", spec.params.get("noise_seed"))},
-                                         settings={**maps.settings, "metric_params": result.details["params"]})}
-        write_json_atomic(tmp / RESULT_JSON, data)
-        # The map shows the statistic the metric reads (log-odds for S, else the sink mass).
-        plot_sink_map(maps, tmp / MAP_PNG, metric=spec.name, title=f"{name}: {spec.name} ({maps.settings['calibration']})")
-        if result.noise_maps is not None:
-            plot_sink_map(result.noise_maps, tmp / "sink_map_noise.png", metric=spec.name, title=f"{name}: random embeddings")
-    print(f"wrote {out / RESULT_JSON} and {out / MAP_PNG}")
-    return _summary(args, data, out, maps.settings["calibration"])
 
 
 def _summary(args, data: dict, out: Path, source: str) -> Summary:

@@ -144,6 +144,51 @@ class MeasureSink(StepArgs):
 
 
 @dataclass(frozen=True)
+class SinkMap(StepArgs):
+    """A model's sink maps in full (`sinkstudy sink`): Sink Strength under a named metric, the maps as JSON
+    (`sink.json`, with provenance) and the heat map of the statistic the metric reads (`sink_map.png`; a
+    random-embedding control's beside it for the robustness metric)."""
+
+    kind: ClassVar[str] = "sink-map"
+    code: ClassVar[tuple[str, ...]] = ("evals.sink",)
+    model: Ref
+    tokenizer: Ref | None  # None: the model's own
+    metric: str
+    texts: Ref | str | None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    capture: str = "fast"
+    batch_size: int = 1
+    max_length: int = 512
+    loading: Loading = Loading()
+    out: Path = location()  # a folder: sink.json, sink_map.png
+
+    def run(self, ctx) -> dict:
+        from evals.sink import plot_sink_map, sink_strength
+        from sinkstudy.io import write_json_atomic
+        from sinkstudy.provenance import provenance
+
+        model, tok = self.loading.load(self.model.local())
+        tok = _tokenizer(tok, self.tokenizer)
+        if tok is None:
+            raise SinkstudyError(f"no tokenizer found for {self.model.path}; pass --tokenizer")
+        texts = self.texts.path if isinstance(self.texts, Ref) else self.texts
+        result = sink_strength(model, tok, self.metric, texts, method=self.capture, batch_size=self.batch_size,
+                               max_length=self.max_length, progress=ctx.progress, **self.params)
+        maps = result.maps
+        data = {"model": self.model.path, **result.to_json(),
+                "provenance": provenance(model=self.model.path, model_fingerprint=self.model.fingerprint(ctx), dtype=self.loading.dtype,
+                                         seeds={"noise_seed": result.details["params"].get("noise_seed")},
+                                         settings={**maps.settings, "metric_params": result.details["params"]})}
+        write_json_atomic(self.out / "sink.json", data)
+        name = Path(self.model.path.rstrip("/")).name
+        # The map shows the statistic the metric reads (log-odds for S, else the sink mass).
+        plot_sink_map(maps, self.out / "sink_map.png", metric=self.metric, title=f"{name}: {self.metric} ({maps.settings['calibration']})")
+        if result.noise_maps is not None:
+            plot_sink_map(result.noise_maps, self.out / "sink_map_noise.png", metric=self.metric, title=f"{name}: random embeddings")
+        return {"value": result.value, "metric": result.metric, "file": str(self.out / "sink.json")}
+
+
+@dataclass(frozen=True)
 class MeasureEval(StepArgs):
     """Strict evals of a model through lm-eval, prompted through `tokenizer` (the base's for every model of a
     pair, so runs pair on doc_id); the model is loaded only when something is left to evaluate."""
