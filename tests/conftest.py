@@ -65,9 +65,11 @@ def pytest_collection_modifyitems(config, items):
     hands a worker one module at a time in this order, so a long module drawn last runs on one core while the
     other idles: over shuffled orders of a measured suite that cost 19 s on average and 55 s one time in ten;
     longest first, about 1 s. A module's cost is estimated from its tests: one on the real backbones about
-    30 s (their module also converts both checkpoints), an end-to-end (`slow`) one about 15 s, any other 0.3 s."""
+    30 s (their module also converts both checkpoints), an end-to-end (`slow`) one about 15 s or the seconds its
+    mark states (`@pytest.mark.slow(seconds=100)`, measured), any other 0.3 s."""
     def cost(item) -> float:
-        return 30.0 if item.get_closest_marker("real") else 15.0 if item.get_closest_marker("slow") else 0.3
+        slow = item.get_closest_marker("slow")
+        return 30.0 if item.get_closest_marker("real") else slow.kwargs.get("seconds", 15.0) if slow else 0.3
 
     module_cost: dict[str, float] = {}
     for item in items:

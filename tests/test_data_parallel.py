@@ -61,7 +61,7 @@ def _weights(model_dir):
     return {p.name: p.read_bytes() for p in sorted(Path(model_dir).glob("*.safetensors"))}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_adapt_under_accelerate_launch_equals_one_process(base, tmp_path):
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     args = ["adapt", "--base", str(base), "--tiny-vision", "--train-data", "digits", "--recipe", str(tmp_path / "recipe.yaml"), "--quiet"]
@@ -77,7 +77,7 @@ def test_adapt_under_accelerate_launch_equals_one_process(base, tmp_path):
     assert weights != _weights(base)  # it trained
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 @pytest.mark.parametrize("backend", ["hf", "hf-continuous"])
 def test_eval_under_accelerate_launch_equals_one_process(base, tmp_path, backend):
     """The two processes split the prompts; rank 0 gathers and writes the run one process writes (hf at batch 1:

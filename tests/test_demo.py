@@ -185,7 +185,7 @@ def test_round_trip_tolerance_scales_with_logit_size(tokenizer):
         check_round_trip(other, base, tokenizer)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=80)
 def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     import json
 

@@ -131,7 +131,7 @@ def _numbers(out: Path) -> dict:
     return json.loads(json.dumps(summary).replace(str(out), "OUT")), hardware
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 def test_the_reproducible_mode_gives_the_same_study_on_two_isa_levels_and_the_native_mode_does_not(tmp_path):
     config = _config(tmp_path / "study.yaml")
     runs = {level: _start(tmp_path / f"reproducible-{level}", env, DEMO, str(config), "--out", str(tmp_path / f"reproducible-{level}"))

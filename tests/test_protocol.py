@@ -227,7 +227,7 @@ def _env(**extra):
     return env
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=60)
 def test_lm_eval_cli_runs_the_shipped_task_and_agrees_with_sinkstudy(model_dir, tmp_path, capsys):
     """`lm_eval --include_path evals/tasks --tasks sinkstudy_ifeval` from another working directory:
     same prompts, same outputs, same aggregate as `sinkstudy eval` with the same settings."""

@@ -122,6 +122,7 @@ def test_sprinkle_noise_only_touches_user_turns(demo_tokenizer):
         sinkgrow.sprinkle_noise(texts, demo_tokenizer, 1.0, seed=2)
 
 
+@pytest.mark.slow(seconds=45)
 def test_recipe_grows_a_bos_sink_in_its_domain(demo_tokenizer):
     """Guo et al.'s setting: a 1-layer model on Bigram-Backcopy parks attention on BOS as it trains.
 
