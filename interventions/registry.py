@@ -4,11 +4,14 @@ defaults, the check of their values, the code that shapes its result and how it 
     apply_intervention("ties", base, vlm, {"weight": 1.0, "density": 0.2}, out_dir, seed=0)
     apply_intervention("star", base, vlm, {"eta": 40}, out_dir)
     apply_intervention("head_restore", base, vlm, {"top_k": 8}, out_dir)
+    apply_intervention("sink_dose", base, base, {"shift": -2.0}, out_dir)   # the base itself, its S moved
 
 The families: mergekit merges (`interventions.merge`), TSV and STAR (`interventions.spectral`), the
-registered mitigations (`interventions.mitigations`, plug-ins included) and QK-RMSNorm injection into the
-base (`qknorm`: its own steps, `interventions.qknorm`; listed here for its parameters). Each post-hoc one
-writes an HF causal-LM checkpoint plus `intervention.json` (with the request) to `out_dir`.
+registered mitigations (`interventions.mitigations`, plug-ins included), the sink dose (`dose`:
+`interventions.sink_dose`, one model's Sink Strength moved to a level: the pair's `vlm`, so a backbone is
+dosed by giving it as both) and QK-RMSNorm injection into the base (`qknorm`: its own steps,
+`interventions.qknorm`; listed here for its parameters). Each post-hoc one writes an HF causal-LM
+checkpoint plus `intervention.json` (with the request) to `out_dir`.
 
 The request (`request`, `intervention_request`) is the identity of the result: the fingerprints of every
 input model (base, vlm as given — a VLM or its extracted LM —, root), the full settings with the method's
@@ -29,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from interventions import sink_dose
 from interventions.merge import _SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options, validate_merge_args
 from interventions.outputs import RESULT_JSON, MergeError
 from interventions.spectral import SPECTRAL_METHODS, validate_spectral_args
 
-POSTHOC = ("mergekit", "spectral", "mitigation")  # families that change the VLM's language model after the fact
+POSTHOC = ("mergekit", "spectral", "mitigation", "dose")  # families that change the VLM's language model after the fact
 INJECTION = "injection"  # a change to the base before adaptation (its own steps)
 
 
@@ -135,6 +139,10 @@ def _mitigation(m) -> Method:
                   run, description=f"mitigation: {m.description}", source=lambda: source_hash(m))
 
 
+SINK_DOSE = Method(sink_dose.NAME, "dose", sink_dose.DEFAULTS, sink_dose.check, sink_dose.CODE, sink_dose.run,
+                   description=sink_dose.DESCRIPTION)
+
+
 QKNORM_INITS = ("identity-gain", "scale-preserving", "blend")  # interventions.qknorm.INIT_MODES (that module imports torch)
 QKNORM_TRAINABLE = ("gains", "attention", "all")  # interventions.qknorm.TRAINABLE_MODES
 
@@ -174,11 +182,11 @@ def _check_texts(texts) -> None:
 
 
 def methods() -> dict[str, Method]:
-    """Every method by name: mergekit's, the spectral ones, QK-norm injection, then the mitigations (plug-ins
+    """Every method by name: mergekit's, the spectral ones, the sink dose, QK-norm injection, then the mitigations (plug-ins
     loaded by now included)."""
     from interventions.mitigations import list_mitigations
 
-    table = {m.name: m for m in [*map(_mergekit, MERGEKIT_METHODS), *map(_spectral, SPECTRAL_METHODS), QKNORM]}
+    table = {m.name: m for m in [*map(_mergekit, MERGEKIT_METHODS), *map(_spectral, SPECTRAL_METHODS), SINK_DOSE, QKNORM]}
     return table | {name: _mitigation(m) for name, m in list_mitigations().items() if name not in table}
 
 

@@ -197,3 +197,20 @@ def test_the_solver_brackets_then_interpolates_and_says_when_a_level_is_out_of_r
         assert abs(bent(c) - target) <= 0.001 and len(trace) < 16
     with pytest.raises(DoseError, match=r"Sink Strength \+30.000 is out of reach of these heads \(S spans \+0.000 to \+12.000"):
         solve_scale(strength, 30.0, 0.0, 0.01)
+
+
+def test_the_dose_command_plans_one_step_reuses_it_and_refuses_another_request_into_its_out(qwen2, tokenizer, tmp_path, capsys):
+    from experiments.cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS), encoding="utf-8")
+    out = tmp_path / "dose"
+    argv = ["dose", str(qwen2), "--shift", "-1", "--calibration", str(texts), "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    report = json.loads((out / "model" / "intervention.json").read_text())["report"]
+    assert abs(_strength(out / "model", tokenizer) - (report["sink_strength_before"] - 1.0)) <= 0.02
+    assert main(argv) == 0 and "reused dose/run" in capsys.readouterr().out
+    assert main(["dose", str(qwen2), "--shift", "-2", "--calibration", str(texts), "--out", str(out), "--quiet"]) == 2
+    assert "made by another request" in capsys.readouterr().err
+    assert main(["dose", str(qwen2), "--scale", "100", "--out", str(tmp_path / "bad")]) == 2
+    assert "sink_dose scale must be in" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "experiments.cli.cmd_adapt",   # adapt
     "experiments.cli.cmd_merge",   # merge / mitigate
     "experiments.cli.cmd_sweep",   # merge-sweep
+    "experiments.cli.cmd_dose",    # dose
     "experiments.cli.cmd_study",   # run / demo / paper
     "experiments.cli.cmd_published",  # paper-table
     "experiments.cli.cmd_clean",   # clean
