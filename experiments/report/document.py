@@ -18,6 +18,7 @@ from pathlib import Path
 
 from experiments.report import plots, verdicts as v
 from experiments.report.claims import claims
+from experiments.report.dose_tables import dose_blocks
 from experiments.report.across_seeds import claims_across, seed_blocks, seeded, verdicts_across
 from experiments.report.fmt import num, points, with_ci
 from experiments.report.render import render_html, render_md
@@ -307,7 +308,7 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
     if s.get("notes"):
         b.append(("p", s["notes"]))
     b += [("h", 2, "Findings"), ("ul", v.findings(r))]
-    b += score_blocks(r) + published_blocks(r) + recovery_blocks(r) + protection_blocks(r, summary, out)
+    b += score_blocks(r) + published_blocks(r) + recovery_blocks(r) + protection_blocks(r, summary, out) + dose_blocks(summary)
     b += example_blocks(r) + plot_blocks(r, summary, out)
     if r.build:
         b += how_built(r.build, out)

@@ -5,7 +5,7 @@ this file alone (`experiments.report.document.write_report`; `sinkstudy report R
 Per pair: each measured model (path, Sink Strength, scores, method), the paired change base -> VLM LM
 per task with CIs (Δ = after − before in points, and Δ / before: `evals.stats.compare`), per treated
 model its recovery of that loss and Δ against the base and against the VLM LM, the adaptation arms
-against the control, example prompts; across pairs, Sink Strength of the base against both changes
+against the control, each sink dose of the base (`experiments.study.doses.dose_summary`), example prompts; across pairs, Sink Strength of the base against both changes
 (`evals.stats.sink_correlation`).
 """
 
@@ -61,9 +61,11 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
     from evals.lmeval import HEADLINE_METRICS, EvalRun
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
     from experiments.study.arms import protection_summary
+    from experiments.study.doses import dose_summary, labels
     from sinkstudy.provenance import package_versions, recorded_hardware
 
     study = plan.study
+    dose_labels = labels(study)
     ev = study.evals
     tasks = list(ev.protocol.tasks)
     kw = {"n_boot": ev.n_boot, "confidence": ev.confidence, "seed": study.seed}
@@ -81,7 +83,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
         for task in tasks:
             entry["degradation"][task] = compare(runs["base"], runs["vlm"], task, **kw).as_dict()
         for label in models:
-            if label in ("base", "vlm"):
+            if label in ("base", "vlm") or label in dose_labels:
                 continue
             entry["interventions"][label] = {  # vs_vlm: against the unintervened VLM LM, its control
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
@@ -89,6 +91,8 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
                        "vs_vlm": compare(runs["vlm"], runs[label], task, **kw).as_dict()} for task in tasks}
         if study.adapt is not None:
             entry["protection"] = protection_summary(study, p, models, results, runs, kw)
+        if study.dose:
+            entry["dose"] = dose_summary(study, p, results, runs, kw)
         entry["examples"] = examples(runs["base"], runs["vlm"], tasks[0], out["headline"].get(tasks[0]))
         entry["published"] = pair.published
         entry["native_qk_norm"] = pair.native_qk_norm

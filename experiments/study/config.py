@@ -159,6 +159,7 @@ class Study:
     plugins: list = field(default_factory=list)  # the plug-ins loaded for this study (sinkstudy.plugins.Plugin)
     adapt: AdaptSection | None = None
     seeds: list[int] | None = None  # training seeds to repeat the study over (experiments.study.seeds); None: once
+    dose: list = field(default_factory=list)  # the bases' sink doses (experiments.study.doses.Dose)
 
     def expand(self, value: str) -> str:
         return value.replace("{out}", os.fspath(self.out))
@@ -249,8 +250,14 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     report = parse(ReportSettings, cfg.get("report"), f"{where}: report")
     adapt = parse_adapt(cfg.get("adapt"), path, [p.name for p in pairs], f"{where}: adapt", out_dir) if adapting else None
     seeds = _seeds(cfg.get("seeds"), f"{where}: seeds")
+    dose = []
+    if cfg.get("dose") is not None:
+        from experiments.study.dose_section import parse_doses
+
+        taken = {iv.name for iv in interventions} | {a.name for a in (adapt.arms if adapt else [])}
+        dose = parse_doses(cfg["dose"], f"{where}: dose", sink.texts, taken)
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
-                  protocol, report, plugins, adapt, seeds)
+                  protocol, report, plugins, adapt, seeds, dose)
     for p in study.pairs:
         for role in MODEL_ROLES:
             if isinstance(getattr(p, role), str):

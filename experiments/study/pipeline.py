@@ -8,7 +8,8 @@ knows what a build makes), then per pair P: its adaptation arms' training (`P/ad
 section, `experiments.study.arms`), `P/extract` (the VLM's language model), `P/sink|eval/L` for the base
 and the VLM LM, each `interventions:` entry through the step builder of its kind (`BUILDERS`, keyed by
 `experiments.study.methods.kind`: a post-hoc method on the VLM LM, or QK-norm injected into the base,
-re-adapted with the build's VL recipe with `vl: true`), then each arm's VL skill and language model.
+re-adapted with the build's VL recipe with `vl: true`), each sink dose of the base (`dose:`,
+`experiments.study.doses`), then each arm's VL skill and language model.
 Every treated model is measured by the same two steps (`PairPlan.measure`), and every adapted model, arm
 or re-adapted QK-norm base, reaches them through one builder (`PairPlan.adapted`). A model the plan makes
 is read through a `Ref` naming the step that writes it (`Plan.maker`).
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 from experiments.study import arms as protection
 from experiments.study.config import model_dir
+from experiments.study.doses import plan_doses
 from experiments.study.graph import Plan, Step
 from experiments.study.kinds import Ref
 from experiments.study.methods import INJECTION, POSTHOC, kind
@@ -177,6 +179,8 @@ def plan_study(study) -> StudyPlan:
         pp.measure("vlm", Ref(str(pp.lm_dir), f"{pair.name}/extract"))
         for iv in study.interventions:
             BUILDERS[kind(iv.method)](pp, iv)
+        if study.dose:
+            plan_doses(pp)
         if arms:
             protection.measure_arms(pp, arms)
         out.models[pair.name] = pp.models

@@ -1,0 +1,63 @@
+"""A study's `dose:` section, typed: each pair's base with its Sink Strength moved by `interventions.sink_dose`
+(docs/dose.md; its steps and summary: `experiments.study.doses`).
+
+    dose: [-2, -1, 1, 2]                                        # shifts of S from each pair's own base
+    dose: [{target: 0.5}, {name: half, scale: 0.5, heads: sink}]  # any sink_dose settings (one level each)
+
+A dose is named from its level unless `name` is given: dose-minus2, dose-plus1, dose-to0.5, dose-x0.5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from experiments.study.schema import fail, guarded, mapping, slug
+from interventions.sink_dose import LEVELS
+
+
+@dataclass(frozen=True)
+class Dose:
+    """One dose: its name (a path component) and its sink_dose settings, defaults filled in."""
+
+    name: str
+    params: dict
+
+    @property
+    def level(self) -> tuple[str, float]:
+        return next((k, self.params[k]) for k in LEVELS if k in self.params)
+
+
+def _name(params: dict) -> str:
+    key, value = next((k, params[k]) for k in LEVELS if params.get(k) is not None)
+    shown = f"{abs(value):g}"
+    if key == "scale":
+        return f"dose-x{shown}"
+    sign = "minus" if value < 0 else "plus" if key == "shift" else ""
+    return f"dose-{'to' if key == 'target' else ''}{sign}{shown}"
+
+
+def parse_doses(raw, where: str, texts: Any, taken: set[str]) -> list[Dose]:
+    """The `dose:` list: a number is a shift of S from the pair's base, a mapping any sink_dose settings (+ `name`).
+    S is solved on the study's calibration texts (`texts`, the sink section's) unless a dose names its own; a
+    name may not be an intervention's or an arm's (`taken`)."""
+    from interventions.registry import SINK_DOSE
+
+    if not isinstance(raw, list) or not raw:
+        fail(where, "a non-empty list of doses: numbers (shifts of S from each base) or sink_dose settings")
+    doses, seen = [], set()
+    for i, item in enumerate(raw):
+        dw = f"{where}[{i}]"
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            item = {"shift": item}
+        item = dict(mapping(item, dw, {*SINK_DOSE.defaults, "name"}))
+        name = item.pop("name", None)
+        if texts is not None:
+            item.setdefault("texts", texts)
+        params = guarded(SINK_DOSE.resolve, dw, item)
+        name = slug(name if name is not None else _name(params), f"{dw}.name")
+        if name in seen or name in taken or name in ("base", "vlm"):
+            fail(dw, f"dose name {name!r} is a duplicate, reserved (base, vlm) or an intervention's / arm's name")
+        seen.add(name)
+        doses.append(Dose(name, params))
+    return doses

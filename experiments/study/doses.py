@@ -1,0 +1,75 @@
+"""A study's sink doses (the `dose:` section, `experiments.study.dose_section`, docs/dose.md) as steps and summary: each pair's base with its Sink Strength moved by
+`interventions.sink_dose`, measured before any VL training (S, and the strict evals against the undosed base:
+a dose that itself costs text skill confounds any dose-response read from it), and, with an `adapt:` section,
+adapted with the control arm's recipe, so the text skill lost in VL training can be read against S before it.
+
+Steps per pair P and dose D:
+    P/dose/D                       the dosed base (`Intervene` of sink_dose with the base as both models)
+    P/sink/D, P/eval/D             its measurements, before any VL training
+    P/adapt/D, P/vlskill/D         with an adapt section: the control arm's adaptation of the dosed base, its VL skill
+    P/adapt/D-extract, P/sink|eval/D-vl   that VLM's language model and its measurements
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from experiments.study.config import model_dir
+from experiments.study.graph import Step
+from experiments.study.kinds import Ref
+
+def plan_doses(pp) -> None:
+    """Every dose's steps on the pair of `pp` (experiments.study.pipeline.PairPlan)."""
+    from experiments.study.adapt_section import Arm
+    from experiments.study.arms import VLSkill, arm_step
+    from experiments.study.pair_steps import Intervene
+
+    study, pair, p = pp.study, pp.pair, pp.pair.name
+    for dose in study.dose:
+        owner = f"pair {p} dose {dose.name}"
+        base_out = model_dir(study.out, p, dose.name, "base")
+        made = pp.add(Step(f"{p}/dose/{dose.name}", Intervene("sink_dose", pp.ref(pair.base), pp.ref(pair.base), dose.params,
+                                                              study.seed, out=base_out), outputs=(base_out,), owner=owner))
+        pp.measure(dose.name, Ref(str(base_out), made), method="sink_dose", owner=owner)
+        if study.adapt is None:
+            continue
+        args = arm_step(study, pair, Arm(dose.name), Ref(str(base_out), made))  # the control's recipe, vision side and seed
+        adapted = pp.add(Step(f"{p}/adapt/{dose.name}", args, outputs=(args.model_dir, args.run_dir), owner=owner))
+        if study.adapt.vl_eval is not None:
+            probe = study.adapt.vl_eval
+            pp.add(Step(f"{p}/vlskill/{dose.name}", VLSkill(Ref(str(args.model_dir), adapted), probe["heldout"], probe["seed"]),
+                        owner=owner))
+        pp.adapted(f"{dose.name}-vl", args.model_dir, model_dir(study.out, p, dose.name, "vlm", "lm"), str(base_out),
+                   extract_id=f"{p}/adapt/{dose.name}-extract", method="sink_dose+vl", owner=owner)
+
+
+def labels(study) -> set[str]:
+    """The model labels the doses add to a pair (not interventions on its VLM LM)."""
+    return {n for d in study.dose for n in (d.name, f"{d.name}-vl")}
+
+
+def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dict) -> dict[str, Any]:
+    """Per dose: its level, what the dose solved (scale, S before and after in its own measurement), the dosed base's
+    S in the study's metric and its text skill against the undosed base (Δ = dosed − base in points, paired
+    bootstrap CI), `text_cost`: the tasks where that CI lies below 0 (a confound), and with an adapt section the
+    VL training's change (Δ = its VLM LM − the dosed base) with the adapted LM's S and VL skill."""
+    from evals.stats import compare, comparison_side
+
+    tasks = list(study.evals.protocol.tasks)
+    out = {}
+    for dose in study.dose:
+        d, made = dose.name, results[f"{pair}/dose/{dose.name}"]
+        rep = (made.get("info") or {}).get("report") or {}
+        vs_base = {t: compare(runs["base"], runs[d], t, **kw) for t in tasks}
+        entry = {"level": dict([dose.level]), "params": {k: v for k, v in dose.params.items() if k != "texts"},
+                 "scale": rep.get("scale"), "dose_sink_strength": [rep.get("sink_strength_before"), rep.get("sink_strength")],
+                 "sink_strength": results[f"{pair}/sink/{d}"]["value"], "vs_base": {t: c.as_dict() for t, c in vs_base.items()},
+                 "text_cost": [t for t, c in vs_base.items() if comparison_side(c) < 0]}
+        if f"{d}-vl" in runs:
+            skill = results.get(f"{pair}/vlskill/{d}")
+            entry["vl"] = {"sink_strength": results[f"{pair}/sink/{d}-vl"]["value"], "vl_skill": skill,
+                           "degradation": {t: compare(runs[d], runs[f"{d}-vl"], t, **kw).as_dict() for t in tasks}}
+        out[d] = entry
+    return {"doses": out, "convention": "vs_base: Δ = dosed base − base in points (before any VL training; text_cost: the tasks "
+                                        "where its CI lies below 0, a confound of the dose-response); vl.degradation: Δ = the "
+                                        "dosed base's VLM LM − the dosed base in points"}
