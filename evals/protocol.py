@@ -158,6 +158,10 @@ def warn_unset_template_variables(tokenizer, chat_template_kwargs: Mapping[str, 
 
 # The shipped offline task sets (evals.tasks.SHIPPED_TASKS): a run that names no tasks never needs the hub.
 DEFAULT_TASKS = ("sinkstudy_ifeval", "sinkstudy_gsm")
+# The paired bootstrap of every statistic on the evals (evals.stats): replicates and confidence, on the command
+# line and in a study alike.
+DEFAULT_N_BOOT = 10_000
+DEFAULT_CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)

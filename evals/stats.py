@@ -31,11 +31,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from evals.protocol import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT  # noqa: F401  (the bootstrap's defaults, part of this module's API)
 from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_N_BOOT = 10_000
 _CHUNK = 1_000  # replicates per vectorised batch: bounds memory at n_docs * _CHUNK indices
 # Settings that change outputs for the same model; keep them equal across compared runs.
 _COMPARABLE_SETTINGS = ("limit", "batch_size", "apply_chat_template", "max_gen_toks", "num_fewshot", "seed")
@@ -350,7 +350,7 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def compare(before, after, task: str | None = None, metric: str | None = None, *, n_boot: int = DEFAULT_N_BOOT,
-            confidence: float = 0.95, seed: int = 0) -> Comparison:
+            confidence: float = DEFAULT_CONFIDENCE, seed: int = 0) -> Comparison:
     """Change from `before` to `after` on the same prompts: Δ points and Δ / before with paired CIs, McNemar."""
     if _is_run(before) and task is not None:
         metric = metric or _default_metric(before, task)
@@ -395,7 +395,7 @@ def _has_docs(run, task: str) -> bool:
 
 
 def recovery(base, vlm, intervened, task: str | None = None, metric: str | None = None, *,
-             n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95, seed: int = 0) -> Recovery:
+             n_boot: int = DEFAULT_N_BOOT, confidence: float = DEFAULT_CONFIDENCE, seed: int = 0) -> Recovery:
     """(intervened - vlm) / (base - vlm) on the same prompts, its CI from within-replicate ratios;
     None ("no loss to recover") unless the base -> VLM LM loss is significant (`Recovery`)."""
     if _is_run(base) and task is not None:
@@ -446,7 +446,7 @@ class GroupDifference:
         return asdict(self)
 
 
-def group_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95,
+def group_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = DEFAULT_N_BOOT, confidence: float = DEFAULT_CONFIDENCE,
                      seed: int = 0) -> GroupDifference:
     """E.g. the mean Δ/base of backbones with native QK-norm minus that of backbones without; the pair is the unit."""
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
@@ -459,7 +459,7 @@ def group_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = DE
                            difference=float(xa.mean() - xb.mean()), ci=ci, confidence=confidence, n_boot=n_boot)
 
 
-def correlation(x: Sequence[float], y: Sequence[float], *, n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95,
+def correlation(x: Sequence[float], y: Sequence[float], *, n_boot: int = DEFAULT_N_BOOT, confidence: float = DEFAULT_CONFIDENCE,
                 seed: int = 0) -> Correlation:
     """Spearman and Pearson of y on x over pairs, with CIs from resampling pairs."""
     xs, (ys,) = _pairs_of(x, [y])
@@ -468,7 +468,7 @@ def correlation(x: Sequence[float], y: Sequence[float], *, n_boot: int = DEFAULT
 
 
 def sink_correlation(sink_strengths: Sequence[float], delta_points: Sequence[float], delta_relative: Sequence[float], *,
-                     n_boot: int = DEFAULT_N_BOOT, confidence: float = 0.95, seed: int = 0) -> SinkCorrelation:
+                     n_boot: int = DEFAULT_N_BOOT, confidence: float = DEFAULT_CONFIDENCE, seed: int = 0) -> SinkCorrelation:
     """Spearman and Pearson of Sink Strength against Δ points and against Δ / before, over pairs.
 
     One value per pair in each sequence, in the module's convention (Δ = after − before: the

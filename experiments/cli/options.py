@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evals.protocol import BACKENDS, EvalProtocol
+from evals.protocol import BACKENDS, DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, EvalProtocol
 from experiments.cli import argtypes
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -182,8 +182,10 @@ def add_vision_options(p, *, required: bool) -> None:
 
 def add_bootstrap_options(p) -> None:
     """--n-boot and --confidence of the paired bootstrap CIs."""
-    p.add_argument("--n-boot", type=argtypes.n_boot, default=10_000, metavar="N", help="bootstrap replicates (>= 1; default 10000)")
-    p.add_argument("--confidence", type=argtypes.confidence, default=0.95, help="confidence of the intervals (default 0.95)")
+    p.add_argument("--n-boot", type=argtypes.n_boot, default=DEFAULT_N_BOOT, metavar="N",
+                   help=f"bootstrap replicates (>= 1; default {DEFAULT_N_BOOT})")
+    p.add_argument("--confidence", type=argtypes.confidence, default=DEFAULT_CONFIDENCE,
+                   help=f"confidence of the intervals (default {DEFAULT_CONFIDENCE})")
 
 
 def add_seed_option(p, what: str = "every random choice of the command") -> None:

@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+from evals.protocol import DEFAULT_CONFIDENCE
 from experiments.report import plots, verdicts as v
 from experiments.report.claims import claims
 from experiments.report.dose_tables import dose_blocks
@@ -304,7 +305,7 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
                 f"{', '.join(r.tasks)} (chat template {'on' if s.get('apply_chat_template') else 'off'}, "
                 f"max_gen_toks {s.get('max_gen_toks')}, batch size {s.get('batch_size')}). "
                 f"Interventions: {', '.join(s.get('interventions') or []) or 'none'}. "
-                f"CIs: paired bootstrap over prompts ({s.get('n_boot')} replicates, {s.get('confidence', 0.95):.0%}).")]
+                f"CIs: paired bootstrap over prompts ({s.get('n_boot')} replicates, {s.get('confidence', DEFAULT_CONFIDENCE):.0%}).")]
     if s.get("notes"):
         b.append(("p", s["notes"]))
     b += [("h", 2, "Findings"), ("ul", v.findings(r))]

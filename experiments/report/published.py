@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from evals.protocol import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT
 from experiments.report.fmt import ci_text, num
 from sinkstudy import SinkstudyError
 
@@ -126,7 +127,7 @@ def correlate(changes: Sequence[PairChange], **kw):
                             [c.relative for c in changes], **kw)
 
 
-def paper_table(tables: PublishedTables | None = None, *, n_boot: int = 10_000, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
+def paper_table(tables: PublishedTables | None = None, *, n_boot: int = DEFAULT_N_BOOT, confidence: float = DEFAULT_CONFIDENCE, seed: int = 0) -> dict[str, Any]:
     """Everything `sinkstudy paper-table` prints, recomputed from the tables.
 
     Per pair: Δ from the per-prompt counts with its paired bootstrap CI and McNemar's exact p

@@ -11,7 +11,7 @@ Inputs are `experiments.report.results.StudyResults` (the summary's typed statis
 
 from __future__ import annotations
 
-from evals.stats import MIN_CONCLUSIVE_N, Comparison, ci_side, comparison_side, group_difference
+from evals.stats import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, MIN_CONCLUSIVE_N, Comparison, ci_side, comparison_side, group_difference
 from experiments.report.fmt import ci_text, missing, num, points, with_ci
 from experiments.report.results import StudyResults
 
@@ -343,7 +343,7 @@ def _native_contrast(r: StudyResults, head: str) -> list[str]:
     if not native or not plain or any(missing(x) for x in native + plain):
         return []
     s = r.settings
-    g = group_difference(native, plain, n_boot=int(s.get("n_boot") or 10_000), confidence=float(s.get("confidence") or 0.95),
+    g = group_difference(native, plain, n_boot=int(s.get("n_boot") or DEFAULT_N_BOOT), confidence=float(s.get("confidence") or DEFAULT_CONFIDENCE),
                          seed=int(s.get("seed") or 0))
     side = ci_side(g.ci)
     answer = ("the paper's direction (QK-norm protects), CI above 0" if side > 0 else

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from evals.protocol import EvalProtocol
+from evals.protocol import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, EvalProtocol
 from experiments.study.adapt_section import CONTROL_ARM, AdaptSection, Arm, parse_adapt  # noqa: F401  (part of this module's API)
 from experiments.study.schema import (StudyConfigError, boolean, checked, deep_merge, fail, guarded, integer,  # noqa: F401
                                 mapping, parse, relative_file, slug)
@@ -63,16 +63,16 @@ class Evals:
     confidence, each keying every eval step) and the bootstrap of the statistics."""
 
     protocol: EvalProtocol
-    n_boot: int = 2000
-    confidence: float = 0.95
+    n_boot: int = DEFAULT_N_BOOT
+    confidence: float = DEFAULT_CONFIDENCE
 
 
 def _evals(raw, where: str) -> Evals:
     from evals.lmeval import check_task_names
 
     cfg = dict(mapping(raw, where))
-    n_boot = integer(cfg.pop("n_boot", 2000), f"{where}.n_boot", 100)
-    confidence = _confidence(cfg.pop("confidence", 0.95), f"{where}.confidence")
+    n_boot = integer(cfg.pop("n_boot", Evals.n_boot), f"{where}.n_boot", 100)
+    confidence = _confidence(cfg.pop("confidence", Evals.confidence), f"{where}.confidence")
     try:
         protocol = EvalProtocol.build(cfg, name=lambda f: f"{where}.{f}")
     except SinkstudyError as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evals.protocol import EvalProtocol
 from sinkstudy import SinkstudyError
 
 SCHEDULES = ("constant", "cosine", "linear")
@@ -66,7 +67,7 @@ class TrajectoryConfig:
     metric: str = "logodds"
     eval_tasks: list[str] = field(default_factory=list)  # e.g. ["sinkstudy_ifeval"]; empty: sink only
     eval_limit: int | None = 20
-    eval_max_gen_toks: int = 256
+    eval_max_gen_toks: int = EvalProtocol.max_gen_toks  # the eval protocol's default; 0: each task's own
     eval_data_files: dict[str, str] = field(default_factory=dict)
 
 
