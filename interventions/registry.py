@@ -202,6 +202,17 @@ def list_interventions() -> dict[str, str]:
     return {name: m.description for name, m in methods().items() if m.family in POSTHOC}
 
 
+def format_methods() -> str:
+    """Every post-hoc intervention with its parameters and their defaults (a parameter without one: its name)."""
+    lines = []
+    for name, m in methods().items():
+        if m.run is None:
+            continue
+        params = ", ".join(f"{k}={v!r}" if v is not None else k for k, v in m.defaults.items())
+        lines += [f"  {name:<18} {m.description}", f"  {'':<18} parameters: {params}"]
+    return "\n".join(lines)
+
+
 def takes_root(name: str) -> bool:
     """Whether intervention `name` merges task vectors from a common ancestor (`root`)."""
     return get_method(name).takes_root

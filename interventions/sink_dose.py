@@ -30,7 +30,6 @@ part of a dosed model's identity: this one, the Sink Strength it solves for, the
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping

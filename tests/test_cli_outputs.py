@@ -67,7 +67,7 @@ def test_merge_lines_say_no_loss_to_recover_and_name_gsm_by_both_graders():
 
 
 def test_eval_headline_names_both_gsm_graders_and_other_data(tmp_path):
-    from experiments.cli.cmd_eval import data_sources, headline
+    from evals.runs import data_sources, headline
 
     shipped = EvalRun.load(_run(tmp_path / "a", {STRICT: [1, 0, 0, 0], FLEX: [1, 1, 0, 0]}))
     assert headline(shipped) == "sinkstudy_gsm exact_match,strict-match 0.2500 / exact_match,flexible-extract 0.5000"

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.report.fmt import brief as _f
+from experiments.cli import options
 from experiments.cli.closing import Summary, cmd
+from experiments.report.fmt import brief as _f
 
 
 def register(subparsers) -> None:
-    from experiments.cli import options
     from experiments.cli.argtypes import add_plugin_option
 
     p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
@@ -50,29 +50,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=main)
 
 
-def parse_stage_values(values: list[str], stage_names: list[str], what: str) -> dict[str, list[str]]:
-    """[STAGE=]VALUE items -> {stage: [values]}; an item without STAGE= goes to every stage."""
-    from sinkstudy import SinkstudyError
-
-    out: dict[str, list[str]] = {}
-    for item in values:
-        stage, sep, value = item.partition("=")
-        if sep and stage in stage_names:
-            out.setdefault(stage, []).append(value)
-        elif sep and not stage.startswith(("hf:", "json:")) and "/" not in stage and "." not in stage:
-            raise SinkstudyError(f"--{what} {item}: no stage named {stage!r}; stages: {', '.join(stage_names)}")
-        else:
-            for name in stage_names:
-                out.setdefault(name, []).append(item)
-    return out
-
-
 PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}  # --dtype -> the recipe's precision
 
 
 def build_request(args):
     """(VisionSpec | None, AdaptConfig) from the command line, validated before any work."""
-    from experiments.cli.options import default_out
     from interventions.adapt import VisionSpec, load_config, paper_recipe, text_recipe
     from sinkstudy import SinkstudyError
 
@@ -82,9 +64,9 @@ def build_request(args):
         raise SinkstudyError("adapt needs a vision side: --vision ID|PATH, --donor ID|PATH, --tiny-vision, --scenes-vision or --text-only")
     config = load_config(args.recipe) if args.recipe else text_recipe() if args.text_only else paper_recipe()
     names = [s.name for s in config.stages]
-    for stage, specs in parse_stage_values(args.train_data, names, "train-data").items():
+    for stage, specs in options.parse_stage_values(args.train_data, names, "train-data").items():
         config.stage(stage).data = list(specs)
-    for stage, steps in parse_stage_values(args.train_steps, names, "train-steps").items():
+    for stage, steps in options.parse_stage_values(args.train_steps, names, "train-steps").items():
         config.stage(stage).steps = _int(steps[-1], "--train-steps")
     if args.dtype is not None:  # the weights' dtype in training: fp32, or bf16 autocast (the recipe's `precision`)
         if args.dtype not in PRECISIONS:
@@ -102,7 +84,7 @@ def build_request(args):
         vision = None
     if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
         raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
-    args.out = args.out or str(default_out("adapt", args.base))
+    args.out = args.out or str(options.default_out("adapt", args.base))
     return vision, config
 
 
@@ -167,10 +149,11 @@ def main(args) -> Summary | int:
         from interventions.adapt.estimate import estimate, format_estimate
 
         examples = {stage: _int(v[-1], "--examples") for stage, v in
-                    parse_stage_values(args.examples, [s.name for s in config.stages], "examples").items()}
+                    options.parse_stage_values(args.examples, [s.name for s in config.stages], "examples").items()}
         print(format_estimate(estimate(args.base, vision, config, gpu=args.gpu, world=args.gpus,
                                        tokens_per_example=args.tokens_per_example, examples=examples)))
         return 0
+    from experiments.report.adapt_tables import format_adapt
     from experiments.study.arms import Adapt
     from experiments.study.graph import Plan, Step
     from experiments.study.kinds import Ref
@@ -188,7 +171,7 @@ def main(args) -> Summary | int:
     engine = run_plan(Plan([step]), out, force=args.force, progress=not args.quiet, seed=config.seed, guarded=("run",))
     report = read_json(out / "run" / REPORT) if engine.main and (out / "run" / REPORT).is_file() else None
     if report:
-        print(format_summary(report))
+        print(format_adapt(report))
         for stage in report["stages"]:
             for name, summary in (stage.get("hooks") or {}).items():
                 print(f"{stage['stage']} {name}: {json.dumps(summary, default=str)}")
@@ -203,19 +186,3 @@ def main(args) -> Summary | int:
     sink = (f"; Sink Strength of the LM {_f(s['sink_strength'][0])} -> {_f(s['sink_strength'][1])}" if s["sink_strength"] else "")
     return Summary("adapt", f"{args.base} adapted: {steps}{sink}", outputs=[args.out, report["model"]],
                    next=[cmd("sinkstudy", "eval", report["model"]), cmd("sinkstudy", "sink", report["model"])])
-
-
-def format_summary(report: dict) -> str:
-    from interventions.adapt.run import run_summary
-
-    s = run_summary(report)
-    lines = [f"{'stage':<10} {'steps':>6} {'final loss':>11} {'(last N)':>8} {'mean loss':>10} {'steps/s':>8} {'tokens/s':>9} "
-             f"{'trainable':>11}"]
-    for r in s["stages"]:
-        lines.append(f"{r['stage']:<10} {r['steps']:>6} {_f(r['final_loss']):>11} {r.get('final_loss_steps') or '-':>8} "
-                     f"{_f(r.get('mean_loss')):>10} {_f(r['steps_per_second']):>8} {_f(r['tokens_per_second']):>9} "
-                     f"{r['trainable_params']:>11,}")
-    lines.append("final loss: the mean over the stage's last N steps; mean loss: over the whole stage")
-    if s["sink_strength"]:
-        lines.append(f"Sink Strength of the LM: {_f(s['sink_strength'][0])} before -> {_f(s['sink_strength'][1])} after")
-    return "\n".join(lines)

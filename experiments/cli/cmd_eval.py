@@ -48,6 +48,7 @@ def register(subparsers) -> None:
 
 def _eval(args) -> Summary | int:
     from evals.lmeval import run_eval
+    from evals.runs import data_sources, headline
     from experiments.study.loaders import load_model
 
     protocol = eval_protocol(args)
@@ -66,60 +67,11 @@ def _eval(args) -> Summary | int:
                    next=[cmd("sinkstudy", "compare", "OTHER_RUN", out)])
 
 
-def headline(run) -> str:
-    """Each requested task's headline score(s) in one line: the paper's metric, and both strict-match
-    and flexible-extract for a task graded both ways (GSM8K-CoT); a task on other data names it."""
-    from evals.stats import headline_metrics
-
-    sources = data_sources(run)
-    parts = []
-    for task in run.tasks:
-        if not run.metrics(task):
-            continue
-        values = [(m.removesuffix(",none"), run.scores[task][m]) for m in headline_metrics(run, task)]
-        text = " / ".join(f"{name} {v:.4f}" if isinstance(v, float) else f"{name} {v}" for name, v in values)
-        parts.append(f"{task}{f' [data {Path(sources[task]).name}]' if task in sources else ''} {text}")
-    return "; ".join(parts) or "no scores"
-
-
-def data_sources(run) -> dict[str, str]:
-    """{task: its data file} for the tasks of `run` whose prompts are not the task's default data
-    (the shipped set of a shipped task, the hub's of lm-eval's own); the file is named when the run
-    recorded it, else by its sha256."""
-    from evals.tasks import SHIPPED_TASKS, load_task_yaml
-    from sinkstudy.provenance import file_sha256
-
-    prov = run.provenance or {}
-    out = {}
-    for task, identity in (prov.get("tasks") or {}).items():
-        sha = (identity or {}).get("data_sha256")
-        if task in SHIPPED_TASKS:
-            default = next(iter(load_task_yaml(SHIPPED_TASKS[task])["dataset_kwargs"]["data_files"].values()))
-            if sha is None or sha == file_sha256(default):
-                continue
-        elif sha is None:
-            continue
-        out[task] = (prov.get("data_files") or {}).get(task) or f"a local file (sha256 {sha[:12]}…)"
-    return out
-
-
-def resolve_run(path: str) -> Path:
-    """An eval run directory: PATH itself, or the run a merge / mitigate output holds (PATH/eval);
-    one line naming what is missing otherwise."""
-    from evals.lmeval import RESULTS_FILE
-    from sinkstudy import SinkstudyError
-
-    p = Path(path)
-    for candidate in (p, p / "eval"):
-        if (candidate / RESULTS_FILE).is_file():
-            return candidate
-    raise SinkstudyError(f"{path} is not an eval run: no {RESULTS_FILE} in it (nor in {p / 'eval'}); "
-                         "give an `sinkstudy eval` output or a merge / mitigate output")
-
-
 def _compare(args) -> Summary | int:
     from evals.lmeval import EvalRun
+    from evals.runs import check_same_data, resolve_run
     from evals.stats import compare_runs, format_table
+    from experiments.report.published import PUBLISHED_METRIC, beside_run, published_task
     from sinkstudy import SinkstudyError
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
@@ -130,7 +82,7 @@ def _compare(args) -> Summary | int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     if args.tasks is not None and not tasks:
         raise SinkstudyError("--tasks is empty")
-    ifeval = _published_task(a, b, tasks) if args.published else None
+    ifeval = published_task(a, b, tasks) if args.published else None
     for run, path in ((a, dir_a), (b, dir_b)):
         missing = [t for t in tasks or [] if t not in run.samples and t not in run.groups]
         if missing:
@@ -141,7 +93,8 @@ def _compare(args) -> Summary | int:
     print(format_table(comps))
     published = None
     if args.published:
-        published = _beside_published(args, next(c for c in comps if (c.task, c.metric) == (ifeval, PUBLISHED_METRIC)), sink, a)
+        published = beside_run(next(c for c in comps if (c.task, c.metric) == (ifeval, PUBLISHED_METRIC)), sink, a,
+                               n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
     if args.json:
         write_json_atomic(args.json, {"run_a": str(dir_a), "run_b": str(dir_b),
                                       "convention": "Δ = B − A in points (score × 100; negative = B lost capability); relative = Δ / A",
@@ -156,27 +109,6 @@ def _compare(args) -> Summary | int:
     return Summary("compare", result, outputs=[args.json] if args.json else [],
                    next=[] if args.published else [cmd("sinkstudy", "compare", args.run_a, args.run_b, "--published", "--sink-json",
                                                        "BASE_SINK_JSON")])
-
-
-def check_same_data(a, b, tasks) -> None:
-    """Two runs of a task on different prompts are not compared: one line saying which --data would
-    make them comparable."""
-    from sinkstudy import SinkstudyError
-
-    ids_a, ids_b = (r.provenance.get("tasks") or {} for r in (a, b))
-    src_a, src_b = data_sources(a), data_sources(b)
-    for task in tasks:
-        sha_a, sha_b = ((ids.get(task) or {}).get("data_sha256") for ids in (ids_a, ids_b))
-        if task not in ids_a or task not in ids_b or sha_a == sha_b:
-            continue
-        where = lambda src: src.get(task, "the task's default data")  # noqa: E731
-        fix = (f"rerun B with --data {task}={src_a[task]}" if task in src_a and task not in src_b
-               else f"rerun A with --data {task}={src_b[task]}" if task in src_b and task not in src_a
-               else f"rerun one of them with the other's --data {task}=FILE")
-        raise SinkstudyError(f"{task}: A was evaluated on {where(src_a)}, B on {where(src_b)}: not the same prompts; {fix}")
-
-
-PUBLISHED_METRIC = "prompt_level_strict_acc,none"  # the paper's headline: IFEval prompt-level strict
 
 
 def _published_sink(args) -> float | None:
@@ -208,41 +140,3 @@ def _published_sink(args) -> float | None:
     return float(value)
 
 
-def _published_task(a, b, tasks) -> str:
-    """The one compared task that carries the paper's metric in both runs."""
-    from sinkstudy import SinkstudyError
-
-    found = [t for t in (tasks or a.scores) if PUBLISHED_METRIC in a.metrics(t) and PUBLISHED_METRIC in b.metrics(t)]
-    if len(found) != 1:
-        raise SinkstudyError(f"--published compares IFEval {PUBLISHED_METRIC}: need exactly one compared task with it in both runs, "
-                             f"found {', '.join(found) or 'none'}" + (" (narrow with --tasks)" if found else ""))
-    return found[0]
-
-
-def published_mismatch(c, run, tables) -> list[str]:
-    """How this comparison differs from the paper's IFEval measurement (task, prompt count, limit); empty: it does not."""
-    out = []
-    if c.task != "ifeval":
-        out.append(f"task {c.task}, not ifeval")
-    if c.n != tables.n_prompts:
-        out.append(f"{c.n} prompts, not {tables.n_prompts}")
-    if (run.settings or {}).get("limit") is not None:
-        out.append(f"--limit {run.settings['limit']}")
-    return out
-
-
-def _beside_published(args, c, sink: float, run) -> dict:
-    import sys
-
-    from experiments.report.published import PairChange, beside, format_beside, load_published
-
-    tables = load_published()
-    differs = published_mismatch(c, run, tables)
-    if differs:
-        print(f"sinkstudy: warning: not the paper's measurement ({'; '.join(differs)}): this pair is shown beside the "
-              "paper's six, and rho is not recomputed with it", file=sys.stderr)
-    ours = PairChange(f"this pair ({c.task})", sink, c.delta_points, 100 * c.before, source="ours", delta_points_ci=c.delta_points_ci)
-    result = beside([ours], tables, union=not differs, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
-    print()
-    print(format_beside(result))
-    return {**result, "not_comparable": differs}

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     m = subparsers.add_parser("merge", help="merge base LLM and VLM LM (mergekit, TSV, STAR), then measure",
                               description="Merge the base LLM with the VLM's language model into OUT/model (the checkpoint "
                               "and its card), then measure it beside: OUT/measure.json, OUT/sink.json, OUT/eval.")
-    pair_args(m)
+    options.add_pair_options(m)
     m.add_argument("--method", required=True, choices=MERGEKIT_METHODS + SPECTRAL_METHODS)
     m.add_argument("--weight", type=argtypes.finite_float,
                    help="linear/slerp: the VLM's share; task vectors: their scale (defaults per method: mitigate --list)")
@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     m.add_argument("--select", help="only these tensors: attn, mlp and/or layers:FIRST-LAST (e.g. attn,layers:0-7)")
     m.add_argument("--root", help="common pretrained ancestor: task vectors (base-root, vlm-root) merged onto it "
                                   "(task-vector methods only; config and tokenizer still come from --base)")
-    mergekit_args(m)
+    options.add_mergekit_options(m)
     _common_args(m, out="runs/interventions/<base>__<vlm>/<method and every setting given>")
     m.set_defaults(func=run_merge)
 
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
                               "(OUT/measure.json, OUT/sink.json, OUT/eval). --list works alone.")
     t.add_argument("name", nargs="?", default="head_restore", help="mitigation name (--list shows them)")
     t.add_argument("--list", action="store_true", help="list every intervention with its parameters and defaults, and exit")
-    pair_args(t)
+    options.add_pair_options(t)
     t.add_argument("--top-k", type=argtypes.positive_int, help="head_restore: number of heads to restore")
     t.add_argument("--calibration", default=None, metavar="SET|FILE", help="calibration texts for the sink maps (shipped set name or file)")
     argtypes.add_plugin_option(t)
@@ -46,98 +46,31 @@ def register(subparsers) -> None:
     t.set_defaults(func=run_mitigate)
 
 
-pair_args, check_pair_args = options.add_pair_options, options.check_pair_options
-
-
-def mergekit_args(p) -> None:
-    g = p.add_argument_group("mergekit execution (mergekit methods; recorded in intervention.json; only --cuda changes the numbers)")
-    g.add_argument("--cuda", action="store_true", help="run mergekit's tensor math on the GPU (mergekit-yaml --cuda)")
-    g.add_argument("--lazy-unpickle", action="store_true", help="mergekit's lazy loading of .bin (pickle) shards")
-    g.add_argument("--low-cpu-memory", action="store_true", help="mergekit keeps results on the GPU until written (with --cuda)")
-
-
-def mergekit_options(args) -> dict[str, bool]:
-    """The flags of `mergekit_args` that are set."""
-    return {k: True for k in ("cuda", "lazy_unpickle", "low_cpu_memory") if getattr(args, k, False)}
-
-
-def measure_args(p, *, out: str, force: str = "replace an existing --out that holds a different result",
-                 seed: str = "the merge (DARE, DELLA), the evals and the bootstrap") -> None:
-    """How a pair command measures what it made: `sinkstudy eval`'s groups, the bootstrap, captions."""
-    options.add_eval_options(p)
-    options.add_model_options(p)
-    options.add_output_options(p, out=out, force=force, cache=True)
-    g = p.add_argument_group("measurement")
-    options.add_bootstrap_options(g)
-    g.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
-    options.add_seed_option(p, seed)
-    options.add_progress_options(p)
-
-
 def _common_args(p, *, out: str, seed: str | None = None) -> None:
-    measure_args(p, out=out, **({"seed": seed} if seed else {}))
+    options.add_measure_options(p, out=out, **({"seed": seed} if seed else {}))
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="extra parameter (repeatable)")
     p.add_argument("--eval", dest="eval", action=argparse.BooleanOptionalAction, default=True,
                    help="measure sink strength and strict evals after (default: on)")
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    import yaml
-
-    from sinkstudy import SinkstudyError
-
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SinkstudyError(f"bad --param {item!r}: use KEY=VALUE")
-        out[key.strip()] = yaml.safe_load(value)  # numbers, booleans and lists typed as in YAML
-    return out
-
-
-def measurement(args):
-    """How the pair command measures (`experiments.study.pair_steps.Measurement`), every input checked before any
-    work: the eval flags, task names (hub tasks with the hub unreachable refused), the captions file."""
-    from evals.proxies import read_captions
-    from experiments.study.pair_steps import Loading, Measurement
-
-    protocol = options.eval_protocol(args)
-    if getattr(args, "eval", True):
-        options.check_hub_tasks(protocol.tasks, protocol.data_files)
-        if args.captions:
-            read_captions(args.captions)
-    return Measurement(protocol=protocol, seed=args.seed, loading=Loading(args.dtype or "float32", args.device), **options.eval_cache(args))
-
-
 def run_merge(args) -> Summary | int:
-    check_pair_args(args, "merge")
-    params = parse_params(args.param) | {k: getattr(args, k) for k in ("weight", "density", "eta", "select", "root")
-                                         if getattr(args, k) is not None}
-    return _treat(args, "merge", args.method, params, mergekit_options(args))
+    options.check_pair_options(args, "merge")
+    params = options.parse_params(args.param) | {k: getattr(args, k) for k in ("weight", "density", "eta", "select", "root")
+                                                 if getattr(args, k) is not None}
+    return _treat(args, "merge", args.method, params, options.mergekit_options(args))
 
 
 def run_mitigate(args) -> Summary | int:
     argtypes.load_plugin_options(args)
     if args.list:
+        from interventions.registry import format_methods
+
         print(format_methods())
         return 0
-    check_pair_args(args, "mitigate")
-    params = parse_params(args.param) | ({"top_k": args.top_k} if args.top_k is not None else {}) \
+    options.check_pair_options(args, "mitigate")
+    params = options.parse_params(args.param) | ({"top_k": args.top_k} if args.top_k is not None else {}) \
         | ({"texts": args.calibration} if args.calibration else {})
     return _treat(args, "mitigate", args.name, params, {})
-
-
-def format_methods() -> str:
-    """Every post-hoc intervention with its parameters and their defaults (`interventions.registry`)."""
-    from interventions.registry import methods
-
-    lines = []
-    for name, m in methods().items():
-        if m.run is None:
-            continue
-        params = ", ".join(f"{k}={v!r}" if v is not None else k for k, v in m.defaults.items())
-        lines += [f"  {name:<18} {m.description}", f"  {'':<18} parameters: {params}"]
-    return "\n".join(lines)
 
 
 def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Summary:
@@ -149,11 +82,11 @@ def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Sum
 
     resolved = validate_intervention(method, params)
     execution = execution_options(method, mergekit) or {}
-    m = measurement(args)
+    m = options.measurement(args)
     base, vlm = local_checkpoint(args.base), local_checkpoint(args.vlm)  # hub ids fetched once, before any output exists
     root = local_checkpoint(params["root"]) if params.get("root") else None
     named = {k: v for k, v in resolved.items() if k in params or k in ("weight", "density", "eta")}  # the main ones, given or not
-    out = Path(args.out) if args.out else default_out(args.base, args.vlm, settings_name(method, named, args.seed))
+    out = Path(args.out) if args.out else options.pair_out(args.base, args.vlm, settings_name(method, named, args.seed))
     params = {k: v for k, v in params.items() if k != "root"}
     # one step name whatever the method: another treatment into this --out is another request of it, never beside it
     done = run_treatments(str(base), str(vlm), [Treatment("treatment", method, params, execution)], out, m, seed=args.seed,
@@ -176,14 +109,6 @@ def settings_name(method: str, params: dict, seed: int) -> str:
     """A folder name from the method and its settings (a root or texts file by its name; the seed unless 0)."""
     parts = [method] + [f"{k}{Path(str(v).rstrip('/')).name if k in ('root', 'texts') else v}" for k, v in sorted(params.items())]
     return "-".join(parts + ([f"seed{seed}"] if seed else []))
-
-
-def default_out(base: str, vlm: str, name: str, kind: str = "interventions") -> Path:
-    """runs/<kind>/<base>__<vlm>/<name>: a different pair never lands in the same default dir."""
-    from sinkstudy.io import slugify
-
-    pair = f"{slugify(Path(str(base).rstrip('/')).name)}__{slugify(Path(str(vlm).rstrip('/')).name)}"
-    return Path("runs") / kind / pair / slugify(name)
 
 
 def _summary(command: str, what: str, out: Path, measured: dict[str, Any] | None, args, extracted: Path | None):

@@ -19,9 +19,6 @@ from pathlib import Path
 from experiments.cli.closing import Summary, cmd, existing
 from experiments.report.fmt import brief as _f
 
-DEMO_TRAIN_RECORDS = 2000  # the default recovery text: the demo corpus's first records
-
-
 def register(subparsers) -> None:
     from experiments.cli import argtypes, options
     from interventions.registry import QKNORM, QKNORM_INITS, QKNORM_TRAINABLE
@@ -129,7 +126,7 @@ def main(args) -> Summary | int:
         from experiments.report.qknorm_tables import format_arms
         from experiments.study.qknorm_plans import run_arms
 
-        vision, recipe = arms_recipe(args)
+        vision, recipe = _arms_recipe(args)
         report = run_arms(args.base, [i.strip() for i in args.init.split(",") if i.strip()], args.native, args.native_ok, out,
                           recipe_file=args.recipe, force=args.force, progress=not args.quiet, recipe=recipe, vision=vision,
                           protocol=protocol or _no_eval(), calibration=args.calibration, alpha=args.alpha, seed=args.seed,
@@ -137,9 +134,10 @@ def main(args) -> Summary | int:
         print(format_arms(report))
     else:
         from experiments.report.qknorm_tables import format_injection
-        from experiments.study.qknorm_plans import native, run_recovery
+        from experiments.study.qknorm_plans import DEMO_TRAIN_RECORDS, native, recovery_text, run_recovery
 
-        steps, before, text = _recovery_text(args, out)
+        steps = recovery_steps(args)
+        before, text = recovery_text(steps, args.train_texts, out, args.seed)
         args_ = _inject_args(args, native(args.base, args.native_ok), steps, text, loading)
         report = run_recovery(args.base, out, args_, protocol, before=before, tokenizer=args.tokenizer, force=args.force,
                               progress=not args.quiet,
@@ -155,22 +153,6 @@ def _no_eval():
     raise SinkstudyError("--recipe measures each arm by its evals: drop --no-eval")
 
 
-def _recovery_text(args, out: Path):
-    """(recovery steps, the steps that make its text, the text's Ref): --train-texts, or the demo corpus's chats."""
-    from experiments.study.kinds import Ref
-
-    steps = recovery_steps(args)
-    if not steps:
-        return 0, [], None
-    if args.train_texts:
-        return steps, [], Ref(str(args.train_texts))
-    from experiments.demo.steps import Chats
-    from experiments.study.graph import Step
-
-    chats = out / "recovery.jsonl"
-    return steps, [Step("qknorm/text", Chats(DEMO_TRAIN_RECORDS, args.seed, out=chats), outputs=(chats,))], Ref(str(chats), "qknorm/text")
-
-
 def _inject_args(args, is_native: bool, steps: int, text, loading):
     from experiments.study.kinds import Ref
     from experiments.study.pair_steps import InjectQKNorm, texts_ref
@@ -181,27 +163,16 @@ def _inject_args(args, is_native: bool, steps: int, text, loading):
                         seed=args.seed, loading=loading, out=Path(args.out) / "model")
 
 
-def arms_recipe(args) -> tuple[dict, dict]:
-    """(VisionSpec, AdaptConfig) of the arms as dicts: the recipe with --train-data and --train-steps per stage,
-    stages without data on the digits; the vision side --vision, --donor or a tiny tower."""
-    from experiments.cli.cmd_adapt import parse_stage_values
-    from interventions.adapt import VisionSpec, load_config
+def _arms_recipe(args) -> tuple[dict, dict]:
+    """The arms' (vision, recipe) from --recipe with --train-data and --train-steps per stage, --vision / --donor."""
+    from experiments.cli.options import parse_stage_values
+    from experiments.study.qknorm_plans import arms_recipe
+    from interventions.adapt import load_config
 
     config = load_config(args.recipe)
     names = [s.name for s in config.stages]
-    for stage, specs in parse_stage_values(args.train_data, names, "train-data").items():
-        config.stage(stage).data = list(specs)
-    for stage, steps in parse_stage_values(args.train_steps or [], names, "train-steps").items():
-        config.stage(stage).steps = int(steps[-1])  # checked by recovery_steps
-    for stage in config.stages:
-        stage.data = stage.data or ["digits"]
-    if args.vision:
-        vision = VisionSpec("fresh", args.vision, seed=config.seed)
-    elif args.donor:
-        vision = VisionSpec("donor", args.donor, seed=config.seed)
-    else:
-        vision = VisionSpec("tiny", seed=config.seed)
-    return vision.to_dict(), config.to_dict()
+    steps = {stage: int(v[-1]) for stage, v in parse_stage_values(args.train_steps or [], names, "train-steps").items()}  # checked by recovery_steps
+    return arms_recipe(config, parse_stage_values(args.train_data, names, "train-data"), steps, vision=args.vision, donor=args.donor)
 
 
 def _summary(args, report: dict):

@@ -121,7 +121,7 @@ def _overrides(args) -> dict | None:
 
 
 def _check_hub(study) -> None:
-    from experiments.cli.cmd_eval import check_hub_tasks
+    from experiments.cli.options import check_hub_tasks
 
     check_hub_tasks(study.evals.protocol.tasks, study.evals.protocol.data_files)
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.cli import argtypes
+from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd, existing
-from experiments.cli.cmd_merge import check_pair_args, default_out, measure_args, measurement, mergekit_args, mergekit_options, pair_args
 
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "merge_sweep.yaml"
 
@@ -17,13 +16,13 @@ def register(subparsers) -> None:
                               description="Run and measure a grid of merges (default: a 9-point grid; "
                               "merge_sweep_full.yaml beside it has 63). The plan (points, what is reused, the "
                               "estimated time) is printed before any work.")
-    pair_args(s)
+    options.add_pair_options(s)
     s.add_argument("--sweep", default=str(DEFAULT_SWEEP_CONFIG), metavar="YAML",
                    help="the grid: a sweep YAML (default: experiments/configs/merge_sweep.yaml)")
     s.add_argument("--max-points", type=argtypes.positive_int,
                    help="run N points evenly spread over the grid (first and last included; deterministic)")
-    mergekit_args(s)
-    measure_args(s, out="runs/merge-sweep/<base>__<vlm>/<sweep name>", force="redo finished points")
+    options.add_mergekit_options(s)
+    options.add_measure_options(s, out="runs/merge-sweep/<base>__<vlm>/<sweep name>", force="redo finished points")
     s.set_defaults(func=run_sweep)
 
 
@@ -35,11 +34,11 @@ def run_sweep(args) -> Summary | int:
     from interventions.merge import check_mergekit_options
     from sinkstudy.checkpoint import local_checkpoint
 
-    check_pair_args(args, "merge-sweep")
+    options.check_pair_options(args, "merge-sweep")
     sweep.load_sweep(args.sweep)  # every point valid before any work
-    mergekit = check_mergekit_options(mergekit_options(args))
-    m = measurement(args)
-    out = Path(args.out) if args.out else default_out(args.base, args.vlm, Path(args.sweep).stem, "merge-sweep")
+    mergekit = check_mergekit_options(options.mergekit_options(args))
+    m = options.measurement(args)
+    out = Path(args.out) if args.out else options.pair_out(args.base, args.vlm, Path(args.sweep).stem, "merge-sweep")
     res = sweep.run_sweep(args.sweep, str(local_checkpoint(args.base)), str(local_checkpoint(args.vlm)), out, m,
                           max_points=args.max_points, mergekit=mergekit, seed=args.seed, n_boot=args.n_boot, confidence=args.confidence,
                           tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)), captions=args.captions,

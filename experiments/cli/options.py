@@ -148,6 +148,68 @@ def check_pair_options(args, command: str) -> None:
         raise SinkstudyError(f"{command} needs {' and '.join(missing)}")
 
 
+def pair_out(base: str, vlm: str, name: str, kind: str = "interventions") -> Path:
+    """runs/<kind>/<base>__<vlm>/<name>: a different pair never lands in the same default dir."""
+    from sinkstudy.io import slugify
+
+    pair = f"{slugify(Path(str(base).rstrip('/')).name)}__{slugify(Path(str(vlm).rstrip('/')).name)}"
+    return Path("runs") / kind / pair / slugify(name)
+
+
+def add_mergekit_options(p) -> None:
+    g = p.add_argument_group("mergekit execution (mergekit methods; recorded in intervention.json; only --cuda changes the numbers)")
+    g.add_argument("--cuda", action="store_true", help="run mergekit's tensor math on the GPU (mergekit-yaml --cuda)")
+    g.add_argument("--lazy-unpickle", action="store_true", help="mergekit's lazy loading of .bin (pickle) shards")
+    g.add_argument("--low-cpu-memory", action="store_true", help="mergekit keeps results on the GPU until written (with --cuda)")
+
+
+def mergekit_options(args) -> dict[str, bool]:
+    """The flags of `add_mergekit_options` that are set."""
+    return {k: True for k in ("cuda", "lazy_unpickle", "low_cpu_memory") if getattr(args, k, False)}
+
+
+def add_measure_options(p, *, out: str, force: str = "replace an existing --out that holds a different result",
+                        seed: str = "the merge (DARE, DELLA), the evals and the bootstrap") -> None:
+    """How a pair command measures what it made: `sinkstudy eval`'s groups, the bootstrap, captions."""
+    add_eval_options(p)
+    add_model_options(p)
+    add_output_options(p, out=out, force=force, cache=True)
+    g = p.add_argument_group("measurement")
+    add_bootstrap_options(g)
+    g.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
+    add_seed_option(p, seed)
+    add_progress_options(p)
+
+
+def measurement(args):
+    """How the pair command measures (`experiments.study.pair_steps.Measurement`), every input checked before any
+    work: the eval flags, task names (hub tasks with the hub unreachable refused), the captions file."""
+    from evals.proxies import read_captions
+    from experiments.study.pair_steps import Loading, Measurement
+
+    protocol = eval_protocol(args)
+    if getattr(args, "eval", True):
+        check_hub_tasks(protocol.tasks, protocol.data_files)
+        if args.captions:
+            read_captions(args.captions)
+    return Measurement(protocol=protocol, seed=args.seed, loading=Loading(args.dtype or "float32", args.device), **eval_cache(args))
+
+
+def parse_params(items: list[str]) -> dict:
+    """--param KEY=VALUE items, each VALUE typed as in YAML (numbers, booleans, lists)."""
+    import yaml
+
+    from sinkstudy import SinkstudyError
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SinkstudyError(f"bad --param {item!r}: use KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 # --------------------------------------------------------------------------- training (adapt, qknorm)
 
 def add_train_steps_option(p) -> None:
@@ -158,6 +220,23 @@ def add_train_steps_option(p) -> None:
 def add_train_data_option(p, help: str) -> None:
     p.add_argument("--train-data", action="append", default=[], metavar="[STAGE=]SPEC",
                    help=f"{help}: digits | FILE.json[l] | json:FILE[@IMAGES] | hf:NAME[:SPLIT][@IMAGES]; without STAGE= every stage; repeatable")
+
+
+def parse_stage_values(values: list[str], stage_names: list[str], what: str) -> dict[str, list[str]]:
+    """[STAGE=]VALUE items -> {stage: [values]}; an item without STAGE= goes to every stage."""
+    from sinkstudy import SinkstudyError
+
+    out: dict[str, list[str]] = {}
+    for item in values:
+        stage, sep, value = item.partition("=")
+        if sep and stage in stage_names:
+            out.setdefault(stage, []).append(value)
+        elif sep and not stage.startswith(("hf:", "json:")) and "/" not in stage and "." not in stage:
+            raise SinkstudyError(f"--{what} {item}: no stage named {stage!r}; stages: {', '.join(stage_names)}")
+        else:
+            for name in stage_names:
+                out.setdefault(name, []).append(item)
+    return out
 
 
 def add_recipe_option(p, help: str) -> None:

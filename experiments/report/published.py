@@ -221,3 +221,46 @@ def format_beside(d: dict[str, Any]) -> str:
     lines += ["", *rho_lines(d["published"], d["reported"], "published six:  ")]
     lines += rho_lines(d["union"], None, "with ours:      ") if d["union"] else ["with ours:      not recomputed (ours is not measured as the paper's)"]
     return "\n".join(lines)
+
+
+PUBLISHED_METRIC = "prompt_level_strict_acc,none"  # the paper's headline: IFEval prompt-level strict
+
+
+def published_task(a, b, tasks) -> str:
+    """The one compared task that carries the paper's metric in both runs."""
+    from sinkstudy import SinkstudyError
+
+    found = [t for t in (tasks or a.scores) if PUBLISHED_METRIC in a.metrics(t) and PUBLISHED_METRIC in b.metrics(t)]
+    if len(found) != 1:
+        raise SinkstudyError(f"--published compares IFEval {PUBLISHED_METRIC}: need exactly one compared task with it in both runs, "
+                             f"found {', '.join(found) or 'none'}" + (" (narrow with --tasks)" if found else ""))
+    return found[0]
+
+
+def published_mismatch(c, run, tables) -> list[str]:
+    """How this comparison differs from the paper's IFEval measurement (task, prompt count, limit); empty: it does not."""
+    out = []
+    if c.task != "ifeval":
+        out.append(f"task {c.task}, not ifeval")
+    if c.n != tables.n_prompts:
+        out.append(f"{c.n} prompts, not {tables.n_prompts}")
+    if (run.settings or {}).get("limit") is not None:
+        out.append(f"--limit {run.settings['limit']}")
+    return out
+
+
+def beside_run(c, sink: float, run, *, n_boot: int, confidence: float, seed: int) -> dict:
+    """One compared pair (`c`: IFEval prompt-level strict, base -> VLM LM; `sink`: the base's S) beside the paper's six,
+    printed; rho over the union only where it was measured as the paper measured (else a one-line warning)."""
+    import sys
+
+    tables = load_published()
+    differs = published_mismatch(c, run, tables)
+    if differs:
+        print(f"sinkstudy: warning: not the paper's measurement ({'; '.join(differs)}): this pair is shown beside the "
+              "paper's six, and rho is not recomputed with it", file=sys.stderr)
+    ours = PairChange(f"this pair ({c.task})", sink, c.delta_points, 100 * c.before, source="ours", delta_points_ci=c.delta_points_ci)
+    result = beside([ours], tables, union=not differs, n_boot=n_boot, confidence=confidence, seed=seed)
+    print()
+    print(format_beside(result))
+    return {**result, "not_comparable": differs}

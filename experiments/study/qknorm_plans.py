@@ -29,6 +29,7 @@ from sinkstudy import SinkstudyError
 
 GROUP = "qknorm"
 DEFAULT_TEXTS = "ifeval15"  # calibration texts of the gains, the KL and S
+DEMO_TRAIN_RECORDS = 2000  # the default recovery text: the demo corpus's first records
 
 
 def native(base: str, native_ok: bool) -> bool:
@@ -222,6 +223,36 @@ def trajectories(a: Arms) -> dict[str, list[dict]]:
 
     found = {name: read_points(Path(s["run"]) / "trajectory.json") for name, s in a.arms.items()}
     return {name: points for name, points in found.items() if points}
+
+
+def recovery_text(steps: int, train_texts: str | None, out: Path, seed: int) -> tuple[list[Step], Ref | None]:
+    """(the steps that make the recovery text, its Ref): `train_texts`, else the demo corpus's first chats (made in
+    OUT); none without recovery steps."""
+    if not steps:
+        return [], None
+    if train_texts:
+        return [], Ref(str(train_texts))
+    from experiments.demo.steps import Chats
+
+    chats = out / "recovery.jsonl"
+    return [Step(f"{GROUP}/text", Chats(DEMO_TRAIN_RECORDS, seed, out=chats), outputs=(chats,))], Ref(str(chats), f"{GROUP}/text")
+
+
+def arms_recipe(config, data: dict[str, list], steps: dict[str, int], *, vision: str | None = None,
+                donor: str | None = None) -> tuple[dict, dict]:
+    """(VisionSpec, AdaptConfig) of the arms as dicts: the recipe `config` with `data` and `steps` per stage, stages
+    without data on the digits; the vision side a fresh tower (`vision`), a donor's (`donor`) or a tiny one."""
+    from interventions.adapt import VisionSpec
+
+    for stage, specs in data.items():
+        config.stage(stage).data = list(specs)
+    for stage, n in steps.items():
+        config.stage(stage).steps = n
+    for stage in config.stages:
+        stage.data = stage.data or ["digits"]
+    spec = (VisionSpec("fresh", vision, seed=config.seed) if vision else VisionSpec("donor", donor, seed=config.seed) if donor
+            else VisionSpec("tiny", seed=config.seed))
+    return spec.to_dict(), config.to_dict()
 
 
 def run_recovery(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtocol | None, *, training_text: str, force: bool = False,
