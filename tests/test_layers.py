@@ -119,6 +119,15 @@ def test_no_module_of_the_tree_imports_itself_back():
     assert _circles(graph | {"interventions.pairs.archs": {"interventions.pairs"}})
 
 
+def test_no_command_module_imports_another():
+    """A `cmd_*` module holds its command's arguments and a call: what two commands share lives below them."""
+    graph = _imports(_modules())
+    cmds = {m for m in graph if m.startswith("experiments.cli.cmd_")}
+    assert len(cmds) > 5
+    shared = [f"{m} -> {d}" for m in cmds for d in graph[m] if d in cmds]
+    assert not shared, shared
+
+
 def test_the_generic_study_machinery_never_imports_the_demo():
     graph = _imports(_modules())
     assert set(GENERIC) <= set(graph)
