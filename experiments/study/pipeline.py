@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments.study import arms as protection
+from experiments.study import arms
 from experiments.study.config import model_dir
 from experiments.study.doses import plan_doses
 from experiments.study.graph import Plan, Step
@@ -172,8 +172,8 @@ def plan_study(study) -> StudyPlan:
     for pair in study.pairs:
         pp = PairPlan(study, out.plan, pair)
         if study.adapt is not None:
-            protection.check_arms(pp)
-        arms = protection.adapt_steps(pp) if study.adapt is not None else {}  # the control arm makes the pair's VLM
+            arms.check_arms(pp)
+        adapting = arms.adapt_steps(pp) if study.adapt is not None else {}  # the control arm makes the pair's VLM
         pp.extract()
         pp.measure("base", pp.ref(pair.base))
         pp.measure("vlm", Ref(str(pp.lm_dir), f"{pair.name}/extract"))
@@ -181,7 +181,7 @@ def plan_study(study) -> StudyPlan:
             BUILDERS[kind(iv.method)](pp, iv)
         if study.dose:
             plan_doses(pp)
-        if arms:
-            protection.measure_arms(pp, arms)
+        if adapting:
+            arms.measure_arms(pp, adapting)
         out.models[pair.name] = pp.models
     return out
