@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -571,4 +571,12 @@ def format_table(comparisons: Sequence[Comparison], names: tuple[str, str] = ("A
         rows.append(f"{(c.task or '')[:26]:<26} {(c.metric or '')[:32]:<32} {c.n:>5} {POINTS * c.before:>8.2f} {POINTS * c.after:>8.2f} "
                     f"{num(c.delta_points, '+.2f'):>7} {ci(c.delta_points_ci, '+.2f'):>17} {num(c.delta_relative, '+.3f'):>8} "
                     f"{ci(c.delta_relative_ci, '+.3f'):>17} {lost:>5} {gained:>6} {p:>10}")
-    return "\n".join(rows)
+    note = few_prompts_note(c.n for c in comparisons)
+    return "\n".join(rows + ([note] if note else []))
+
+
+def few_prompts_note(ns: Iterable[int]) -> str | None:
+    """The line a table of paired comparisons ends with where one compared fewer than MIN_CONCLUSIVE_N prompts
+    (a small run, e.g. --limit 3): its Δ and CIs decide nothing."""
+    few = sorted({n for n in ns if n < MIN_CONCLUSIVE_N})
+    return f"{' or '.join(map(str, few))} prompts per comparison: {TOO_FEW}" if few else None

@@ -57,6 +57,42 @@ def test_adapt_cli_end_to_end_reuse_and_refusal(models, tmp_path, capsys):
     assert "made by another request (config differ)" in capsys.readouterr().err and _tree(out) == before
 
 
+GUARD = """\
+from interventions.protect import Protection, register_protection
+
+
+@register_protection("test_edited_guard", defaults={"gain": 1.0}, edits_training=True)
+class Guard(Protection):
+    def after_backward(self, ctx):
+        for p in ctx.language_model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(GAIN)
+"""
+
+
+def test_an_edited_protection_plugin_reruns_its_adaptation_without_force(models, tmp_path, capsys):
+    """`make protect NAME=my_guard PLUGIN=my_guard.py` twice: an unchanged file reuses the run and says so; an edited
+    file trains again into the same --out, no --force needed (the run's key holds the plug-in's source hash)."""
+    from interventions.protect import _REGISTRY
+
+    plugin, out = tmp_path / "my_guard.py", tmp_path / "run"
+    argv = ["adapt", "--base", str(models / "qwen2"), "--tiny-vision", "--train-data", "digits", "--recipe", str(models / "recipe.yaml"),
+            "--protect", "test_edited_guard", "--plugin", str(plugin), "--out", str(out), "--resume", "--quiet"]
+    hook = lambda: json.loads((out / "run" / "request.json").read_text())["hooks"][0]["source_sha256"]  # noqa: E731
+    try:
+        plugin.write_text(GUARD.replace("GAIN", "1.0"))
+        assert main(argv) == 0
+        first = hook()
+        capsys.readouterr()
+        assert main(argv) == 0
+        assert "reused adapt/run" in capsys.readouterr().out and hook() == first
+        plugin.write_text(GUARD.replace("GAIN", "0.5"))
+        assert main(argv) == 0, capsys.readouterr().err
+        assert "reused" not in capsys.readouterr().out and hook() != first
+    finally:
+        _REGISTRY.pop("test_edited_guard", None)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--train-data", "missing.json"], "data file not found"),
     (["--train-data", "stage9=digits"], "no stage named 'stage9'"),
@@ -160,5 +196,6 @@ def test_qknorm_arms_through_the_same_adaptation(models, tmp_path, capsys):
     for name in arms:
         assert f"\n{name} " in table
     assert "Δ = arm − reference in points" in table and (out / "trajectory.png").stat().st_size > 1000
+    assert table.rstrip().endswith("3 prompts per comparison: too few prompts for any conclusion (fewer than 6)")  # --limit 3
     printed = capsys.readouterr().out
     assert f"wrote {out}\n── sinkstudy qknorm: sinkstudy_ifeval: Δ = arm − its own base, points: control " in printed  # then the summary

@@ -159,6 +159,9 @@ def test_compare_runs_pairs_eval_runs_on_doc_id_and_checks_prompts():
     assert [(c.task, c.metric) for c in comps] == [("t", "exact_match,strict-match"), ("t", "exact_match,flexible-extract")]
     assert comps[0].delta_points == pytest.approx(-50.0) and comps[1].delta_points == 0
     assert "exact_match,strict-match" in format_table(comps)
+    # 4 prompts decide nothing, and the table ends by saying so; 6 can
+    assert format_table(comps).splitlines()[-1] == "4 prompts per comparison: too few prompts for any conclusion (fewer than 6)"
+    assert "too few" not in format_table(compare_runs(_run([1, 1, 0, 1, 1, 1], "a"), _run([1, 0, 0, 0, 0, 0], "b"), n_boot=200))
     assert compare(a, b, "t", n_boot=50).metric == "exact_match,strict-match"  # headline metric by default
     other_data = _run([1, 0, 0, 0], "c", prompts={2: "different"})
     with pytest.raises(SinkstudyError, match="disagree on the prompt"):

@@ -4,6 +4,7 @@ arms through one adaptation side by side (`format_arms`). Convention: Δ = after
 
 from __future__ import annotations
 
+from evals.stats import few_prompts_note
 from experiments.report.fmt import brief as _f
 from experiments.report.fmt import ci_text, num
 from sinkstudy.provenance import describe_hardware
@@ -41,7 +42,9 @@ def format_arms(report: dict) -> str:
         lines.append(f"{name:<28} {r['sink_strength_start']:>8.3f} {r['sink_strength_after']:>8.3f}{cells}")
     lines += ["", "S: Sink Strength of the arm's LM before (start: after any injection) and after adaptation, "
               "on the calibration prompts", f"paper: {report['paper']}"]
-    return "\n".join(lines)
+    few = few_prompts_note(d["n"] for r in report["arms"].values() for e in r["tasks"].values()
+                           for d in (e["vs_own_base"], e.get("vs_control")) if d)
+    return "\n".join(lines + ([few] if few else []))
 
 
 def _delta(d: dict) -> str:
