@@ -496,6 +496,25 @@ def test_a_different_pair_into_the_same_out_is_refused_never_reused(trio, tmp_pa
     assert made == ["runs/interventions/base__root/linear-weight0.5", "runs/interventions/base__vlm/linear-weight0.5"]
 
 
+def test_the_default_out_is_named_by_every_setting_given(trio, tmp_path, monkeypatch, capsys):
+    """mitigate's --top-k and --param, merge's --param and --root each name the default folder: another setting lands
+    beside the first, never refused as another request in the first one's folder; the same request is reused."""
+    from experiments.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    pair = ["--base", str(trio["base"]), "--vlm", str(trio["vlm"]), "--no-eval", "--quiet"]
+    for argv in (["mitigate", "--top-k", "1"], ["mitigate", "--param", "top_k=2"],
+                 ["merge", "--method", "ties", "--param", "density=0.3"],
+                 ["merge", "--method", "ties", "--param", "density=0.3", "--root", str(trio["root"])]):
+        assert main(argv + pair) == 0, capsys.readouterr().err
+    made = sorted(p.name for p in (tmp_path / "runs" / "interventions" / "base__vlm").iterdir())
+    assert made == ["head_restore-top_k1", "head_restore-top_k2", "ties-density0.3-rootroot-weight1.0", "ties-density0.3-weight1.0"]
+    capsys.readouterr()
+    assert main(["mitigate", "--param", "top_k=1"] + pair) == 0  # the --top-k 1 request, spelt as a parameter
+    assert "reused" in capsys.readouterr().out
+    assert len(list((tmp_path / "runs" / "interventions" / "base__vlm").iterdir())) == 4
+
+
 def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, fake_measurements, own_cache, capsys):
     import yaml
 
