@@ -295,3 +295,10 @@ def test_the_docs_point_only_at_files_of_the_repository():
         problems += [f"{doc.name}: {m}" for m in re.findall(r"`\.\./[A-Za-z_][^`]*`", text)]
     assert not problems, problems
 
+
+def test_the_docs_state_current_facts_without_issue_numbers_or_the_history_of_fixes():
+    """Users read the docs without the project's tracker or history: no issue numbers, no 'before / after the fix'."""
+    history = re.compile(r"\bissues? ?#?\d|(?<![\w&/])#\d+\b|\b(before|after) the fix\b|\bused to (be|say|print|give|take)\b", re.I)
+    problems = [f"{doc.name}:{n}: {line.strip()[:80]}" for doc in DOCS
+                for n, line in enumerate(doc.read_text().splitlines(), 1) if history.search(line)]
+    assert not problems, problems

@@ -191,6 +191,10 @@ def test_the_refusal_comes_before_any_work_and_reads_only_the_command_line(tmp_p
         shown = re.search(rf"^  {re.escape(target)} .*\n(?:\s+takes: (.*)\n)?", helped, flags=re.M)
         assert shown, target
         assert set((shown.group(1) or "").replace("=", "").split()) == variables - {"VENV", "TORCH_SPEC", "PIP_FIND_LINKS"}
+    # and its closing list of variables names every one a user can set (`VAR ?= default`)
+    listed = helped.split("\nVariables", 1)[1]
+    settable = re.findall(r"^([A-Z_]+) *\?=", (ROOT / "Makefile").read_text(), flags=re.M)
+    assert [v for v in settable if not re.search(rf"\b{v}=", listed)] == []
 
 
 def test_compare_without_its_runs_and_the_nested_demo_build(tmp_path):
