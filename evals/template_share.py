@@ -47,6 +47,16 @@ class Openings:
         w = words(text)
         return w[:self.n_words] in self.long if len(w) >= self.n_words else w in self.short
 
+    def as_dict(self) -> dict:
+        """JSON form: each opening as its words joined by spaces, sorted."""
+        return {"long": sorted(" ".join(w) for w in self.long), "short": sorted(" ".join(w) for w in self.short),
+                "n_words": self.n_words, "n_answers": self.n_answers}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Openings":
+        return cls(frozenset(tuple(x.split()) for x in d["long"]), frozenset(tuple(x.split()) for x in d["short"]),
+                   d["n_words"], d["n_answers"])
+
 
 def openings(answers: Iterable[str], n_words: int = N_WORDS) -> Openings:
     long, short, n = set(), set(), 0

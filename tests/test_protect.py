@@ -65,7 +65,6 @@ def test_registry_lists_the_shipped_protections_and_refuses_bad_settings_in_one_
         ("sink_head_freeze", {"heads": [[0, -1]]}, "explicit list"),
         ("sink_preservation_loss", {"weight": float("nan")}, "finite"),
         ("sink_preservation_loss", {"divergence": "js"}, "divergence"),
-        ("text_replay", {}, "data: give the text-only chats"),
         ("text_replay", {"data": "missing.jsonl"}, "not found"),
         ("text_replay", {"data": "digits", "share": 1.0}, "share"),
         ("freeze_below_sink", {"statistic": "volume"}, "statistic"),

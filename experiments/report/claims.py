@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from evals.stats import ci_side, comparison_side
 from experiments.report.fmt import ci_text, missing, num
-from experiments.report.results import ArmResult, StudyResults
+from experiments.report.results import ArmResult, StudyResults, vl_accuracy
 
 AGREES, DISAGREES, OPEN = "agrees", "disagrees", "not established"
 YES, NO = "yes", "no"
@@ -255,7 +255,7 @@ def _protections(r: StudyResults) -> list[Claim]:
             if a.vs_replay:
                 x = a.vs_replay[t]
                 text += f", vs text replay {_pts(x.delta_points, x.delta_points_ci)} pts"
-            skill = (a.vl_skill or {}).get("digit_accuracy")
+            skill = vl_accuracy(a.vl_skill)
             parts.append(text + (f", VL skill {skill:.2f}" if not missing(skill) else ""))
         answer = {AGREES: YES, DISAGREES: NO}.get(overall(vs_c), OPEN)
         if answer == YES and vs_r:

@@ -23,7 +23,7 @@ from experiments.report.dose_tables import dose_blocks
 from experiments.report.across_seeds import claims_across, seed_blocks, seeded, verdicts_across
 from experiments.report.fmt import num, points, with_ci
 from experiments.report.render import render_html, render_md
-from experiments.report.results import StudyResults
+from experiments.report.results import StudyResults, vl_accuracy
 from sinkstudy.io import write_text_atomic
 from sinkstudy.provenance import describe_hardware
 
@@ -88,13 +88,17 @@ def paper_blocks(r: StudyResults) -> list[tuple]:
 def recovery_blocks(r: StudyResults) -> list[tuple]:
     if not any(e.interventions for e in r.pairs.values()):
         return []
-    header = ["pair", "intervention", "method", "S"]
+    vl = any(e.vl_cost for e in r.pairs.values())
+    header = ["pair", "intervention", "method", "S"] + (["VL acc.", "Δ VL pts vs VLM"] if vl else [])
     for t in r.tasks:
         header += [f"{t} score", f"{t} recovery [95% CI]", f"{t} Δ pts vs base"]
     rows = []
     for p, e in r.pairs.items():
         for name, per_task in e.interventions.items():
             row = [p, name, e.method(name) or "", num(e.models[name].sink_strength)]
+            if vl:
+                cost = e.vl_cost.get(name) or {}
+                row += [num(cost.get("accuracy")), num(cost.get("delta_points"), "+.1f")]
             for t in r.tasks:
                 rec, c = per_task[t].recovery, per_task[t].vs_base
                 shown = (with_ci(rec.recovery, rec.ci, ".2f") if v.lost(e.degradation[t])
@@ -106,7 +110,42 @@ def recovery_blocks(r: StudyResults) -> list[tuple]:
                   "undefined (n/a) when base and VLM score the same, and shown in parentheses when the pair's Δ CI includes 0 "
                   "(a ratio of noise). 'Δ pts vs base' = intervened − base in points with its CI. "
                   "qknorm rows are the injected base (text-only cost of the injection); qknorm-vl rows are the LM of a VLM "
-                  "trained from the injected base with the same VL recipe (the paper's experiment).")]
+                  "trained from the injected base with the same VL recipe (the paper's experiment)."
+                  + (f" VL acc.: the intervened LM put back into the pair's VLM (its tower and projector); {vl_probe_text(r)} "
+                     "Δ VL pts vs VLM = that accuracy − the VLM's, in points (negative = VL skill lost)." if vl else ""))]
+
+
+def vl_probe_text(r: StudyResults) -> str:
+    """What the VL accuracy is, in words, with each question type's chance (from the pair VLMs' results)."""
+    skills = [m.vl_skill for e in r.pairs.values() for m in e.models.values() if m.vl_skill]
+    skills += [a.vl_skill for e in r.pairs.values() for a in e.arms.values() if a.vl_skill]
+    if not skills:
+        return "no VL probe."
+    if (skills[0].get("probe") or "digits") == "digits":
+        return "held-out 8x8 digits, the answer \"It is a d.\" the VLM finds most likely (chance 0.10)."
+    by_type = skills[0].get("by_type") or {}
+    types = "; ".join(f"{t} {x['n']} (chance {x['chance']:.2f}, commonest answer {x['majority']:.2f})" for t, x in by_type.items())
+    return (f"held-out short-answer VQA, {skills[0].get('n')} questions on images no training record shows, greedy answer "
+            f"equal to the reference after normalisation; per type: {types}.")
+
+
+def template_blocks(r: StudyResults, summary: dict) -> list[tuple]:
+    """Per pair and model, the share of its eval answers that open like a VL training answer."""
+    rows = [[p, label, m.method or "", *(_share(m.template_share, t) for t in r.tasks)]
+            for p, e in r.pairs.items() for label, m in e.models.items() if m.template_share]
+    if not rows:
+        return []
+    info = summary.get("template_share") or {}
+    n = (info.get("openings") or {}).get("n_answers")
+    return [("h", 2, "Template share"),
+            ("table", ["pair", "model", "method", *(f"{t} template share (k/n)" for t in r.tasks)], rows),
+            ("p", f"{info.get('convention', 'template share: eval answers that open like a VL training answer')}. "
+                  f"Training answers: {n if n is not None else '?'} (the VL recipe's image records).")]
+
+
+def _share(shares: dict, task: str) -> str:
+    x = shares.get(task)
+    return "-" if not x else f"{num(x['share'], '.2f')} ({x['templated']}/{x['n']})"
 
 
 def _protection_note(where: str, name: str, stage: str, rep) -> str | None:
@@ -134,13 +173,13 @@ def protection_blocks(r: StudyResults, summary: dict, out: Path) -> list[tuple]:
     pairs = {p: e for p, e in r.pairs.items() if e.arms}
     if not pairs:
         return []
-    header = ["pair", "arm", "changes vs control", "digit acc.", "S after"]
+    header = ["pair", "arm", "changes vs control", "VL acc.", "S after"]
     for t in r.tasks:
         header += [f"{t} score", f"{t} Δ pts vs control [95% CI]", f"{t} Δ pts vs base [95% CI]"]
     rows, notes = [], []
     for p, e in pairs.items():
         for arm, a in e.arms.items():
-            row = [p, arm, a.changes(), num((a.vl_skill or {}).get("digit_accuracy")), num(a.sink_strength)]
+            row = [p, arm, a.changes(), num(vl_accuracy(a.vl_skill)), num(a.sink_strength)]
             for t in r.tasks:
                 base_cmp = e.degradation[t] if a.label == "vlm" else e.interventions[a.label][t].vs_base
                 ctrl = (a.vs_control or {}).get(t)
@@ -155,8 +194,7 @@ def protection_blocks(r: StudyResults, summary: dict, out: Path) -> list[tuple]:
          ("p", "Every arm adapts the same base with the same recipe, vision side, data order and seed; the control arm has no "
                "protection and its VLM is the pair's VLM above. Δ pts vs control = arm − control in points with a paired bootstrap "
                "CI over prompts (positive = the protection kept more text skill than the unprotected adaptation); Δ pts vs base "
-               "= arm − base (negative = capability lost). Digit accuracy: held-out 8x8 digits, chance 0.10. S after: Sink "
-               "Strength of the arm's LM."),
+               f"= arm − base (negative = capability lost). VL acc.: {vl_probe_text(r)} S after: Sink Strength of the arm's LM."),
          ("table", header, rows)]
     if notes:
         b.append(("ul", notes))
@@ -185,6 +223,10 @@ def plot_blocks(r: StudyResults, summary: dict, out: Path) -> list[tuple]:
         rec = plots.recovery(summary, t, out)
         if rec:
             b.append(("img", rec, f"recovery per intervention on {t}: dot = estimate, line = 95% CI"))
+        cost = plots.recovery_vs_vl_cost(summary, t, out)
+        if cost:
+            b.append(("img", cost, f"text recovery on {t} against the VL accuracy change vs the VLM, per intervention "
+                                   "(its LM put back into the VLM): right of 0 kept VL skill, up recovered text"))
     return b
 
 
@@ -309,7 +351,8 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
     if s.get("notes"):
         b.append(("p", s["notes"]))
     b += [("h", 2, "Findings"), ("ul", v.findings(r))]
-    b += score_blocks(r) + published_blocks(r) + recovery_blocks(r) + protection_blocks(r, summary, out) + dose_blocks(summary)
+    b += score_blocks(r) + template_blocks(r, summary) + published_blocks(r) + recovery_blocks(r) + protection_blocks(r, summary, out)
+    b += dose_blocks(summary)
     b += example_blocks(r) + plot_blocks(r, summary, out)
     if r.build:
         b += how_built(r.build, out)

@@ -19,6 +19,7 @@ from evals.sink.plot import axis_facts, pyplot, save_png_svg
 from evals.stats import ci_side
 from experiments.report.figure_reuse import reused
 from experiments.report.fmt import missing
+from experiments.report.results import vl_accuracy
 
 # Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
 RECOVERY_AXIS = (-1.5, 2.5)
@@ -182,6 +183,45 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     return _save(fig, out, f"recovery_{task}.png", rows=rows, axis=(lo_ax, hi_ax))
 
 
+@reused
+def recovery_vs_vl_cost(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
+    """Per (pair, intervention) with a VL skill: text recovery on `task` (y, with its CI where the pair lost capability
+    significantly) against Δ VL = its held-out VL accuracy − the VLM's in points (x: its LM put back into the VLM).
+    Where recovery has no number (no significant loss, undefined), the point sits on the x axis in grey, named."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    points = []
+    for p, entry in summary["pairs"].items():
+        lost = significant_loss(entry["degradation"][task])
+        for name, cost in (entry.get("vl_cost") or {}).items():
+            if name not in entry["interventions"]:
+                continue  # arms and doses: their own VLMs, not a treated LM
+            r = entry["interventions"][name][task]["recovery"]
+            value = r["recovery"] if lost and (r.get("status") or "recovery") == "recovery" and not missing(r["recovery"]) else None
+            lo, hi = r["ci"] if value is not None and r.get("ci") else (None, None)
+            x = cost["delta_points"]
+            points.append({"pair": p, "intervention": name, "vl_delta_points": x, "recovery": value, "lo": lo, "hi": hi})
+            if value is None:
+                ax.plot([x], [0], "o", ms=6, color="grey", mfc="none")
+                ax.annotate(f"{p} / {name} (no recovery number)", (x, 0), textcoords="offset points", xytext=(4, -10), fontsize=7,
+                            color="grey")
+                continue
+            if not missing(lo) and not missing(hi):
+                ax.plot([x, x], [max(lo, RECOVERY_AXIS[0]), min(hi, RECOVERY_AXIS[1])], color=COLOUR, lw=1.4)
+            ax.plot([x], [min(max(value, RECOVERY_AXIS[0]), RECOVERY_AXIS[1])], "o", ms=6, color=COLOUR)
+            ax.annotate(f"{p} / {name}", (x, value), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    if not points:
+        plt.close(fig)
+        return None
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(1, color="black", lw=0.8, ls="--")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("Δ VL = held-out VL accuracy − the VLM's (points; its LM in the VLM's tower and projector)")
+    ax.set_ylabel(f"share of the {task} loss recovered (0 = VLM LM, 1 = base)")
+    ax.set_title("Text recovery vs VL cost per intervention (up: text back; left: VL skill lost)", fontsize=9)
+    return _save(fig, out, f"recovery_vl_cost_{task}.png", points=points)
+
+
 # --------------------------------------------------------------------------- adaptation arms
 
 @reused
@@ -197,7 +237,7 @@ def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None
         for arm, a in arms.items():
             model = entry["models"][a["label"]]
             score = (model["scores"].get(task) or {}).get(summary["headline"].get(task) or "")
-            skill = (a.get("vl_skill") or {}).get("digit_accuracy")
+            skill = vl_accuracy(a.get("vl_skill"))
             if missing(score) or missing(skill):
                 continue
             points.append({"pair": p, "arm": arm, "skill": skill, "score_points": 100 * score})

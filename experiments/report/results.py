@@ -10,6 +10,12 @@ from typing import Any
 from evals.stats import Comparison, Recovery, SinkCorrelation
 
 
+def vl_accuracy(skill: dict | None) -> float | None:
+    """The held-out VL accuracy of a VL-skill result (either probe; a digit probe's of an older summary)."""
+    skill = skill or {}
+    return skill.get("accuracy", skill.get("digit_accuracy"))
+
+
 @dataclass
 class ModelResult:
     path: str | None
@@ -18,6 +24,8 @@ class ModelResult:
     sink_maps: str | None
     scores: dict
     method: str | None  # None: the base and the VLM LM; qknorm, qknorm+vl, protection, or a registered method
+    template_share: dict | None = None  # per task: {share, n, templated, examples} (experiments.study.template)
+    vl_skill: dict | None = None  # held-out VL skill (its own VLM's, or its LM's put back into the pair's VLM)
 
 
 @dataclass
@@ -64,6 +72,7 @@ class PairResult:
     examples: list = field(default_factory=list)
     published: dict | None = None
     native_qk_norm: bool | None = None
+    vl_cost: dict[str, dict] = field(default_factory=dict)  # label -> {accuracy, vlm_accuracy, delta_points}
 
     def method(self, label: str) -> str | None:
         return self.models[label].method
@@ -101,7 +110,7 @@ class StudyResults:
 
 def _pair(name: str, e: dict) -> PairResult:
     models = {label: ModelResult(m.get("path"), m["sink_strength"], m.get("mean_mass"), m.get("sink_maps"), m.get("scores") or {},
-                                 m.get("method")) for label, m in e["models"].items()}
+                                 m.get("method"), m.get("template_share"), m.get("vl_skill")) for label, m in e["models"].items()}
     effects = {label: {t: Effect(Recovery.from_dict(x["recovery"]), Comparison.from_dict(x["vs_base"]), Comparison.from_dict(x["vs_vlm"]))
                        for t, x in per_task.items()} for label, per_task in e["interventions"].items()}
     arms = {arm: ArmResult(a["label"], list(a["protections"]), a.get("vl_skill"), a["sink_strength"], a.get("adapt"),
@@ -113,4 +122,4 @@ def _pair(name: str, e: dict) -> PairResult:
                            {t: Comparison.from_dict(c) for t, c in a["vs_replay"].items()} if a.get("vs_replay") else None)
             for arm, a in ((e.get("protection") or {}).get("arms") or {}).items()}
     return PairResult(name, models, {t: Comparison.from_dict(c) for t, c in e["degradation"].items()}, effects, arms,
-                      list(e.get("examples") or []), e.get("published"), e.get("native_qk_norm"))
+                      list(e.get("examples") or []), e.get("published"), e.get("native_qk_norm"), dict(e.get("vl_cost") or {}))

@@ -46,6 +46,26 @@ def examples(base, vlm, task: str, metric: str | None, n: int = 2, width: int = 
              "base_graded": graded(b[d]), "vlm_graded": graded(v[d])} for d in (lost or ids)[:n]]
 
 
+TEMPLATE_CONVENTION = ("template share = the share of a model's eval answers that open like a VL training answer: their "
+                       "first 4 words (lower-cased, punctuation dropped, numbers as #) equal the first 4 of some answer "
+                       "the VL recipe trained on, or the whole answer equals a shorter training answer (\"yes\", \"top "
+                       "left\"); a high share means text skill lost by collapse to the VL template, not by erosion")
+VL_CONVENTION = "Δ VL = the model's held-out VL accuracy − the VLM's, in points (accuracy × 100; its LM put back into the VLM)"
+
+
+def vl_cost(models: dict) -> dict[str, dict]:
+    """Per model with a VL skill besides the VLM's: its accuracy, the VLM's, and Δ VL (`VL_CONVENTION`)."""
+    vlm = (models.get("vlm") or {}).get("vl_skill") or {}
+    out = {}
+    for label, m in models.items():
+        skill = m.get("vl_skill") or {}
+        if label == "vlm" or skill.get("accuracy") is None or vlm.get("accuracy") is None:
+            continue
+        out[label] = {"accuracy": skill["accuracy"], "vlm_accuracy": vlm["accuracy"],
+                      "delta_points": 100 * (skill["accuracy"] - vlm["accuracy"]), "convention": VL_CONVENTION}
+    return out
+
+
 def settings(study) -> dict[str, Any]:
     """What the report says the study was set to."""
     ev = study.evals
@@ -62,6 +82,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
     from experiments.study.arms import protection_summary
     from experiments.study.doses import dose_summary, labels
+    from experiments.study.template import shares
     from sinkstudy.provenance import package_versions, recorded_hardware
 
     study = plan.study
@@ -79,7 +100,9 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
         for label, m in models.items():
             sink = results[m.sink]
             entry["models"][label] = {"path": m.path, "sink_strength": sink["value"], "mean_mass": sink["mean_mass"],
-                                      "sink_maps": sink["maps"], "scores": results[m.eval]["scores"], "method": m.method}
+                                      "sink_maps": sink["maps"], "scores": results[m.eval]["scores"], "method": m.method,
+                                      "template_share": shares(results[plan.openings], runs[label], tasks) if plan.openings else None,
+                                      "vl_skill": results[m.vl_skill] if m.vl_skill else None}
         for task in tasks:
             entry["degradation"][task] = compare(runs["base"], runs["vlm"], task, **kw).as_dict()
         for label in models:
@@ -89,6 +112,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
                        "vs_base": compare(runs["base"], runs[label], task, **kw).as_dict(),
                        "vs_vlm": compare(runs["vlm"], runs[label], task, **kw).as_dict()} for task in tasks}
+        entry["vl_cost"] = vl_cost(entry["models"])
         if study.adapt is not None:
             entry["protection"] = protection_summary(study, p, models, results, runs, kw)
         if study.dose:
@@ -109,6 +133,9 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
             notes.append(f"{task}: {len(finite)} pair(s) with a defined S, Δ and Δ / before; a rank correlation needs at least 3")
     if notes:
         out["correlation_note"] = "; ".join(notes)
+    if plan.openings:
+        out["template_share"] = {"openings": {k: v for k, v in results[plan.openings].items() if k in ("n_answers", "n_words")},
+                                 "convention": TEMPLATE_CONVENTION}
     out["settings"] = settings(study)
     if study.build is not None:
         out["build"] = study.build.facts(results)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from evals.stats import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, MIN_CONCLUSIVE_N, Comparison, ci_side, comparison_side, group_difference
 from experiments.report.fmt import ci_text, missing, num, points, with_ci
-from experiments.report.results import StudyResults
+from experiments.report.results import StudyResults, vl_accuracy
 
 PAPER_DIRECTION = ("Δ = VLM LM − base in points (negative = capability lost), Δ/base = Δ / the base's score; in this "
                    "convention the paper's direction is ρ > 0 (a stronger sink, less loss)")
@@ -180,7 +180,7 @@ def _protections(r: StudyResults) -> list[str]:
 
 
 def _skill(arm) -> float | None:
-    return ((arm.vl_skill or {}) if arm else {}).get("digit_accuracy")
+    return vl_accuracy(arm.vl_skill if arm else None)
 
 
 # --------------------------------------------------------------------------- the paper beside ours

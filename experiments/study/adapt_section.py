@@ -40,7 +40,7 @@ class AdaptSection:
     recipe: dict  # interventions.adapt.config.AdaptConfig.to_dict(), data per stage filled in
     recipe_path: str | None
     vision: dict  # interventions.adapt.build.VisionSpec.to_dict()
-    vl_eval: dict | None  # {heldout, seed} of the held-out digit probe; None: no probe
+    vl_eval: dict | None  # the held-out VL probe ({probe: digits, heldout, seed} or {probe: vqa, ...}); None: no probe
     arms: list[Arm]
 
 
@@ -88,10 +88,32 @@ def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: 
 
 
 def _probe(vl_eval, recipe, where: str) -> dict | None:
-    """The held-out digit probe, whose images must lie inside every stage's held-out digits."""
+    """The held-out VL probe (`interventions.adapt.probe`): `probe: digits` (default; `heldout` images, which must
+    lie inside every stage's held-out digits) or `probe: vqa` (the instruction recipe's held-out VQA: items per
+    source `easyvqa`, `scenes`, `digits`, `seed`, `max_new_tokens`; held out of the generated data by construction)."""
+    from interventions.adapt.probe import PROBES, VQA_DEFAULTS
+
     if vl_eval is None:
         return None
-    vl_eval = {"heldout": 200, "seed": recipe.seed, **mapping(vl_eval, f"{where}.vl_eval", {"heldout", "seed"})}
+    raw = mapping(vl_eval, f"{where}.vl_eval", {"probe", "heldout", "seed", *VQA_DEFAULTS})
+    kind = raw.get("probe", "digits")
+    if kind not in PROBES:
+        fail(f"{where}.vl_eval.probe", f"one of {', '.join(PROBES)}, got {kind!r}")
+    if kind == "vqa":
+        if "heldout" in raw:
+            fail(f"{where}.vl_eval.heldout", "the digit probe's setting; the vqa probe takes easyvqa, scenes and digits (items per source)")
+        vl_eval = {"probe": "vqa", **VQA_DEFAULTS, **raw}
+        for k in ("easyvqa", "scenes", "digits"):
+            integer(vl_eval[k], f"{where}.vl_eval.{k}", 0)
+        integer(vl_eval["seed"], f"{where}.vl_eval.seed")
+        integer(vl_eval["max_new_tokens"], f"{where}.vl_eval.max_new_tokens", 1)
+        if not vl_eval["easyvqa"] + vl_eval["scenes"] + vl_eval["digits"]:
+            fail(f"{where}.vl_eval", "the vqa probe needs at least one item")
+        return vl_eval
+    extra = sorted(set(raw) - {"probe", "heldout", "seed"})
+    if extra:
+        fail(f"{where}.vl_eval", f"{', '.join(extra)}: settings of the vqa probe (probe: vqa), not of the digit probe")
+    vl_eval = {"probe": "digits", "heldout": 200, "seed": recipe.seed, **raw}
     integer(vl_eval["heldout"], f"{where}.vl_eval.heldout", 1)
     integer(vl_eval["seed"], f"{where}.vl_eval.seed")
     for stage in recipe.stages:

@@ -130,19 +130,21 @@ def adapt_summary(report: dict) -> dict:
 
 @dataclass(frozen=True)
 class VLSkill(StepArgs):
-    """Held-out digit accuracy of a VLM: the digit whose answer "It is a d." it finds most likely."""
+    """Held-out VL skill of a VLM under the study's probe (`interventions.adapt.probe.vl_skill`: the digit probe, or
+    the instruction recipe's held-out VQA); with `lm`, that causal LM put in place of the VLM's own first (a merged
+    or mitigated LM scored with the tower and projector of the VLM it came from)."""
 
     kind: ClassVar[str] = "vl-skill"
-    code: ClassVar[tuple[str, ...]] = ("evals.vqa", "interventions.adapt.probe", "interventions.adapt.data", "interventions.adapt.build")
+    code: ClassVar[tuple[str, ...]] = ("evals.vqa", "evals.vl", "interventions.adapt.probe", "interventions.adapt.data",
+                                       "interventions.adapt.build")
     model: Ref
-    heldout: int
-    seed: int
+    probe: Mapping[str, Any]  # the study's vl_eval: {probe: digits, heldout, seed} or {probe: vqa, ...}
+    lm: Ref | None = None
 
     def run(self, ctx) -> dict:
-        from interventions.adapt.probe import digit_skill
+        from interventions.adapt.probe import vl_skill
 
-        return digit_skill(Path(self.model.local()), self.heldout, self.seed)
-
+        return vl_skill(Path(self.model.local()), dict(self.probe), self.lm.local() if self.lm is not None else None)
 
 
 def arm_step(study, pair, arm, base: Ref) -> Adapt:
@@ -207,12 +209,12 @@ def measure_arms(pp, adapts: dict[str, str]) -> None:
         skill = None
         if study.adapt.vl_eval is not None and not arm.text_only:
             probe = study.adapt.vl_eval
-            skill = pp.add(Step(f"{p}/vlskill/{arm.name}", VLSkill(Ref(str(vlm), step), probe["heldout"], probe["seed"]),
+            skill = pp.add(Step(f"{p}/vlskill/{arm.name}", VLSkill(Ref(str(vlm), step), probe),
                                 owner=f"pair {p} arm {arm.name}"))
         info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "qknorm": arm.qknorm, "seed": arm.seed,
                 "text_only": arm.text_only, "adapt": step, "vl_skill": skill}
         if arm.name == CONTROL_ARM:
-            pp.models["vlm"].arm = info
+            pp.models["vlm"].arm, pp.models["vlm"].vl_skill = info, skill
             continue
         if arm.text_only:  # the run wrote a causal LM: nothing to extract
             pp.measure(arm.name, Ref(str(vlm), step), method="protection", arm=info, owner=f"pair {p} arm {arm.name}")
@@ -221,7 +223,7 @@ def measure_arms(pp, adapts: dict[str, str]) -> None:
         own_class = bool(arm.qknorm) or any(hook.changes_architecture() for hook in make_hooks(arm.protections))
         pp.adapted(arm.name, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base,
                    extract_id=f"{p}/adapt/{arm.name}-extract", method="protection", own_class=own_class, arm=info,
-                   owner=f"pair {p} arm {arm.name}")
+                   owner=f"pair {p} arm {arm.name}").vl_skill = skill
 
 
 def treatment(arm) -> str:

@@ -37,7 +37,7 @@ def plan_doses(pp) -> None:
         adapted = pp.add(Step(f"{p}/adapt/{dose.name}", args, outputs=(args.model_dir, args.run_dir), owner=owner))
         if study.adapt.vl_eval is not None:
             probe = study.adapt.vl_eval
-            pp.add(Step(f"{p}/vlskill/{dose.name}", VLSkill(Ref(str(args.model_dir), adapted), probe["heldout"], probe["seed"]),
+            pp.add(Step(f"{p}/vlskill/{dose.name}", VLSkill(Ref(str(args.model_dir), adapted), probe),
                         owner=owner))
         pp.adapted(f"{dose.name}-vl", args.model_dir, model_dir(study.out, p, dose.name, "vlm", "lm"), str(base_out),
                    extract_id=f"{p}/adapt/{dose.name}-extract", method="sink_dose+vl", owner=owner)

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.study import arms
+from experiments.study.arms import VLSkill
 from experiments.study.config import model_dir
 from experiments.study.doses import plan_doses
+from experiments.study.template import TrainingOpenings, training_data
 from experiments.study.graph import Plan, Step
 from experiments.study.kinds import Ref
 from experiments.study.methods import INJECTION, POSTHOC, kind
@@ -42,6 +44,7 @@ class Measured:
     sink: str  # step ids
     eval: str
     arm: dict | None = None  # adaptation arms: {"arm", "protections", "adapt" (step id), "vl_skill" (step id or None)}
+    vl_skill: str | None = None  # the step that scores its VL skill (an arm's VLM, or the LM put back into the pair's VLM)
 
 
 @dataclass
@@ -49,6 +52,7 @@ class StudyPlan:
     study: Any
     plan: Plan
     models: dict[str, dict[str, Measured]] = field(default_factory=dict)  # pair -> label -> Measured, in report order
+    openings: str | None = None  # the step that reads the VL training answers' openings (template share)
 
 
 def measurement(study) -> Measurement:
@@ -126,7 +130,10 @@ class PairPlan:
                              Intervene(iv.method, self.ref(pair.base), Ref(str(self.lm_dir), f"{p}/extract"), params, study.seed,
                                        root=root, sink_maps=maps, out=out_dir),
                              outputs=(out_dir,), owner=owner, transient=not study.keep_models))
-        self.measure(iv.name, Ref(str(out_dir), made), method=iv.method, owner=owner)
+        treated = self.measure(iv.name, Ref(str(out_dir), made), method=iv.method, owner=owner)
+        if study.adapt is not None and study.adapt.vl_eval is not None:  # its VL cost: the LM back in the pair's VLM
+            treated.vl_skill = self.add(Step(f"{p}/vlskill/{iv.name}", VLSkill(self.ref(pair.vlm), study.adapt.vl_eval,
+                                                                               Ref(str(out_dir), made)), owner=owner))
 
     def injection(self, iv) -> None:
         """QK-RMSNorm injected into the base (pairs without native QK-norm), measured; with `vl: true` the
@@ -169,6 +176,9 @@ def plan_study(study) -> StudyPlan:
     out = StudyPlan(study, Plan())
     if study.build is not None:
         out.plan.extend(study.build.steps(study.out, measurement(study)))
+    if study.adapt is not None:  # what the models' eval answers are checked against (template share)
+        out.openings = out.plan.add(Step("adapt/openings", TrainingOpenings(training_data(study.adapt.recipe),
+                                                                            study.adapt.recipe["seed"]))).id
     for pair in study.pairs:
         pp = PairPlan(study, out.plan, pair)
         if study.adapt is not None:

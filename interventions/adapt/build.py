@@ -481,6 +481,22 @@ def extract_lm(vlm_path, base=None, *, dtype=torch.float32):
     return lm, report
 
 
+def implant_lm(vlm, lm) -> None:
+    """Put a causal LM back into a VLM in place of its language model (the inverse of `extract_lm`): a merged
+    or mitigated LM scored with the VLM's own tower and projector. The LM's decoder and head replace the VLM's;
+    vocabulary rows past the LM's (the image token) keep the VLM's trained values. The LM must have the VLM
+    LM's architecture (a merge of base and VLM LM has)."""
+    from interventions import qknorm
+
+    if qknorm.qk_norm_kind(lm) == "injected":
+        raise SinkstudyError("cannot put an LM with injected QK-norm into a VLM built without it")
+    state = {k.removeprefix("model."): v for k, v in lm.state_dict().items() if k.startswith("model.")}
+    try:
+        _load_language_model(vlm, lm, state, vlm.get_input_embeddings().weight.shape[0], own_rows=True)
+    except RuntimeError as exc:  # load_state_dict's size or key mismatch, many lines
+        raise SinkstudyError(f"the LM does not fit the VLM's language model: {str(exc).splitlines()[0]}") from None
+
+
 def save_extracted_lm(vlm_path, base, out: str | os.PathLike, *, force: bool = False, own_class: bool = False) -> Path:
     """Extract the VLM's language model (vocabulary aligned to `base`) and save it as a causal LM that
     `interventions.pairs.load_causal_lm` reads back exactly: injected norms in the qknorm format.

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from sinkstudy import SinkstudyError
 
-DEFAULTS = {"prompts": 200, "max_new_tokens": 192}
+# The reply budget: at 192 tokens only 13 of 200 SmolLM2-135M-Instruct replies ended (those 45-152 words long);
+# its replies to these prompts mostly run past 192 tokens, so the budget is where most of them end.
+DEFAULTS = {"prompts": 200, "max_new_tokens": 512}
 _TOPICS = (
     "the water cycle", "how bees make honey", "the history of bicycles", "why the sky is blue", "how a library is organised",
     "the life of a lighthouse keeper", "how bread rises", "the planet Mars", "how trains run on time", "the origin of chess",

@@ -3,7 +3,8 @@ must beat; LLaVA-665K itself carries ~6% ShareGPT text-only chats).
 
 `data` is an adaptation data spec (`interventions.adapt.data`: FILE.json[l], json:FILE, hf:NAME, the base's
 self-distilled replies {selfdistill: base}, or in Python {"records": [...]}) of text-only records (chats or
-plain text); they are formatted by the
+plain text); by default the base's own greedy replies to neutral prompts (`interventions.adapt.selfdistill`),
+which hold its text skill without teaching it a format an eval grades. They are formatted by the
 stage's own encoder (the base's chat template, loss on assistant turns). The stage's data becomes
 an `interventions.adapt.data.MixedDataset`: every VL record still appears once per epoch and exactly
 `share` of the items seen are replayed text (floor(n * share) of any first n items of an epoch;
@@ -23,12 +24,10 @@ def _validate(config: dict) -> None:
     share = config["share"]
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
         raise SinkstudyError(f"share must be a number in (0, 1), got {share!r}")
-    if config["data"] is None:
-        raise SinkstudyError("data: give the text-only chats to replay (a data spec, e.g. chats.jsonl)")
     check_spec(config["data"])
 
 
-@register_protection("text_replay", defaults={"data": None, "share": 0.2, "stages": ["stage2"]}, validate=_validate)
+@register_protection("text_replay", defaults={"data": {"selfdistill": "base"}, "share": 0.2, "stages": ["stage2"]}, validate=_validate)
 class TextReplay(Protection):
     """Mix `share` of text-only chats (`data`) into the stage's batches."""
 
