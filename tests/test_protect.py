@@ -349,6 +349,34 @@ def test_text_replay_mixes_the_configured_share_into_stage_2_batches(tmp_path, t
     assert "text_replay" not in s1["hooks"] and s2["hooks"]["text_replay"]["replay_records"] == 24
 
 
+def test_text_replay_replays_the_bases_own_replies_by_default(tmp_path, tokenizer, monkeypatch):
+    """No data named: the base's self-distilled replies (interventions.adapt.selfdistill), read from their cache
+    entry for this base (a tiny random base ends no reply, so the entry is written here as generation would)."""
+    from interventions.adapt import selfdistill
+    from interventions.adapt.build import VisionSpec
+    from interventions.protect import validate_protection
+    from sinkstudy.provenance import model_fingerprint
+
+    assert validate_protection("text_replay", {})["data"] == {"selfdistill": "base"}
+    monkeypatch.setenv("SINKSTUDY_CACHE", str(tmp_path / "cache"))
+    base = tmp_path / "base"
+    tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    settings = selfdistill.settings_of({"selfdistill": "base"})
+    entry = selfdistill.cache_dir() / f"{selfdistill.cache_key(model_fingerprint(base), settings)}.jsonl"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p},
+                                                      {"role": "assistant", "content": f"About that: {k}."}]}) + "\n"
+                             for k, p in enumerate(selfdistill.neutral_prompts(6))))
+    cfg = from_dict({"precision": "fp32", "seed": 2, "stages": [
+        {"name": "stage1", "data": ["digits"], "steps": 1, "batch_size": 4, "micro_batch_size": 4, "lr": 1e-3},
+        {"name": "stage2", "data": ["digits"], "steps": 1, "batch_size": 4, "micro_batch_size": 4, "lr": 1e-3}]})
+    report = adapt(base, vision=VisionSpec("tiny", tiny={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                          "patch_size": 4}),
+                   config=cfg, out=tmp_path / "run", hooks=[make_protection("text_replay", {"share": 0.25})], progress=False)
+    assert report["stages"][1]["hooks"]["text_replay"]["replay_records"] == 6
+
+
 # --------------------------------------------------------------------------- engine seams the protections use
 
 class _Calls(TrainingHook):
