@@ -513,6 +513,13 @@ def test_the_default_out_is_named_by_every_setting_given(trio, tmp_path, monkeyp
     assert main(["mitigate", "--param", "top_k=1"] + pair) == 0  # the --top-k 1 request, spelt as a parameter
     assert "reused" in capsys.readouterr().out
     assert len(list((tmp_path / "runs" / "interventions" / "base__vlm").iterdir())) == 4
+    # a mergekit merge on the GPU computes other numbers (its own request): its own folder too (no GPU needed to name it)
+    from experiments.cli.cmd_merge import settings_name
+    from interventions.registry import validate_intervention
+
+    given = {"density": 0.3}
+    names = [settings_name("ties", validate_intervention("ties", given), given, {"cuda": cuda}, 0) for cuda in (False, True)]
+    assert names == ["ties-density0.3-weight1.0", "ties-density0.3-devicecuda-weight1.0"]
 
 
 def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(trio, tmp_path, fake_measurements, own_cache, capsys):

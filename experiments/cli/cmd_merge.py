@@ -85,8 +85,7 @@ def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Sum
     m = options.measurement(args)
     base, vlm = local_checkpoint(args.base), local_checkpoint(args.vlm)  # hub ids fetched once, before any output exists
     root = local_checkpoint(params["root"]) if params.get("root") else None
-    named = {k: v for k, v in resolved.items() if k in params or k in ("weight", "density", "eta")}  # the main ones, given or not
-    out = Path(args.out) if args.out else options.pair_out(args.base, args.vlm, settings_name(method, named, args.seed))
+    out = Path(args.out) if args.out else options.pair_out(args.base, args.vlm, settings_name(method, resolved, params, execution, args.seed))
     params = {k: v for k, v in params.items() if k != "root"}
     # one step name whatever the method: another treatment into this --out is another request of it, never beside it
     done = run_treatments(str(base), str(vlm), [Treatment("treatment", method, params, execution)], out, m, seed=args.seed,
@@ -105,9 +104,13 @@ def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Sum
     return _summary(command, what, out, measured, args, tp.vlm_lm if tp.extracted else None)
 
 
-def settings_name(method: str, params: dict, seed: int) -> str:
-    """A folder name from the method and its settings (a root or texts file by its name; the seed unless 0)."""
-    parts = [method] + [f"{k}{Path(str(v).rstrip('/')).name if k in ('root', 'texts') else v}" for k, v in sorted(params.items())]
+def settings_name(method: str, resolved: dict, given: dict, execution: dict, seed: int) -> str:
+    """A folder name from the method and every setting that changes its result: each one `given`, the main ones
+    (weight, density, eta) at their `resolved` values even when not given, a mergekit merge on the GPU as device
+    cuda (as TSV / STAR's device=cuda), a root or texts file by its name, the seed unless 0."""
+    named = {k: v for k, v in resolved.items() if k in given or k in ("weight", "density", "eta")}
+    named |= {"device": "cuda"} if execution.get("cuda") else {}
+    parts = [method] + [f"{k}{Path(str(v).rstrip('/')).name if k in ('root', 'texts') else v}" for k, v in sorted(named.items())]
     return "-".join(parts + ([f"seed{seed}"] if seed else []))
 
 
