@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Mapping
 from evals.protocol import EvalProtocol
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, keyed, location
+from interventions.registry import QKNORM
 from sinkstudy import SinkstudyError
 
 EVAL_CODE = ("evals.lmeval", "evals.protocol", "evals.tasks", "evals.nltk_offline", "evals.generate")
@@ -308,16 +309,16 @@ class InjectQKNorm(StepArgs):
     kind: ClassVar[str] = "qknorm"
     code: ClassVar[tuple[str, ...]] = ("interventions.qknorm", "interventions.training", "interventions.adapt", "evals.sink")
     base: Ref
-    init: str | None = "scale-preserving"
-    alpha: float = 0.5
+    init: str | None = QKNORM.defaults["init"]  # the registry's defaults (interventions.registry.QKNORM), written once
+    alpha: float = QKNORM.defaults["alpha"]
     texts: Ref | str | None = None  # calibration texts (gains, KL, S); None: `default_texts`
     default_texts: str = "ifeval15"
     tokenizer: Ref | None = None  # None: the base's own
-    train_steps: int = 0
-    trainable: str = "gains"
-    lr: float = 1e-3
-    batch_size: int = 8
-    seq_len: int = 128
+    train_steps: int = QKNORM.defaults["train_steps"]
+    trainable: str = QKNORM.defaults["trainable"]
+    lr: float = QKNORM.defaults["lr"]
+    batch_size: int = QKNORM.defaults["batch_size"]
+    seq_len: int = QKNORM.defaults["seq_len"]
     training_text: Ref | None = None  # `interventions.training.read_training_texts`
     seed: int = 0
     loading: Loading = Loading()
