@@ -511,7 +511,8 @@ def test_the_default_out_is_named_by_every_setting_given(trio, tmp_path, monkeyp
     assert made == ["head_restore-top_k1", "head_restore-top_k2", "ties-density0.3-rootroot-weight1.0", "ties-density0.3-weight1.0"]
     capsys.readouterr()
     assert main(["mitigate", "--param", "top_k=1"] + pair) == 0  # the --top-k 1 request, spelt as a parameter
-    assert "reused" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "reused pair/intervene/treatment" in printed and "wrote" not in printed
     assert len(list((tmp_path / "runs" / "interventions" / "base__vlm").iterdir())) == 4
     # a mergekit merge on the GPU computes other numbers (its own request): its own folder too (no GPU needed to name it)
     from experiments.cli.cmd_merge import settings_name

@@ -93,7 +93,8 @@ def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Sum
                           tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)), root=str(root) if root else None,
                           captions=args.captions, one=True, measure=args.eval)
     tp = done["plan"]
-    print(f"wrote {tp.models['treatment']}")
+    if not any(e["reused"] for e in done["engine"].log if e["step"].endswith("/intervene/treatment")):  # a reuse was said
+        print(f"wrote {tp.models['treatment']}")
     if tp.extracted:
         print(f"the VLM's language model (in the base's architecture): {tp.vlm_lm}")
     measured = done["measured"].get("treatment")
