@@ -175,7 +175,8 @@ def main(args) -> Summary | int:
         for stage in report["stages"]:
             for name, summary in (stage.get("hooks") or {}).items():
                 print(f"{stage['stage']} {name}: {json.dumps(summary, default=str)}")
-        print(f"wrote {args.out} (model: {report['model']})")
+        if not any(e["reused"] for e in engine.log):  # a reuse was said by the engine
+            print(f"wrote {args.out} (model: {report['model']})")
     if not report:
         return 0  # a data-parallel worker: rank 0 reports
     from interventions.adapt.run import run_summary
