@@ -120,4 +120,6 @@ def test_a_study_reports_template_share_per_model_and_each_merges_vl_cost(tmp_pa
     assert cost["delta_points"] == pytest.approx(100 * (half["accuracy"] - vlm["accuracy"]))
     report = (out / "report.md").read_text()
     assert "## Template share" in report and "Δ VL pts vs VLM" in report and "chance" in report
+    protections = report.split("## Training-time protections")[1]
+    assert "sinkstudy_gsm template share" in protections.split("\n\n")[2]  # the arms' table has the column
     assert (out / "plots" / "recovery_vl_cost_sinkstudy_gsm.png").stat().st_size > 1000

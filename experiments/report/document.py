@@ -174,8 +174,9 @@ def protection_blocks(r: StudyResults, summary: dict, out: Path) -> list[tuple]:
     if not pairs:
         return []
     header = ["pair", "arm", "changes vs control", "VL acc.", "S after"]
+    shares = any(e.models[a.label].template_share for e in pairs.values() for a in e.arms.values())
     for t in r.tasks:
-        header += [f"{t} score", f"{t} Δ pts vs control [95% CI]", f"{t} Δ pts vs base [95% CI]"]
+        header += [f"{t} score", f"{t} Δ pts vs control [95% CI]", f"{t} Δ pts vs base [95% CI]"] + ([f"{t} template share"] if shares else [])
     rows, notes = [], []
     for p, e in pairs.items():
         for arm, a in e.arms.items():
@@ -185,6 +186,7 @@ def protection_blocks(r: StudyResults, summary: dict, out: Path) -> list[tuple]:
                 ctrl = (a.vs_control or {}).get(t)
                 row += [points(base_cmp.after), with_ci(ctrl.delta_points, ctrl.delta_points_ci, ".1f") if ctrl else "-",
                         with_ci(base_cmp.delta_points, base_cmp.delta_points_ci, ".1f")]
+                row += [_share(e.models[a.label].template_share or {}, t)] if shares else []
             rows.append(row)
             last = {}  # what each protection reported in the last stage it acted in
             for stage in (a.adapt or {}).get("stages") or []:
@@ -194,7 +196,9 @@ def protection_blocks(r: StudyResults, summary: dict, out: Path) -> list[tuple]:
          ("p", "Every arm adapts the same base with the same recipe, vision side, data order and seed; the control arm has no "
                "protection and its VLM is the pair's VLM above. Δ pts vs control = arm − control in points with a paired bootstrap "
                "CI over prompts (positive = the protection kept more text skill than the unprotected adaptation); Δ pts vs base "
-               f"= arm − base (negative = capability lost). VL acc.: {vl_probe_text(r)} S after: Sink Strength of the arm's LM."),
+               f"= arm − base (negative = capability lost). VL acc.: {vl_probe_text(r)} S after: Sink Strength of the arm's LM."
+               + (" Template share: the share of the arm's eval answers that open like a VL training answer (section Template "
+                  "share)." if shares else "")),
          ("table", header, rows)]
     if notes:
         b.append(("ul", notes))
