@@ -279,5 +279,17 @@ def test_editing_a_plugin_reruns_what_it_made(tmp_path, tokenizer):
         apply_intervention("test_scale_head_plugin", base, vlm, {}, out, force=True, progress=False)
         torch.testing.assert_close(load_file(str(out / "model.safetensors"))["lm_head.weight"], 3.0 * head)
         assert json.loads((out / "intervention.json").read_text())["request"]["code"]["plugin"].startswith("plugin-sha256:")
+        # through the command (`make mitigate NAME=... PLUGIN=file.py`), an edited plug-in reruns without --force
+        from experiments.cli import main
+
+        _REGISTRY.pop("test_scale_head_plugin", None)  # registered above from another module name
+        cli = tmp_path / "cli"
+        argv = ["mitigate", "test_scale_head_plugin", "--plugin", str(plugin), "--base", str(base), "--vlm", str(vlm),
+                "--out", str(cli), "--no-eval", "--quiet"]
+        assert main(argv) == 0
+        torch.testing.assert_close(load_file(str(cli / "model" / "model.safetensors"))["lm_head.weight"], 3.0 * head)
+        plugin.write_text(PLUGIN.replace("FACTOR", "4.0"))
+        assert main(argv) == 0
+        torch.testing.assert_close(load_file(str(cli / "model" / "model.safetensors"))["lm_head.weight"], 4.0 * head)
     finally:
         _REGISTRY.pop("test_scale_head_plugin", None)
