@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 N_WORDS = 4
+# At or above this share a model's text loss is read as collapse to the VL template, not erosion (the erosion
+# regime's recipe keeps its control below it).
+COLLAPSE_SHARE = 0.10
 _SEP = re.compile(r"[^0-9a-z]+")
 
 

@@ -85,6 +85,7 @@ def test_vl_eval_probe_settings_fail_in_one_line(tmp_path):
 @pytest.mark.slow(seconds=60)
 def test_a_study_reports_template_share_per_model_and_each_merges_vl_cost(tmp_path, tokenizer, own_cache):
     from evals.lmeval import EvalRun
+    from experiments.report.document import write_report
     from experiments.study.config import load_study
     from experiments.study.runner import run_study
 
@@ -120,6 +121,11 @@ def test_a_study_reports_template_share_per_model_and_each_merges_vl_cost(tmp_pa
     assert cost["delta_points"] == pytest.approx(100 * (half["accuracy"] - vlm["accuracy"]))
     report = (out / "report.md").read_text()
     assert "## Template share" in report and "Δ VL pts vs VLM" in report and "chance" in report
+    assert "p: every model's template share on sinkstudy_gsm is below 10%" in report  # the tiny models' answers are no template
     protections = report.split("## Training-time protections")[1]
     assert "sinkstudy_gsm template share" in protections.split("\n\n")[2]  # the arms' table has the column
     assert (out / "plots" / "recovery_vl_cost_sinkstudy_gsm.png").stat().st_size > 1000
+    # a VLM LM answering in the template is named as a collapse
+    pair["models"]["vlm"]["template_share"]["sinkstudy_gsm"] = {"share": 0.5, "n": 4, "templated": 2, "examples": []}
+    report = write_report(summary, tmp_path / "again").read_text()
+    assert "template share at or above 10% on sinkstudy_gsm for vlm 0.50 (2/4)" in report

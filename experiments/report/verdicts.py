@@ -332,7 +332,28 @@ def findings(r: StudyResults) -> list[str]:
         out.append(r.correlation_note + ".")
     if trained:
         out.append(agreement_finding(r))
-    out += _native_contrast(r, head) + _vl_side(r) + [_recovered(r, head)] + _below_both(r, head)
+    out += _native_contrast(r, head) + _vl_side(r) + [_recovered(r, head)] + _below_both(r, head) + _templated(r, head)
+    return out
+
+
+def _templated(r: StudyResults, head: str) -> list[str]:
+    """Per pair, the models whose eval answers mostly open like the VL training answers (template share at or above
+    `evals.template_share.COLLAPSE_SHARE`): their text loss is collapse to the template, not erosion."""
+    from evals.template_share import COLLAPSE_SHARE
+
+    out = []
+    for p, e in r.pairs.items():
+        shares = {label: m.template_share[head] for label, m in e.models.items() if m.template_share and head in m.template_share}
+        if not shares:
+            continue
+        high = {label: x for label, x in shares.items() if x["share"] >= COLLAPSE_SHARE}
+        if high:
+            out.append(f"{p}: template share at or above {COLLAPSE_SHARE:.0%} on {head} for "
+                       + ", ".join(f"{label} {x['share']:.2f} ({x['templated']}/{x['n']})" for label, x in high.items())
+                       + ": their answers open like the VL training answers, a loss by collapse to the template rather than erosion.")
+        else:
+            out.append(f"{p}: every model's template share on {head} is below {COLLAPSE_SHARE:.0%} (highest "
+                       f"{max(x['share'] for x in shares.values()):.2f}): no model answers in the VL template.")
     return out
 
 
