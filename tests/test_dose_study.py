@@ -66,7 +66,9 @@ def test_a_dose_study_measures_each_dosed_base_before_and_after_vl_training(stud
     assert [n for n in before if not before[n].equal(after[n])] and all(
         before[n].equal(after[n]) for n in before if "q_proj" not in n)
     report = (out / "report.md").read_text()
-    assert "## Sink dose" in report and "No dose costs text skill before VL training" in report
+    # three prompts decide nothing: the report says so instead of clearing the doses
+    assert "## Sink dose" in report and "is not decided on sinkstudy_gsm: fewer than 6 prompts" in report
+    assert "No dose costs text skill" not in report
 
     doses["up"]["text_cost"] = ["sinkstudy_gsm"]  # the report is a function of the summary: a flagged dose is named
     assert "p / up: the dose itself costs sinkstudy_gsm text skill before any VL training" in render_md(build_blocks(summary, tmp_path))

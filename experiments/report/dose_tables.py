@@ -5,6 +5,7 @@ change VL training made (Δ = VLM LM − its own base) beside the S it started f
 
 from __future__ import annotations
 
+from evals.stats import MIN_CONCLUSIVE_N
 from experiments.report.fmt import num, points, with_ci
 
 
@@ -50,5 +51,10 @@ def dose_blocks(summary: dict) -> list[tuple]:
                + (" Δ pts in VL training = the VLM LM − the base it was adapted from (the undosed row: the pair's VLM; each "
                   "dose: the control arm's recipe from the dosed base)." if adapted else "")),
          ("table", header, rows)]
+    few = sorted({t for e in pairs.values() for d in e["dose"]["doses"].values() for t, c in d["vs_base"].items()
+                  if c["n"] < MIN_CONCLUSIVE_N})
+    if few:
+        confounds.append(f"Whether a dose costs text skill is not decided on {', '.join(few)}: fewer than {MIN_CONCLUSIVE_N} "
+                         "prompts compared.")
     b.append(("ul", confounds or ["No dose costs text skill before VL training: every Δ vs base CI includes or lies above 0."]))
     return b
