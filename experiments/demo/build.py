@@ -186,6 +186,12 @@ class Build:
 
         return vl_adaptation(self, step_id, base, vlm, Path(out), owner=owner)
 
+    def openings(self):
+        """The step reading the openings of the build's VL training answers (the study's template share)."""
+        from experiments.demo.steps import openings_step
+
+        return openings_step(self)
+
     def training_text(self, out: Path) -> Path:
         """The corpus under `out` (chat records, `interventions.training.read_training_texts` reads them)."""
         return Path(out) / "data" / "train.jsonl"

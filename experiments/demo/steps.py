@@ -132,6 +132,22 @@ class VL(StepArgs):
         return vl_step(Path(self.base.local()), self.out, dict(self.vl), ctx.progress, corpus=Path(self.corpus.path))
 
 
+@dataclass(frozen=True)
+class VLOpenings(StepArgs):
+    """The openings of the demo VL recipe's image answers (`evals.template_share`): what every model's eval answers
+    are checked against for the template share (the stages' text share is no VL template)."""
+
+    kind: ClassVar[str] = "demo-vl-openings"
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", "evals.template_share", "interventions.adapt.data")
+    vl: Mapping[str, Any]
+
+    def run(self, ctx) -> dict:
+        from evals.template_share import openings
+        from experiments.demo.vl import training_records
+
+        return openings(m["content"] for r in training_records(dict(self.vl)) for m in r["messages"] if m["role"] == "assistant").as_dict()
+
+
 def build_steps(build, out: Path, m) -> list[Step]:
     """Every build step of `build` (experiments.demo.build.Build) under `out`; `m`: how the study measures
     (`experiments.study.pair_steps.Measurement`: its sink settings)."""
@@ -156,6 +172,11 @@ def build_steps(build, out: Path, m) -> list[Step]:
         steps.append(Step(f"build/pretrain/{b['name']}", args, outputs=(base,), owner=owner))
         steps.append(vl_adaptation(build, f"build/vl/{b['name']}", Ref(str(base), f"build/pretrain/{b['name']}"), vlm, out, owner=owner))
     return steps
+
+
+def openings_step(build) -> Step:
+    """`build/openings`: the openings of the build's VL training answers (`VLOpenings`)."""
+    return Step("build/openings", VLOpenings(build.vl), owner="build.vl")
 
 
 def vl_adaptation(build, step_id: str, base: Ref, vlm: Path, out: Path, *, owner: str) -> Step:

@@ -176,9 +176,12 @@ def plan_study(study) -> StudyPlan:
     out = StudyPlan(study, Plan())
     if study.build is not None:
         out.plan.extend(study.build.steps(study.out, measurement(study)))
-    if study.adapt is not None:  # what the models' eval answers are checked against (template share)
+    # What the models' eval answers are checked against (template share): the VL recipe the pairs' VLMs trained with
+    if study.adapt is not None:
         out.openings = out.plan.add(Step("adapt/openings", TrainingOpenings(training_data(study.adapt.recipe),
                                                                             study.adapt.recipe["seed"]))).id
+    elif study.build is not None:
+        out.openings = out.plan.add(study.build.openings()).id
     for pair in study.pairs:
         pp = PairPlan(study, out.plan, pair)
         if study.adapt is not None:
