@@ -190,3 +190,33 @@ def test_a_commands_out_refuses_what_another_request_made_and_remeasures(tmp_pat
         _engine(_plan(tmp_path, calls, reader_setting=1, transient=False), tmp_path, guarded=("sink",)).run_all()
     _engine(_plan(tmp_path, calls, reader_setting=1, transient=False), tmp_path, guarded=("make",)).run_all()  # a measurement: re-run
     _engine(_plan(tmp_path, calls, reader_setting=2, transient=False), tmp_path, guarded=("sink",), force=True).run_all()
+
+
+def test_a_kinds_key_follows_the_file_holding_its_body(tmp_path):
+    """An edit to the module that defines a step's body changes its key (so the step reruns), even when the
+    modules its kind names are unchanged."""
+    import importlib.util
+    import sys
+
+    from experiments.study.kinds import step_key
+
+    source = ("from dataclasses import dataclass\nfrom experiments.study.kinds import StepArgs\n\n"
+              "@dataclass(frozen=True)\nclass Double(StepArgs):\n    kind = 'double'\n    x: int = 1\n\n"
+              "    def run(self, ctx):\n        return {'y': 2 * self.x}  # BODY\n")
+
+    def key_of(text: str, name: str) -> str:
+        path = tmp_path / name / "my_kind.py"
+        path.parent.mkdir()
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # as an import does: dataclasses and inspect look the module up there
+        try:
+            spec.loader.exec_module(module)
+            return step_key(module.Double(3), None)[0]
+        finally:
+            del sys.modules[name]
+
+    same = key_of(source, "kind_a")
+    assert key_of(source, "kind_b") == same  # the same source: the same key, wherever the file lies
+    assert key_of(source.replace("2 * self.x", "3 * self.x"), "kind_c") != same

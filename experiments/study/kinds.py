@@ -109,9 +109,15 @@ def refs(value: Any) -> Iterator[Ref]:
 
 
 def step_key(args: StepArgs, ctx) -> tuple[str, dict]:
-    """(key, identity) of a step with arguments `args`: the kind, its identity and its code."""
-    from sinkstudy.provenance import module_code_version
+    """(key, identity) of a step with arguments `args`: the kind, its identity and its code (the modules it names
+    and the file holding its body: an edit to the body reruns the step)."""
+    import inspect
+    from pathlib import Path
 
-    identity = {"kind": args.kind, "args": args.identity(ctx), "code": module_code_version(*args.code)}
+    from sinkstudy.provenance import code_version, module_code_version
+
+    body = inspect.getsourcefile(type(args))
+    identity = {"kind": args.kind, "args": args.identity(ctx), "code": module_code_version(*args.code),
+                "body": code_version(Path(body)) if body else None}
     blob = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24], identity
