@@ -255,7 +255,7 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
         from experiments.study.dose_section import parse_doses
 
         taken = {iv.name for iv in interventions} | {a.name for a in (adapt.arms if adapt else [])}
-        dose = parse_doses(cfg["dose"], f"{where}: dose", sink.texts, taken)
+        dose = parse_doses(cfg["dose"], f"{where}: dose", sink.texts, taken, [p.name for p in pairs])
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
                   protocol, report, plugins, adapt, seeds, dose)
     for p in study.pairs:

@@ -3,8 +3,10 @@
 
     dose: [-2, -1, 1, 2]                                        # shifts of S from each pair's own base
     dose: [{target: 0.5}, {name: half, scale: 0.5, heads: sink}]  # any sink_dose settings (one level each)
+    dose: [{shift: -2, heads: sink, pairs: [smollm2]}, {shift: -2, pairs: [gemma]}]  # per-pair settings
 
-A dose is named from its level unless `name` is given: dose-minus2, dose-plus1, dose-to0.5, dose-x0.5.
+A dose is named from its level unless `name` is given: dose-minus2, dose-plus1, dose-to0.5, dose-x0.5. It doses every
+pair unless `pairs` names some; a name repeats only on pairs that do not share it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ class Dose:
 
     name: str
     params: dict
+    pairs: tuple[str, ...] | None = None  # None: every pair
+
+    def doses(self, pair: str) -> bool:
+        return self.pairs is None or pair in self.pairs
 
     @property
     def level(self) -> tuple[str, float]:
@@ -37,10 +43,10 @@ def _name(params: dict) -> str:
     return f"dose-{'to' if key == 'target' else ''}{sign}{shown}"
 
 
-def parse_doses(raw, where: str, texts: Any, taken: set[str]) -> list[Dose]:
-    """The `dose:` list: a number is a shift of S from the pair's base, a mapping any sink_dose settings (+ `name`).
-    S is solved on the study's calibration texts (`texts`, the sink section's) unless a dose names its own; a
-    name may not be an intervention's or an arm's (`taken`)."""
+def parse_doses(raw, where: str, texts: Any, taken: set[str], pair_names: list[str]) -> list[Dose]:
+    """The `dose:` list: a number is a shift of S from the pair's base, a mapping any sink_dose settings (+ `name`,
+    `pairs`: some of `pair_names`). S is solved on the study's calibration texts (`texts`, the sink section's) unless a
+    dose names its own; a name may not be an intervention's or an arm's (`taken`)."""
     from interventions.registry import SINK_DOSE
 
     if not isinstance(raw, list) or not raw:
@@ -50,14 +56,18 @@ def parse_doses(raw, where: str, texts: Any, taken: set[str]) -> list[Dose]:
         dw = f"{where}[{i}]"
         if isinstance(item, (int, float)) and not isinstance(item, bool):
             item = {"shift": item}
-        item = dict(mapping(item, dw, {*SINK_DOSE.defaults, "name"}))
-        name = item.pop("name", None)
+        item = dict(mapping(item, dw, {*SINK_DOSE.defaults, "name", "pairs"}))
+        name, only = item.pop("name", None), item.pop("pairs", None)
+        if only is not None and (not isinstance(only, list) or not only
+                                 or not all(isinstance(x, str) and x in pair_names for x in only)):
+            fail(f"{dw}.pairs", f"a non-empty list of pair names ({', '.join(pair_names)}), got {only!r}")
         if texts is not None:
             item.setdefault("texts", texts)
         params = guarded(SINK_DOSE.resolve, dw, item)
         name = slug(name if name is not None else _name(params), f"{dw}.name")
-        if name in seen or name in taken or name in ("base", "vlm"):
+        mine = {(p, name) for p in (only or pair_names)}
+        if mine & seen or name in taken or name in ("base", "vlm"):
             fail(dw, f"dose name {name!r} is a duplicate, reserved (base, vlm) or an intervention's / arm's name")
-        seen.add(name)
-        doses.append(Dose(name, params))
+        seen |= mine
+        doses.append(Dose(name, params, tuple(only) if only is not None else None))
     return doses

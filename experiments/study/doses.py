@@ -25,7 +25,7 @@ def plan_doses(pp) -> None:
     from experiments.study.pair_steps import Intervene
 
     study, pair, p = pp.study, pp.pair, pp.pair.name
-    for dose in study.dose:
+    for dose in (d for d in study.dose if d.doses(p)):
         owner = f"pair {p} dose {dose.name}"
         base_out = model_dir(study.out, p, dose.name, "base")
         made = pp.add(Step(f"{p}/dose/{dose.name}", Intervene("sink_dose", pp.ref(pair.base), pp.ref(pair.base), dose.params,
@@ -57,7 +57,7 @@ def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dic
 
     tasks = list(study.evals.protocol.tasks)
     out = {}
-    for dose in study.dose:
+    for dose in (d for d in study.dose if d.doses(pair)):
         d, made = dose.name, results[f"{pair}/dose/{dose.name}"]
         rep = (made.get("info") or {}).get("report") or {}
         vs_base = {t: compare(runs["base"], runs[d], t, **kw) for t in tasks}
