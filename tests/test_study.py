@@ -133,13 +133,15 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_study(tmp_path / "missing.yaml")
 
 
-def test_cli_reports_config_error_in_one_line(tmp_path):
+def test_cli_reports_config_error_in_one_line(tmp_path, capsys):
+    """In-process: the command's exit code and stderr (the `python -m experiments.cli` seam: the paper dry run below)."""
+    from experiments.cli import main
+
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({**MINIMAL, "evals": {"tasks": ["x"], "batch_size": "big"}}))
-    r = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(f), "--out", str(tmp_path / "out")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "evals.batch_size" in r.stderr
+    assert main(["run", str(f), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "evals.batch_size" in err
     assert not (tmp_path / "out").exists()  # refused before any work
 
 
@@ -191,13 +193,16 @@ def test_paper_plan_estimates_follow_parameter_counts():
     assert e["download_gb"] == pytest.approx(sum(sizes.values()) * BYTES_PER_PARAM)
 
 
-def test_paper_refuses_without_cuda_unless_limited():
+def test_paper_refuses_without_cuda_unless_limited(capsys):
     import torch
+
+    from experiments.cli import main
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    r = subprocess.run([sys.executable, "-m", "experiments.cli", "paper"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "--limit" in r.stderr
+    assert main(["paper"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "--limit" in err
 
 
 def test_runner_reuses_keyed_steps_and_reruns_what_changed(tmp_path, own_cache):
