@@ -2,10 +2,13 @@
 study's metric) at the asked level, its text skill compared with the undosed base before any VL training, then
 adapted with the control's recipe; the report's dose section names a dose that costs text skill as a confound."""
 
+import copy
 import json
 
+import numpy as np
 import pytest
 import yaml
+from scipy.stats import linregress
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +47,7 @@ def test_a_dose_study_measures_each_dosed_base_before_and_after_vl_training(stud
     from experiments.report.document import build_blocks
     from experiments.report.render import render_md
     from experiments.study.config import load_study
+    from experiments.study.dose_response import fit, over_seeds
     from experiments.study.runner import run_study
 
     out = tmp_path / "out"
@@ -70,8 +74,36 @@ def test_a_dose_study_measures_each_dosed_base_before_and_after_vl_training(stud
     assert "## Sink dose" in report and "is not decided on sinkstudy_gsm: fewer than 6 prompts" in report
     assert "No dose costs text skill" not in report
 
+    # the dose-response: the undosed base and both adapted doses, Δ in VL training against S before it
+    dr = e["dose_response"]["tasks"]["sinkstudy_gsm"]
+    pts = dr["points"]
+    assert [p["model"] for p in pts] == ["base", "dose-minus1", "up"]
+    assert [p["sink_strength"] for p in pts] == [s0, doses["dose-minus1"]["sink_strength"], doses["up"]["sink_strength"]]
+    assert [p["delta_points"] for p in pts] == [e["degradation"]["sinkstudy_gsm"]["delta_points"],
+                                                *(doses[d]["vl"]["degradation"]["sinkstudy_gsm"]["delta_points"] for d in ("dose-minus1", "up"))]
+    assert all(0 <= p["template_share"] <= 1 for p in pts) and dr["n_prompts"] == 3
+    assert dr["slope"] == pytest.approx(linregress([p["sink_strength"] for p in pts], [p["delta_points"] for p in pts]).slope)
+    assert dr["answer"] == "not established" and dr["reason"].startswith("too few prompts")
+    assert "## Dose-response" in report and "A stronger sink, less loss? NOT ESTABLISHED: too few prompts" in report
+    assert "study's 1 pair): n = 1; a rank correlation needs at least 3 backbones" in report
+    assert (out / "plots" / "dose_response_sinkstudy_gsm.png").is_file()
+
     doses["up"]["text_cost"] = ["sinkstudy_gsm"]  # the report is a function of the summary: a flagged dose is named
     assert "p / up: the dose itself costs sinkstudy_gsm text skill before any VL training" in render_md(build_blocks(summary, tmp_path))
+
+    # over two training seeds: a second seed whose adapted models all pass every prompt pools with the first
+    second = copy.deepcopy(summary)
+    pp = second["pairs"]["p"]["dose_response"]["tasks"]["sinkstudy_gsm"]["per_prompt"]
+    pp["after"] = [[1.0] * len(row) for row in pp["after"]]
+    summary["seeds"] = {"seeds": [0, 7], "runs": {"7": {"out": str(tmp_path / "seed7"), "summary": second}}}
+    over_seeds(summary)
+    pooled = summary["pairs"]["p"]["dose_response"]["over_seeds"]["sinkstudy_gsm"]
+    both = dr["per_prompt"], pp
+    refit = fit([[p["sink_strength"] for p in pts]] * 2, *[tuple(np.array([x[k] for x in both]) for k in (side, f"{side}_den"))
+                                                          for side in ("before", "after")], n_boot=200, confidence=0.95, seed=0)
+    assert pooled["n_seeds"] == 2 and pooled["slope"] == pytest.approx(refit["slope"]) and pooled["slope_ci"] == refit["slope_ci"]
+    assert list(pooled["per_seed"]) == ["0", "7"] and pooled["answer"] == "not established"
+    assert "p on sinkstudy_gsm, over every training seed: slope =" in render_md(build_blocks(summary, tmp_path))
 
     again = {e["step"]: e["reused"] for e in run_study(load_study(study_file, out=out), progress=False)["log"]}
     assert all(again.values())
@@ -84,6 +116,9 @@ def test_a_dose_study_measures_each_dosed_base_before_and_after_vl_training(stud
     ([1, 1], "duplicate"),
     ([{"name": "lin", "shift": 1}], "an intervention's / arm's name"),
     ([{"name": "a b", "shift": 1}], "name"),
+    ([{"shift": 1, "pairs": ["q"]}], "a non-empty list of pair names (p)"),
+    ([{"shift": 1, "pairs": "p"}], "a non-empty list of pair names (p)"),
+    ([{"shift": 1, "pairs": ["p"]}, {"shift": 1, "heads": "sink"}], "duplicate"),
 ])
 def test_bad_doses_fail_in_one_line(dose, needle):
     from experiments.study.config import StudyConfigError, validate
@@ -93,3 +128,14 @@ def test_bad_doses_fail_in_one_line(dose, needle):
     with pytest.raises(StudyConfigError) as exc:
         validate(raw)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_dose_can_name_its_pairs_and_repeat_a_name_on_other_pairs():
+    from experiments.study.config import validate
+
+    raw = {"name": "t", "pairs": [{"name": n, "base": "some/base", "vlm": "some/vlm"} for n in ("a", "b")],
+           "evals": {"tasks": ["sinkstudy_ifeval"]},
+           "dose": [{"shift": -2, "heads": "sink", "pairs": ["a"]}, {"shift": -2, "pairs": ["b"]}, 1]}
+    doses = validate(raw).dose
+    assert [(d.name, d.params["heads"], d.doses("a"), d.doses("b")) for d in doses] == [
+        ("dose-minus2", "sink", True, False), ("dose-minus2", "all", False, True), ("dose-plus1", "all", True, True)]

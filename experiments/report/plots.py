@@ -18,7 +18,7 @@ from typing import Any
 from evals.sink.plot import axis_facts, pyplot, save_png_svg
 from evals.stats import ci_side
 from experiments.report.figure_reuse import reused
-from experiments.report.fmt import missing
+from experiments.report.fmt import ci_text, missing, num
 from experiments.report.results import vl_accuracy
 
 # Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
@@ -288,3 +288,48 @@ def pretrain_sink_curves(curves: dict[str, list[dict]], out: Path) -> dict[str, 
     ax.set_ylabel("Sink Strength S (calibration prompts)")
     ax.legend(fontsize=7)
     return _save(fig, out, "pretrain_sink_curves.png", lines=lines)
+
+
+# --------------------------------------------------------------------------- dose-response
+
+@reused
+def dose_response(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
+    """Per pair with a dose-response on `task` (`experiments.study.dose_response`), one panel: Δ in VL training (the
+    VLM LM − the base it was adapted from, points, with its CI) against S of that base before it, the undosed base
+    ringed, a dose that itself costs text skill hollow, and the fitted line; the slope, its CI and the answer in the
+    title."""
+    pairs = {p: e["dose_response"]["tasks"][task] for p, e in summary["pairs"].items()
+             if task in ((e.get("dose_response") or {}).get("tasks") or {})}
+    if not pairs:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.4 * len(pairs), 4.4), squeeze=False)
+    panels = []
+    for ax, (p, dr) in zip(axes[0], pairs.items()):
+        pooled = (summary["pairs"][p]["dose_response"].get("over_seeds") or {}).get(task)
+        shown = pooled or dr
+        xs = [pt["sink_strength"] for pt in dr["points"]]
+        for pt in dr["points"]:
+            x, y = pt["sink_strength"], pt["delta_points"]
+            lo, hi = pt["delta_points_ci"]
+            err = None if missing(lo) or missing(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+            ax.errorbar([x], [y], yerr=err, fmt="o", capsize=3, color=COLOUR, mfc="none" if pt["text_cost"] else COLOUR,
+                        mec="black" if pt["model"] == "base" else COLOUR, ms=7)
+            ax.annotate(pt["model"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        line = None
+        if not missing(shown["slope"]):
+            lo_x, hi_x = min(xs), max(xs)
+            line = [[lo_x, shown["intercept"] + shown["slope"] * lo_x], [hi_x, shown["intercept"] + shown["slope"] * hi_x]]
+            ax.plot([lo_x, hi_x], [line[0][1], line[1][1]], color="black", lw=1, ls="--")
+        seeds = f", {shown['n_seeds']} seeds" if shown["n_seeds"] > 1 else ""
+        title = (f"{p}: slope {num(shown['slope'], '+.2f')} {ci_text(shown['slope_ci'], '+.2f')} pts per unit S{seeds}\n"
+                 f"a stronger sink, less loss? {shown['answer']}")
+        ax.set_title(title, fontsize=8)
+        ax.axhline(0, color="grey", lw=0.7)
+        ax.set_xlabel("Sink Strength S of the base before VL training")
+        ax.set_ylabel(f"Δ = VLM LM − its base on {task} (points)")
+        panels.append({"pair": p, "points": [[pt["sink_strength"], pt["delta_points"]] for pt in dr["points"]], "line": line,
+                       "title": title})
+    fig.suptitle("Dose-response: Δ in VL training against S before it (ringed: the undosed base; hollow: a dose that itself "
+                 "costs text skill). The paper's direction: slope > 0", fontsize=8)
+    return _save(fig, out, f"dose_response_{task}.png", panels=panels)

@@ -5,7 +5,8 @@ this file alone (`experiments.report.document.write_report`; `sinkstudy report R
 Per pair: each measured model (path, Sink Strength, scores, method), the paired change base -> VLM LM
 per task with CIs (Δ = after − before in points, and Δ / before: `evals.stats.compare`), per treated
 model its recovery of that loss and Δ against the base and against the VLM LM, the adaptation arms
-against the control, each sink dose of the base (`experiments.study.doses.dose_summary`), example prompts; across pairs, Sink Strength of the base against both changes
+against the control, each sink dose of the base (`experiments.study.doses.dose_summary`) and, where two or more were
+adapted, the dose-response of Δ on S (`experiments.study.dose_response`), example prompts; across pairs, Sink Strength of the base against both changes
 (`evals.stats.sink_correlation`).
 """
 
@@ -81,6 +82,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
     from evals.lmeval import HEADLINE_METRICS, EvalRun
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
     from experiments.study.arms import protection_summary
+    from experiments.study.dose_response import dose_response
     from experiments.study.doses import dose_summary, labels
     from experiments.study.template import shares
     from sinkstudy.provenance import package_versions, recorded_hardware
@@ -117,6 +119,9 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
             entry["protection"] = protection_summary(study, p, models, results, runs, kw)
         if study.dose:
             entry["dose"] = dose_summary(study, p, results, runs, kw)
+            response = dose_response(entry, runs, tasks, kw)
+            if response:
+                entry["dose_response"] = response
         entry["examples"] = examples(runs["base"], runs["vlm"], tasks[0], out["headline"].get(tasks[0]))
         entry["published"] = pair.published
         entry["native_qk_norm"] = pair.native_qk_norm

@@ -43,6 +43,7 @@ def run_seeds(study, run_one: Callable) -> dict:
     every other seed's summary to the first's and re-render its report. Returns the first seed's result."""
     from experiments.report.document import write_report
     from experiments.study.config import validate
+    from experiments.study.dose_response import over_seeds
 
     if not study.seeds:
         return run_one(study)
@@ -57,6 +58,7 @@ def run_seeds(study, run_one: Callable) -> dict:
                         "runs": {str(s): {"out": str(seed_dir(first, study.seeds, s)),
                                           "summary": _lean(read_json(seed_dir(first, study.seeds, s) / "summary.json"))}
                                  for s in study.seeds[1:]}}
+    over_seeds(summary)  # the dose-response's slope refitted over every seed's points
     write_json_atomic(first / "summary.json", summary)
     write_report(summary, first)
     return runs[study.seeds[0]]

@@ -1,0 +1,166 @@
+"""The dose-response of a study's sink doses (docs/dose.md, "The dose-response study"): per backbone, the change VL
+training made (Δ = the VLM LM − the base it was adapted from, points) against the Sink Strength S of that base before
+it, over the undosed base and every adapted dose; a least-squares slope with a bootstrap CI, and the causal answer
+to "a stronger sink, less loss" read from it.
+
+Convention: the slope is in points of Δ per unit of S; a positive slope means a stronger sink loses less (the
+paper's direction). Its CI resamples prompts jointly (one draw of prompt indices for every point's paired
+before/after scores, then a refit) and, over a study repeated over training seeds, the seeds too.
+
+The answer is "agrees" (the slope's CI lies above 0), "disagrees" (below 0) or "not established", which it must be
+when fewer than MIN_CONCLUSIVE_N prompts or fewer than 3 points (of distinct S) are compared, or when most adapted
+models answer in the VL training template (template share at or above COLLAPSE_SHARE: their Δ measures a collapse to
+the template's floor, not erosion). A dose that itself costs text skill before VL training is named beside the
+answer as a confound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+AGREES, DISAGREES, OPEN = "agrees", "disagrees", "not established"
+MIN_POINTS = 3  # a line through two points has no residual to test: the third point is the first check of linearity
+CONVENTION = ("slope = least-squares slope of Δ on S in points of Δ per unit of S (Δ = VLM LM − the base it was adapted "
+              "from; S = that base's Sink Strength before VL training); positive = a stronger sink loses less (the "
+              "paper's direction); its CI resamples prompts jointly over every point (and training seeds, where several)")
+_CHUNK = 500
+
+
+def _slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slope of y on x along the last axis (NaN where x does not vary)."""
+    xc = x - x.mean(axis=-1, keepdims=True)
+    sxx = (xc ** 2).sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sxx > 0, (xc * (y - y.mean(axis=-1, keepdims=True))).sum(axis=-1) / np.where(sxx > 0, sxx, 1), np.nan)
+
+
+def fit(s, before: tuple, after: tuple, *, n_boot: int, confidence: float, seed: int = 0) -> dict[str, Any]:
+    """The slope of Δ on S with its bootstrap CI. `s`: (K seeds, P points) Sink Strengths; `before`, `after`: each a
+    (num, den) pair of (K, P, N prompts) per-prompt scores (a prompt's score = num / den; `evals.stats.paired`), the
+    same N prompts for every seed and point. Δ[k, p] = 100 (score after − score before). The point fit is
+    scipy's linregress over all K × P points; each replicate draws N prompt indices once for every point and, with
+    K > 1, K seeds with replacement, then refits."""
+    from scipy.stats import linregress
+
+    from evals.stats import POINTS, percentile_ci
+
+    s = np.asarray(s, dtype=float)
+    bn, bd, an, ad = (np.asarray(a, dtype=float) for a in (*before, *after))
+    k, p, n = bn.shape
+    delta = POINTS * (an.sum(-1) / ad.sum(-1) - bn.sum(-1) / bd.sum(-1))  # (K, P)
+    x, y = s.ravel(), delta.ravel()
+    line = linregress(x, y) if np.ptp(x) > 0 else None
+    rng = np.random.default_rng(seed)
+    dist = []
+    for start in range(0, n_boot, _CHUNK):
+        b = min(_CHUNK, n_boot - start)
+        idx = rng.integers(0, n, size=(b, n))
+        score = lambda num, den: np.moveaxis(num[..., idx].sum(-1) / den[..., idx].sum(-1), -1, 0)  # noqa: E731  (b, K, P)
+        d = POINTS * (score(an, ad) - score(bn, bd))
+        seeds = rng.integers(0, k, size=(b, k)) if k > 1 else np.zeros((b, 1), dtype=int)
+        d = np.take_along_axis(d, seeds[:, :, None], axis=1).reshape(b, -1)
+        dist.append(_slopes(s[seeds].reshape(b, -1), d))
+    dist = np.concatenate(dist)
+    return {"slope": float(line.slope) if line else None, "intercept": float(line.intercept) if line else None,
+            "slope_ci": list(percentile_ci(dist, confidence)) if line else [None, None],
+            "deltas": delta.tolist(), "n_points": p, "n_seeds": k, "n_prompts": n, "confidence": confidence, "n_boot": n_boot}
+
+
+def answer(slope: dict, points: list[dict]) -> dict[str, Any]:
+    """The causal answer from a fit (`fit`) and its points ({sink_strength, template_share, text_cost, model} each;
+    the adapted models' template shares over every seed): {answer, reason, confounds}."""
+    from evals.stats import MIN_CONCLUSIVE_N, ci_side
+    from evals.template_share import COLLAPSE_SHARE
+
+    confounds = [f"{pt['model']} costs text skill before VL training (its Δ vs the undosed base has a CI below 0): "
+                 "its point mixes the sink with that damage" for pt in points if pt.get("text_cost")]
+    known = [pt["template_share"] for pt in points if pt.get("template_share") is not None]
+    if len(known) < len(points):
+        confounds.append(f"template share not measured for {len(points) - len(known)} of {len(points)} adapted models: "
+                         "a collapse to the VL template cannot be ruled out there")
+    collapsed = sum(x >= COLLAPSE_SHARE for x in known)
+    ci = slope["slope_ci"]
+    if slope["n_prompts"] < MIN_CONCLUSIVE_N:
+        verdict, reason = OPEN, f"too few prompts: {slope['n_prompts']} compared, a sign needs at least {MIN_CONCLUSIVE_N}"
+    elif slope["n_points"] < MIN_POINTS or slope["slope"] is None:
+        verdict, reason = OPEN, (f"too few points: {slope['n_points']} of distinct S, a slope needs at least {MIN_POINTS} "
+                                 "(the undosed base and two adapted doses)")
+    elif collapsed * 2 > len(points):
+        verdict, reason = OPEN, (f"the recipe collapses: {collapsed} of {len(points)} adapted models answer in the VL training "
+                                 f"template (template share at or above {COLLAPSE_SHARE:.0%}), so Δ measures a collapse to "
+                                 "the template's floor, not erosion")
+    else:
+        side = ci_side(ci)
+        verdict = {1: AGREES, -1: DISAGREES, 0: OPEN}[side]
+        reason = {1: "the slope's CI lies above 0: the stronger the sink before VL training, the less text skill it lost",
+                  -1: "the slope's CI lies below 0: the stronger the sink before VL training, the more text skill it lost",
+                  0: "the slope's CI includes 0"}[side]
+        if collapsed:
+            confounds.append(f"{collapsed} of {len(points)} adapted models answer in the VL template (share at or above "
+                             f"{COLLAPSE_SHARE:.0%}): part of their Δ is collapse, not erosion")
+    return {"answer": verdict, "reason": reason, "confounds": list(dict.fromkeys(confounds))}  # once, over seeds too
+
+
+def _share(model: dict, task: str) -> float | None:
+    return ((model.get("template_share") or {}).get(task) or {}).get("share")
+
+
+def dose_response(entry: dict, runs: dict, tasks: list[str], kw: dict) -> dict[str, Any] | None:
+    """Per task, the dose-response of one pair's summary `entry` (its `models`, `degradation` and `dose` blocks) with
+    its eval runs by model label (`runs`); None unless at least two doses were adapted. Each point keeps its per-prompt
+    scores (`per_prompt`) so that a study over several seeds can refit over all of them (`over_seeds`)."""
+    from evals.stats import paired
+
+    doses = entry["dose"]["doses"]
+    adapted = [d for d, e in doses.items() if "vl" in e]
+    if len(adapted) < 2:
+        return None
+    labels = [("base", "vlm", None), *((d, f"{d}-vl", doses[d]) for d in adapted)]
+    out: dict[str, Any] = {"convention": CONVENTION, "tasks": {}}
+    for t in tasks:
+        metric = entry["degradation"][t]["metric"]
+        before_runs, after_runs = [runs[b] for b, _, _ in labels], [runs[a] for _, a, _ in labels]
+        docs = sorted(set.intersection(*(set(r.per_doc(t, metric)) for r in before_runs + after_runs)))
+        arrays = paired(*before_runs, *after_runs, task=t, metric=metric)
+        nums, dens = np.array([a[0] for a in arrays]), np.array([a[1] for a in arrays])
+        half = len(labels)
+        points = []
+        for (b, a, dose), change in zip(labels, [entry["degradation"][t], *(doses[d]["vl"]["degradation"][t] for d in adapted)]):
+            points.append({"model": b, "level": dose["level"] if dose else None, "sink_strength": entry["models"][b]["sink_strength"],
+                           "delta_points": change["delta_points"], "delta_points_ci": change["delta_points_ci"], "n": change["n"],
+                           "template_share": _share(entry["models"][a], t), "text_cost": bool(dose and t in dose["text_cost"])})
+        s = [[pt["sink_strength"] for pt in points]]
+        slope = fit(s, (nums[None, :half], dens[None, :half]), (nums[None, half:], dens[None, half:]), **kw)
+        out["tasks"][t] = {"metric": metric, "points": points, **slope, **answer(slope, points),
+                           "per_prompt": {"doc_ids": docs, "before": nums[:half].tolist(), "before_den": dens[:half].tolist(),
+                                          "after": nums[half:].tolist(), "after_den": dens[half:].tolist()}}
+    return out
+
+
+def over_seeds(summary: dict) -> None:
+    """A study repeated over training seeds (`experiments.study.seeds`): per pair and task whose dose-response every
+    seed holds with the same points and prompts, the slope refitted over all seeds' points with a CI resampling
+    seeds and prompts, and its answer; stored in the first seed's pair entry as `dose_response.over_seeds`."""
+    runs = [summary, *(r["summary"] for r in summary["seeds"]["runs"].values())]
+    st = summary["settings"]
+    kw = {"n_boot": st["n_boot"], "confidence": st["confidence"], "seed": st["seed"]}
+    for p, entry in summary["pairs"].items():
+        section = [(r["pairs"].get(p) or {}).get("dose_response") for r in runs]
+        if not section[0] or not all(section):
+            continue
+        pooled = {}
+        for t, first in section[0]["tasks"].items():
+            each = [sec["tasks"].get(t) for sec in section]
+            if not all(each) or any([pt["model"] for pt in e["points"]] != [pt["model"] for pt in first["points"]]
+                                    or e["per_prompt"]["doc_ids"] != first["per_prompt"]["doc_ids"] for e in each):
+                continue  # seeds that dosed or graded differently cannot be pooled point for point
+            arr = {key: np.array([e["per_prompt"][key] for e in each]) for key in ("before", "before_den", "after", "after_den")}
+            slope = fit([[pt["sink_strength"] for pt in e["points"]] for e in each], (arr["before"], arr["before_den"]),
+                        (arr["after"], arr["after_den"]), **kw)
+            points = [pt for e in each for pt in e["points"]]
+            pooled[t] = {**slope, **answer(slope, points), "per_seed": {str(s): e["slope"] for s, e in
+                                                                         zip(summary["seeds"]["seeds"], each)}}
+        if pooled:
+            entry["dose_response"]["over_seeds"] = pooled
