@@ -139,3 +139,20 @@ def test_a_dose_can_name_its_pairs_and_repeat_a_name_on_other_pairs():
     doses = validate(raw).dose
     assert [(d.name, d.params["heads"], d.doses("a"), d.doses("b")) for d in doses] == [
         ("dose-minus2", "sink", True, False), ("dose-minus2", "all", False, True), ("dose-plus1", "all", True, True)]
+
+
+def test_the_dose_response_configs_dose_each_backbone_five_times_across_two_units_of_s_each_way(tmp_path):
+    """make dose-response's configs plan (no input read): each backbone's base dosed from S −2 to at least +2 and each
+    dose adapted; SmolLM2 on its sink heads, Gemma (a QK-norm gain per layer) on all; QUICK: SmolLM2 alone, three doses."""
+    from experiments.study.config import load_study
+    from experiments.study.runner import plan_records
+
+    for config, pairs, least in (("dose_response", {"smollm2": "sink", "gemma": "all"}, 5), ("dose_response_quick", {"smollm2": "sink"}, 3)):
+        study = load_study(f"experiments/configs/{config}.yaml", out=tmp_path / config)
+        ids = {s["id"] for s in plan_records(study)}
+        assert [p.name for p in study.pairs] == list(pairs)
+        for p, heads in pairs.items():
+            doses = [d for d in study.dose if d.doses(p)]
+            shifts = [d.params["shift"] for d in doses]
+            assert len(doses) >= least and min(shifts) <= -2 and max(shifts) >= 2 and {d.params["heads"] for d in doses} == {heads}
+            assert {f"{p}/adapt/{d.name}" for d in doses} | {f"{p}/eval/{d.name}-vl" for d in doses} | {f"{p}/eval/{d.name}" for d in doses} <= ids
