@@ -103,7 +103,7 @@ def test_a_dose_study_measures_each_dosed_base_before_and_after_vl_training(stud
                                                           for side in ("before", "after")], n_boot=200, confidence=0.95, seed=0)
     assert pooled["n_seeds"] == 2 and pooled["slope"] == pytest.approx(refit["slope"]) and pooled["slope_ci"] == refit["slope_ci"]
     assert list(pooled["per_seed"]) == ["0", "7"] and pooled["answer"] == "not established"
-    assert "p on sinkstudy_gsm, over every training seed: slope =" in render_md(build_blocks(summary, tmp_path))
+    assert "p on sinkstudy_gsm, over every training seed (per seed: seed 0 " in render_md(build_blocks(summary, tmp_path))
 
     again = {e["step"]: e["reused"] for e in run_study(load_study(study_file, out=out), progress=False)["log"]}
     assert all(again.values())

@@ -25,9 +25,9 @@ def _slope(fit: dict) -> str:
             f"{fit['n_points']} points ({fit['n_prompts']} prompts{seeds})")
 
 
-def _answer(p: str, t: str, fit: dict) -> str:
+def _answer(p: str, t: str, fit: dict, which: str = "") -> str:
     confounds = f" Confounds: {'; '.join(fit['confounds'])}." if fit["confounds"] else ""
-    return f"{p} on {t}: {_slope(fit)}. A stronger sink, less loss? {fit['answer'].upper()}: {fit['reason']}.{confounds}"
+    return f"{p} on {t}{which}: {_slope(fit)}. A stronger sink, less loss? {fit['answer'].upper()}: {fit['reason']}.{confounds}"
 
 
 def _across(summary: dict, t: str) -> str:
@@ -67,12 +67,14 @@ def dose_response_blocks(summary: dict, out: Path) -> list[tuple]:
                 rows.append([p, pt["model"], _level(pt["level"]), num(pt["sink_strength"], "+.3f"),
                              with_ci(pt["delta_points"], pt["delta_points_ci"], "+.1f"),
                              "n/a" if share is None else f"{share:.2f}", "yes (confound)" if pt["text_cost"] else "no"])
-            lines.append(_answer(p, t, fit))
             pooled = (dr.get("over_seeds") or {}).get(t)
             if pooled:
-                lines.append(f"{p} on {t}, over every training seed: {_slope(pooled)} (per seed: "
-                             + ", ".join(f"seed {s} {num(v, '+.2f')}" for s, v in pooled["per_seed"].items())
-                             + f"). A stronger sink, less loss? {pooled['answer'].upper()}: {pooled['reason']}.")
+                first = next(iter(pooled["per_seed"]))
+                lines.append(_answer(p, t, pooled, ", over every training seed (per seed: " + ", ".join(
+                    f"seed {s} {num(v, '+.2f')}" for s, v in pooled["per_seed"].items()) + ")"))
+                lines.append(_answer(p, t, fit, f", training seed {first} alone"))
+            else:
+                lines.append(_answer(p, t, fit))
         if not rows:
             continue
         b += [("h", 3, t),

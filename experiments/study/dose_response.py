@@ -81,11 +81,12 @@ def answer(slope: dict, points: list[dict]) -> dict[str, Any]:
         confounds.append(f"template share not measured for {len(points) - len(known)} of {len(points)} adapted models: "
                          "a collapse to the VL template cannot be ruled out there")
     collapsed = sum(x >= COLLAPSE_SHARE for x in known)
+    distinct = {round(pt["sink_strength"], 9) for pt in points}
     ci = slope["slope_ci"]
     if slope["n_prompts"] < MIN_CONCLUSIVE_N:
         verdict, reason = OPEN, f"too few prompts: {slope['n_prompts']} compared, a sign needs at least {MIN_CONCLUSIVE_N}"
-    elif slope["n_points"] < MIN_POINTS or slope["slope"] is None:
-        verdict, reason = OPEN, (f"too few points: {slope['n_points']} of distinct S, a slope needs at least {MIN_POINTS} "
+    elif len(distinct) < MIN_POINTS or slope["slope"] is None:
+        verdict, reason = OPEN, (f"too few points: {len(distinct)} of distinct S, a slope needs at least {MIN_POINTS} "
                                  "(the undosed base and two adapted doses)")
     elif collapsed * 2 > len(points):
         verdict, reason = OPEN, (f"the recipe collapses: {collapsed} of {len(points)} adapted models answer in the VL training "
