@@ -303,7 +303,7 @@ def dose_response(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     if not pairs:
         return None
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5.4 * len(pairs), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(max(7.0, 5.4 * len(pairs)), 4.8), squeeze=False)
     panels = []
     for ax, (p, dr) in zip(axes[0], pairs.items()):
         pooled = (summary["pairs"][p]["dose_response"].get("over_seeds") or {}).get(task)
@@ -327,9 +327,9 @@ def dose_response(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
         ax.set_title(title, fontsize=8)
         ax.axhline(0, color="grey", lw=0.7)
         ax.set_xlabel("Sink Strength S of the base before VL training")
-        ax.set_ylabel(f"Δ = VLM LM − its base on {task} (points)")
+        ax.set_ylabel(f"Δ in VL training on {task} (points)")
         panels.append({"pair": p, "points": [[pt["sink_strength"], pt["delta_points"]] for pt in dr["points"]], "line": line,
                        "title": title})
-    fig.suptitle("Dose-response: Δ in VL training against S before it (ringed: the undosed base; hollow: a dose that itself "
-                 "costs text skill). The paper's direction: slope > 0", fontsize=8)
+    fig.suptitle("Dose-response: Δ = VLM LM − the base it was adapted from, against that base's S; the paper's direction: "
+                 "slope > 0\n(ringed: the undosed base; hollow: a dose that itself costs text skill; dashed: least squares)", fontsize=8)
     return _save(fig, out, f"dose_response_{task}.png", panels=panels)
