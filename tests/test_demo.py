@@ -197,8 +197,14 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     from experiments.study.runner import run_study
     from experiments.study.config import load_study
 
+    # The shipped demo with two of --quick's three backbones: the recipe-built qwen3 and a plain qwen2 (the QK-norm
+    # VL arm's class), every intervention; --quick shrinks it as it shrinks the shipped one.
+    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    raw["build"]["backbones"] = [b for b in raw["build"]["backbones"] if b["name"] in ("qwen3-sprinkle", "qwen2-lr1e-2")]
+    config = tmp_path / "demo.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--quiet", "--jobs", "1", "--out", str(out)]) == 0  # --jobs 2: test_determinism.py
+    assert main(["demo", "--quick", "--config", str(config), "--quiet", "--jobs", "1", "--out", str(out)]) == 0  # --jobs 2: test_determinism.py
     printed = capsys.readouterr().out.strip().splitlines()
     line = next(x for x in printed if x.startswith("sinkstudy: demo: report "))
     assert str(out / "report.md") in line
@@ -209,9 +215,9 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     for section in ("## Findings", "## Sink Strength and strict scores", "## Recovery per intervention", "## Plots",
                     "## How the miniature pairs were built", "## Provenance"):
         assert section in report
-    raw = yaml.safe_load(DEMO_CONFIG.read_text())
-    study = load_study(DEMO_CONFIG, out=out, overrides=quick_overrides(raw))
+    study = load_study(config, out=out, overrides=quick_overrides(raw))
     backbones = study.build.backbones
+    assert [b["name"] for b in backbones] == ["qwen3-sprinkle", "qwen2-lr1e-2"]
     for b in backbones:
         assert f"| {b['name']} |" in report
         assert (out / "plots" / f"sink_{b['name']}.png").stat().st_size > 1000
@@ -235,7 +241,7 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     for plot in ("scatter_sinkstudy_ifeval.png", "recovery_sinkstudy_ifeval.png", "recovery_sinkstudy_gsm.png"):
         assert (out / "plots" / plot).is_file()
     html = (out / "report.html").read_text()
-    assert html.count("<table>") == report.count("\n|---") and 'src="plots/sink_qwen3.png"' in html
+    assert html.count("<table>") == report.count("\n|---") and 'src="plots/sink_qwen3-sprinkle.png"' in html
 
     # Every step JSON carries provenance with the config and model fingerprints.
     plain = next(b["name"] for b in backbones if b["family"] != "qwen3")
@@ -246,12 +252,12 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     assert json.loads((out / "steps" / plain / "intervene" / "ties.json").read_text())["provenance"]["seeds"]["study"] == 0
 
     # A rerun reuses every step; a changed intervention re-runs only its own steps.
-    again = run_study(load_study(DEMO_CONFIG, out=out, overrides=quick_overrides(raw)), progress=False)
+    again = run_study(load_study(config, out=out, overrides=quick_overrides(raw)), progress=False)
     assert again["reused"] == again["steps"], [e["step"] for e in again["log"] if not e["reused"]]
     changed = quick_overrides(raw)
     changed["interventions"] = [dict(i, params={**i["params"], "density": 0.3}) if i["name"] == "ties" else i
                                 for i in changed["interventions"]]
-    third = run_study(load_study(DEMO_CONFIG, out=out, overrides=changed), progress=False)
+    third = run_study(load_study(config, out=out, overrides=changed), progress=False)
     assert third["steps"] - third["reused"] == len(backbones) * 3  # per pair: intervene, sink and eval of ties
 
 
