@@ -9,8 +9,8 @@ before/after scores, then a refit) and, over a study repeated over training seed
 
 The answer is "agrees" (the slope's CI lies above 0), "disagrees" (below 0) or "not established", which it must be
 when fewer than MIN_CONCLUSIVE_N prompts or fewer than 3 points (of distinct S) are compared, or when most adapted
-models answer in the VL training template (template share at or above COLLAPSE_SHARE: their Δ measures a collapse to
-the template's floor, not erosion). A dose that itself costs text skill before VL training is named beside the
+models answer in the VL training template (template share at or above COLLAPSE_SHARE: their Δ is read as collapse to
+the template, not erosion). A dose that itself costs text skill before VL training is named beside the
 answer as a confound.
 """
 
@@ -90,8 +90,8 @@ def answer(slope: dict, points: list[dict]) -> dict[str, Any]:
                                  "(the undosed base and two adapted doses)")
     elif collapsed * 2 > len(points):
         verdict, reason = OPEN, (f"the recipe collapses: {collapsed} of {len(points)} adapted models answer in the VL training "
-                                 f"template (template share at or above {COLLAPSE_SHARE:.0%}), so Δ measures a collapse to "
-                                 "the template's floor, not erosion")
+                                 f"template (template share at or above {COLLAPSE_SHARE:.0%}), so Δ is read as collapse to "
+                                 "the template, not erosion")
     else:
         side = ci_side(ci)
         verdict = {1: AGREES, -1: DISAGREES, 0: OPEN}[side]
