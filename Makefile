@@ -32,7 +32,8 @@ QUIET ?=
 SEEDS ?=
 # SEEDS=0,1,2: a study (make demo, study, study-real, protect-study) repeated over training seeds, the spread reported.
 # NUMERICS=native: a study (demo, study, study-real, protect-study, paper) on this CPU's fastest kernels instead of the
-# reproducible mode's pinned ones, which give the same numbers on any x86-64 CPU (docs/numerics.md).
+# reproducible mode's pinned ones, which give the same numbers on any x86-64 CPU (docs/numerics.md);
+# NUMERICS=native,native-aten-default: the study once per mode, the report with the spread between them.
 NUMERICS ?=
 # QUICK=1: the smoke-scale version (demo, study-real) or CI size (bench, bench-eval).
 QUICK ?=

@@ -26,6 +26,12 @@ What `reproducible` pins, and why each (measured by hashing each piece's output 
 glibc and the libraries read these when they load, so a process is in the mode only if it was started
 with them: `enter` re-executes the program with them set (the `sinkstudy` command does this before it
 imports torch); worker processes inherit them and call `configure_torch`. CUDA kernels are not pinned.
+
+`native-aten-default` is the native mode with ATen's kernels built for the x86-64 baseline
+(ATEN_CPU_CAPABILITY=default) instead of this CPU's AVX2 / AVX-512 ones: a second numeric path, the kind of
+difference another CPU makes, at a fraction of the reproducible mode's cost. A study run on two paths
+(`--numerics native,native-aten-default`, experiments.study.numeric_spread) measures how far the numeric path
+moves its figures and states an answer only where both paths give it.
 """
 
 from __future__ import annotations
@@ -36,7 +42,12 @@ import json
 import os
 import sys
 
-MODES = ("reproducible", "native")
+MODES = ("reproducible", "native", "native-aten-default")
+# The environment each non-reproducible mode is started with (what it pins on top of the native mode).
+NATIVE_PATHS = {"native": {}, "native-aten-default": {"ATEN_CPU_CAPABILITY": "default"}}
+# Variables that choose kernels (not threads): set when a native-mode process starts, they name its identity.
+KERNEL_ENV = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+              "NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE")
 ENV = "SINKSTUDY_NUMERICS"  # the mode a command runs in when its --numerics is not given
 THREADS = 1
 _HWCAPS = "glibc.cpu.hwcaps=-AVX2,-FMA,-FMA4"
@@ -59,14 +70,39 @@ _registered: list = []  # the torch.library.Library holding the portable kernels
 REPRODUCIBLE_ID = "reproducible-" + hashlib.sha256(json.dumps(_PINS, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def requested(flag: str | None, default: str) -> str:
-    """The mode a command asks for: its --numerics flag, else $SINKSTUDY_NUMERICS, else its default."""
+def requested(flag: str | list[str] | None, default: str) -> str:
+    """The mode a command computes in: its --numerics flag (of several paths, the first: the others run as
+    processes of their own), else $SINKSTUDY_NUMERICS, else its default."""
     from sinkstudy import SinkstudyError
 
-    mode = flag or os.environ.get(ENV) or default
+    mode = (flag[0] if isinstance(flag, list) else flag) or os.environ.get(ENV) or default
     if mode not in MODES:
         raise SinkstudyError(f"{ENV}={mode!r}: the numeric mode is one of {', '.join(MODES)}")
     return mode
+
+
+def path_list(text: str) -> list[str]:
+    """`--numerics`'s value: one mode, or two or more distinct ones separated by commas (a numeric spread)."""
+    paths = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [p for p in paths if p not in MODES]
+    if not paths or unknown:
+        raise ValueError(f"unknown numeric mode {', '.join(map(repr, unknown or [text]))}: one of {', '.join(MODES)}, "
+                         "or several separated by commas")
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"each numeric mode once, got {text!r}")
+    return paths
+
+
+def environment_for(mode: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment to start a process in `mode` with, from `env` (this process's, whatever mode it is in):
+    every variable a mode sets is cleared first, so a native child of a reproducible parent runs native."""
+    clean = {k: v for k, v in env.items() if k not in PINNED_ENV and k not in KERNEL_ENV and k != ENV}
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t != _HWCAPS]
+    if tunables:
+        clean["GLIBC_TUNABLES"] = ":".join(tunables)
+    if mode == "reproducible":
+        return pinned_environment(clean)
+    return {**clean, **NATIVE_PATHS[mode], ENV: mode}
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,14 +134,21 @@ def enter(mode: str, *, reexec: bool) -> None:
     from sinkstudy import SinkstudyError
 
     os.environ[ENV] = mode
-    if mode == "native" or _pinned(_start_environment()):
+    if _started_in(mode):
         return
     if not reexec or "torch" in sys.modules or "numpy" in sys.modules:
-        raise SinkstudyError("the reproducible numeric mode is set when a process starts: run the sinkstudy command "
+        raise SinkstudyError(f"the {mode} numeric mode is set when a process starts: run the sinkstudy command "
                              "(it restarts itself with the mode's environment), or pass --numerics native")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], pinned_environment(dict(os.environ)))
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment_for(mode, dict(os.environ)))
+
+
+def _started_in(mode: str) -> bool:
+    start = _start_environment()
+    if mode == "reproducible":
+        return _pinned(start)
+    return all(start.get(k) == v for k, v in NATIVE_PATHS[mode].items())
 
 
 def configure_torch() -> None:
@@ -158,17 +201,30 @@ def _register_portable_kernels(torch):
 
 
 def current() -> str:
-    """`reproducible` when this process was started with the pinned environment, else `native`."""
-    return "reproducible" if os.environ.get(ENV) != "native" and _pinned(_start_environment()) else "native"
+    """`reproducible` when this process was started with the pinned environment; `native-aten-default` when it
+    was asked for and started with ATen's baseline kernels; else `native`."""
+    asked = os.environ.get(ENV)
+    if asked not in ("native", "native-aten-default") and _pinned(_start_environment()):
+        return "reproducible"
+    return asked if asked == "native-aten-default" and _started_in(asked) else "native"
 
 
 def identity() -> str:
-    """The mode in effect, as it enters result keys and provenance: `native`, or `reproducible-<pins hash>`
-    when the process was started pinned and torch (where loaded) runs without oneDNN and NNPACK, on the
-    portable kernels."""
+    """The mode in effect, as it enters result keys and provenance: `reproducible-<pins hash>` when the process
+    was started pinned and torch (where loaded) runs without oneDNN and NNPACK, on the portable kernels; else
+    `native`, naming the kernel-choosing variables it was started with (`native[ATEN_CPU_CAPABILITY=default]`)."""
     if current() != "reproducible":
-        return "native"
+        return _native_identity()
     torch = sys.modules.get("torch")
     if torch is not None and (not _registered or torch.backends.mkldnn.enabled or torch._C._get_nnpack_enabled()):
-        return "native"  # started pinned, but torch's part was never applied (configure_torch)
+        return _native_identity()  # started pinned, but torch's part was never applied (configure_torch)
     return REPRODUCIBLE_ID
+
+
+def _native_identity() -> str:
+    """`native`, or with the kernel-choosing variables this process was started with, e.g.
+    `native[ATEN_CPU_CAPABILITY=default]`: other kernels, other numbers, so another key."""
+    start = _start_environment()
+    chosen = [f"{k}={start[k]}" for k in KERNEL_ENV if start.get(k)]
+    hwcaps = [t for t in start.get("GLIBC_TUNABLES", "").split(":") if t.startswith("glibc.cpu.hwcaps=")]
+    return "native" + "".join(f"[{x}]" for x in chosen + hwcaps)

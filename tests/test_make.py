@@ -68,7 +68,7 @@ def values(tmp_path_factory):
 
 EXPECTED = {"--limit": ("limit", 7), "--tasks": ("tasks", "sinkstudy_gsm"), "--device": ("device", "cuda"),
             "--dtype": ("dtype", "bfloat16"), "--force": ("force", True), "--quiet": ("quiet", True), "--seeds": ("seeds", [0, 1]),
-            "--numerics": ("numerics", "native")}
+            "--numerics": ("numerics", ["native"])}
 
 
 def test_every_variable_reaches_every_command_that_takes_its_flag(values):

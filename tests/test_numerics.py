@@ -34,6 +34,45 @@ def test_the_mode_comes_from_the_flag_then_the_environment_then_the_command(monk
     assert "\n" not in str(err.value)
 
 
+def test_numeric_modes_parse_as_one_or_a_distinct_list_and_bad_ones_fail_in_one_line(capsys):
+    from experiments.cli import main
+
+    assert numerics.path_list("native") == ["native"]
+    assert numerics.path_list("native, native-aten-default") == ["native", "native-aten-default"]
+    for bad, needle in (("fast", "unknown numeric mode 'fast'"), ("native,native", "each numeric mode once"), (",", "unknown")):
+        with pytest.raises(ValueError, match=needle):
+            numerics.path_list(bad)
+    with pytest.raises(SystemExit) as exited:  # argparse's exit, with its one line
+        main(["demo", "--quick", "--numerics", "native,native", "--out", "never-made"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "each numeric mode once" in err and not Path("never-made").exists()
+
+
+def test_a_spread_refuses_seeds_and_a_plan_in_one_line_before_any_work(capsys, tmp_path):
+    from experiments.cli import main
+
+    out = tmp_path / "out"
+    assert main(["demo", "--quick", "--numerics", "native,native-aten-default", "--seeds", "0,1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "spread one of the two at a time" in err and not out.exists()
+    config = ROOT / "experiments" / "configs" / "demo.yaml"
+    assert main(["run", str(config), "--numerics", "native,native-aten-default", "--plan", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "one --numerics mode" in err and not out.exists()
+
+
+def test_a_child_in_another_mode_starts_without_this_modes_variables():
+    parent = numerics.pinned_environment({"HOME": "/h", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    native = numerics.environment_for("native", parent)
+    assert not set(numerics.PINNED_ENV) - {"GLIBC_TUNABLES"} & set(native)
+    assert native["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2" and native["HOME"] == "/h" and native[numerics.ENV] == "native"
+    aten = numerics.environment_for("native-aten-default", parent)
+    assert aten["ATEN_CPU_CAPABILITY"] == "default" and "MKL_CBWR" not in aten and aten[numerics.ENV] == "native-aten-default"
+    assert numerics.environment_for("reproducible", native) == numerics.pinned_environment(
+        {k: v for k, v in native.items() if k != numerics.ENV})
+
+
 def test_the_pinned_environment_keeps_the_users_other_glibc_tunables():
     env = numerics.pinned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.cpu.hwcaps=-AVX512F",
                                        "ATEN_CPU_CAPABILITY": "avx512", "HOME": "/h"})
@@ -72,6 +111,10 @@ def test_the_mode_is_in_every_result_key_and_names_itself_in_the_hardware_line()
     assert pinned["sqrt_numpy"] == 0
     assert f"numeric mode {numerics.REPRODUCIBLE_ID}" in pinned["line"] and "MKL_CBWR" not in pinned["line"]
     assert "numeric mode native" in native["line"]
+    # another kernel choice in the native mode is another identity, so another key
+    aten = _probe({**base, **numerics.NATIVE_PATHS["native-aten-default"], numerics.ENV: "native-aten-default"})
+    assert aten["id"] == "native[ATEN_CPU_CAPABILITY=default]" and aten["cap"] == "DEFAULT"
+    assert len({native["code"], pinned["code"], aten["code"]}) == 3
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -157,3 +200,21 @@ def test_the_reproducible_mode_gives_the_same_study_on_two_isa_levels_and_the_na
         _finish(proc)
     base = "models/qwen3-base/model.safetensors"
     assert _weights(controls["native"])[base] != _weights(controls["no-avx2"])[base]
+
+
+@pytest.mark.slow(seconds=70)
+def test_a_study_on_two_numeric_modes_runs_each_in_its_own_mode_and_reports_the_spread(tmp_path):
+    config = _config(tmp_path / "study.yaml")
+    out = tmp_path / "spread"
+    _finish(_start(out, {}, "-m experiments.cli demo --jobs 1 --quiet --numerics native,native-aten-default --config",
+                   str(config), "--out", str(out)))
+    other = out / "numerics" / "native-aten-default"
+    summary = json.loads((out / "summary.json").read_text())
+    section = summary["numerics_spread"]
+    assert section["paths"] == ["native", "native-aten-default"] and section["runs"]["native-aten-default"]["out"] == str(other)
+    assert {h["numerics"] for h in summary["hardware"]} == {"native"}
+    assert {h["numerics"] for h in json.loads((other / "summary.json").read_text())["hardware"]} == {"native[ATEN_CPU_CAPABILITY=default]"}
+    base = "models/qwen3-base/model.safetensors"
+    assert _weights(out)[base] != _weights(other)[base]  # the second mode computed its own, other weights
+    report = (out / "report.md").read_text()
+    assert "## Across numeric modes" in report and "native-aten-default computed as native[ATEN_CPU_CAPABILITY=default]" in report

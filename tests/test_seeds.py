@@ -73,3 +73,33 @@ def test_verdict_lines_agree_across_seeds_by_question_and_statements_stay_the_fi
     assert lines[0] == "No base reaches S > 0: S spans -3 to -1. (Seed 0's figures; every seed's: Across training seeds.)"
     assert lines[1] == "Does X help? yes: +5 [+1, +9]. Every seed (0, 1) gives this answer."
     assert lines[2].startswith("Does Y help? not established (the seeds disagree: seed 0: no; seed 1: not established). Seed 0: no: -4")
+
+
+def test_a_study_on_two_numeric_modes_reports_the_spread_and_answers_only_where_both_agree(maps_dir, tmp_path):  # noqa: F811
+    from experiments.report.document import verdicts, write_report
+
+    first = make_summary(maps_dir)
+    first["hardware"] = [{"numerics": "native"}]
+    second = copy.deepcopy(first)
+    second["hardware"] = [{"numerics": "native[ATEN_CPU_CAPABILITY=default]"}]
+    for e in second["pairs"].values():  # on the second mode the injected QK-norm loses against the control
+        for t in e["interventions"]["qknorm-vl"].values():
+            t["vs_vlm"].update(delta_points=-3.0, delta_points_ci=[-5.0, -1.0])
+    summary = {**first, "numerics_spread": {"paths": ["native", "native-aten-default"],
+                                            "runs": {"native-aten-default": {"out": "OUT/numerics/native-aten-default",
+                                                                             "summary": second}}}}
+    md = write_report(summary, tmp_path).read_text()
+    claims = md.split("## The paper's claims\n", 1)[1].split("\n## ", 1)[0]
+    qk = next(x for x in claims.splitlines() if "QK-RMSNorm injected" in x)
+    assert "not established (the numeric modes disagree): numeric mode native: " in qk
+    assert "Numeric mode native's numbers: " in qk
+    degradation = next(x for x in claims.splitlines() if "VL training costs text skill" in x)
+    assert "Every numeric mode (native, native-aten-default) gives this answer" in degradation
+    assert any(x.startswith("Does injected QK-norm protect p2 on sinkstudy_ifeval? not established (the numeric modes disagree")
+               for x in verdicts(summary))
+    section = md.split("## Across numeric modes\n", 1)[1].split("\n## ", 1)[0]
+    assert "native-aten-default computed as native[ATEN_CPU_CAPABILITY=default]" in section
+    assert "numeric mode native-aten-default in OUT/numerics/native-aten-default" in section
+    row = next(x for x in section.splitlines() if x.startswith("| S base, p0 |"))
+    assert row.rstrip(" |").endswith("| 0.00 | 0.00")  # the same S on both modes: no spread
+    assert "## Across training seeds" not in md

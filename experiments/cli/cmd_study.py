@@ -82,13 +82,24 @@ def _seeds(p) -> None:
 
 
 def _numerics(p) -> None:
-    from sinkstudy.numerics import ENV, MODES
+    from sinkstudy.numerics import ENV
 
-    p.add_argument("--numerics", choices=MODES, default=None,
+    p.add_argument("--numerics", type=_numeric_paths, default=None, metavar="MODE[,MODE...]",
                    help="reproducible: every CPU code path pinned (MKL, ATen, oneDNN, threads, libm, numpy), the same numbers on "
-                        f"any x86-64 CPU; native: each library's fastest path for this CPU (default: ${ENV}, else reproducible; "
-                        "docs/numerics.md)")
+                        "any x86-64 CPU; native: each library's fastest path for this CPU; native-aten-default: native with "
+                        "ATen's baseline kernels. Several, comma-separated (native,native-aten-default): the study once per "
+                        "mode (the others in OUT/numerics/MODE), the report with the spread, answers only where every mode "
+                        f"agrees (default: ${ENV}, else reproducible; docs/numerics.md)")
     p.set_defaults(numerics_default="reproducible")
+
+
+def _numeric_paths(text: str) -> list[str]:
+    from sinkstudy.numerics import path_list
+
+    try:
+        return path_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _jobs(p, default: str) -> None:
@@ -130,12 +141,17 @@ def _run(study, args, jobs: int = 1) -> int:
     from experiments.study.jobs import run_study_parallel
     from experiments.study.runner import run_study
 
+    from experiments.study.numeric_spread import run_spread
     from experiments.study.seeds import run_seeds
 
     if jobs > 1:
-        res = run_seeds(study, lambda s: run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet))
+        def run_one(s):
+            return run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet)
     else:
-        res = run_seeds(study, lambda s: run_study(s, force=args.force, progress=not args.quiet))
+        def run_one(s):
+            return run_study(s, force=args.force, progress=not args.quiet)
+    paths = getattr(args, "numerics", None) or []
+    res = run_spread(study, paths, args.argv, run_one) if len(paths) > 1 else run_seeds(study, run_one)
     stages = ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items() if v)
     print(f"sinkstudy: {study.name}: report {res['report']} (+ {Path(res['html']).name}); {res['steps']} steps, "
           f"{res['reused']} reused, {res['seconds']:.0f}s" + (f" [{stages}]" if stages else ""))
@@ -166,7 +182,10 @@ def cmd_run(args) -> Summary | int:
                + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin)
                + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
                          if (v := getattr(args, k)) is not None)
-               + (" --numerics native" if os.environ.get(ENV) == "native" else ""))  # each step job in this run's mode
+               + (f" --numerics {mode}" if (mode := os.environ.get(ENV, "reproducible")) != "reproducible" else ""))  # each step job in this run's mode
+    if args.numerics and len(args.numerics) > 1 and (args.plan or args.step):
+        raise SinkstudyError(f"{'--plan' if args.plan else '--step'} takes one numeric mode's study: run the spread whole, "
+                             "or one --numerics mode")
     if study.seeds and (args.plan or args.step):
         raise SinkstudyError(f"{'--plan' if args.plan else '--step'} takes one seed's study, and {study.name} repeats over seeds "
                              f"{','.join(map(str, study.seeds))}: run it whole, or without seeds")

@@ -1,75 +1,103 @@
-"""The report of a study repeated over training seeds (`experiments.study.seeds`): every headline figure per seed
-with its across-seed spread, and each claim or verdict stated only where every seed gives the same answer.
+"""The report of a study repeated over training seeds (`experiments.study.seeds`) or numeric modes
+(`experiments.study.numeric_spread`): every headline figure per run with its spread across runs, and each claim
+or verdict stated only where every run gives the same answer.
 
-A summary with a `seeds` section holds the first seed's results at its top level and every other seed's
-summary under `seeds.runs`. Headline figures: per pair the base's and the VLM LM's Sink Strength and
-Δ = VLM LM − base in points per task; per intervention its recovery of the loss on the paper's task (0 =
-VLM LM, 1 = base); per adaptation arm Δ = arm − its control in points; across pairs ρ(S, Δ points).
-Spread: the sample standard deviation over seeds and the range (max − min).
+A summary with a `seeds` (or `numerics_spread`) section holds the first run's results at its top level and
+every other run's summary under the section's `runs`. Headline figures: per pair the base's and the VLM LM's
+Sink Strength and Δ = VLM LM − base in points per task; per intervention its recovery of the loss on the
+paper's task (0 = VLM LM, 1 = base); per adaptation arm Δ = arm − its control in points; across pairs
+ρ(S, Δ points). Spread: the sample standard deviation over runs and the range (max − min).
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from experiments.report.claims import OPEN, Claim, claims
 from experiments.report.fmt import missing
 from experiments.report.results import StudyResults
 
 
-def seeded(summary: dict) -> dict[int, StudyResults] | None:
-    """{seed: results} of a multi-seed summary, the first seed first; None for a one-seed study."""
-    section = summary.get("seeds")
-    if not section:
-        return None
-    seeds = section["seeds"]
-    out = {seeds[0]: StudyResults.of(summary)}
-    for s in seeds[1:]:
-        out[s] = StudyResults.of(section["runs"][str(s)]["summary"])
-    return out
+@dataclass(frozen=True)
+class Unit:
+    """What the runs of a repeated study differ in, as the report names it."""
+    section: str  # the summary's section holding the other runs
+    one: str  # "seed": "seed 0", "every seed"
+    many: str  # "the seeds disagree"
+    heading: str
+    key: str  # the section's list of run names
 
 
-def _seed_list(runs: dict) -> str:
+SEEDS = Unit("seeds", "seed", "seeds", "Across training seeds", "seeds")
+MODES = Unit("numerics_spread", "numeric mode", "numeric modes", "Across numeric modes", "paths")
+
+
+def replicated(summary: dict) -> tuple[Unit, dict] | None:
+    """(unit, {run name: results}) of a study repeated over seeds or numeric modes, the first run first; None
+    for a study run once."""
+    for unit in (SEEDS, MODES):
+        section = summary.get(unit.section)
+        if section:
+            names = section[unit.key]
+            out = {names[0]: StudyResults.of(summary)}
+            for n in names[1:]:
+                out[n] = StudyResults.of(section["runs"][str(n)]["summary"])
+            return unit, out
+    return None
+
+
+def _names(runs: dict) -> str:
     return ", ".join(map(str, runs))
 
 
-def claims_across(runs: dict[int, StudyResults]) -> list[Claim]:
-    """The first seed's claims, each kept only where every seed answers it the same; otherwise not established,
-    with each seed's answer."""
+def _label(unit: Unit, name) -> str:
+    return f"{unit.one} {name}"
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def claims_across(runs: dict, unit: Unit = SEEDS) -> list[Claim]:
+    """The first run's claims, each kept only where every run answers it the same; otherwise not established,
+    with each run's answer."""
     first, *_ = runs
-    per_seed = {s: {c.claim: c for c in claims(r)} for s, r in runs.items()}
+    per_run = {s: {c.claim: c for c in claims(r)} for s, r in runs.items()}
     out = []
     for c in claims(runs[first]):
-        answers = {s: (per_seed[s].get(c.claim).answer if c.claim in per_seed[s] else "not measured") for s in runs}
+        answers = {s: (per_run[s].get(c.claim).answer if c.claim in per_run[s] else "not measured") for s in runs}
         if len(set(answers.values())) == 1:
-            out.append(Claim(c.claim, c.answer, f"{c.evidence} Every seed ({_seed_list(runs)}) gives this answer; the numbers "
-                                                 f"are seed {first}'s."))
+            out.append(Claim(c.claim, c.answer, f"{c.evidence} Every {unit.one} ({_names(runs)}) gives this answer; the numbers "
+                                                 f"are {_label(unit, first)}'s."))
         else:
-            said = "; ".join(f"seed {s}: {a}" for s, a in answers.items())
-            out.append(Claim(c.claim, f"{OPEN} (the seeds disagree)", f"{said}. Seed {first}'s numbers: {c.evidence}"))
+            said = "; ".join(f"{_label(unit, s)}: {a}" for s, a in answers.items())
+            out.append(Claim(c.claim, f"{OPEN} (the {unit.many} disagree)",
+                             f"{said}. {_cap(_label(unit, first))}'s numbers: {c.evidence}"))
     return out
 
 
-def verdicts_across(runs: dict[int, StudyResults], verdicts) -> list[str]:
-    """The first seed's verdict lines ("Question? answer: numbers"), each stated only where every seed gives it."""
+def verdicts_across(runs: dict, verdicts, unit: Unit = SEEDS) -> list[str]:
+    """The first run's verdict lines ("Question? answer: numbers"), each stated only where every run gives it."""
     def split(line: str) -> tuple[str, str]:
         question, _, rest = line.partition("? ")
         return question, rest.split(":", 1)[0]
 
     first, *_ = runs
-    per_seed = {s: dict(split(line) for line in verdicts(r) if "? " in line) for s, r in runs.items()}
+    per_run = {s: dict(split(line) for line in verdicts(r) if "? " in line) for s, r in runs.items()}
     out = []
     for line in verdicts(runs[first]):
-        if "? " not in line:  # a statement, not a question: its figures are the first seed's
-            out.append(f"{line} (Seed {first}'s figures; every seed's: Across training seeds.)")
+        if "? " not in line:  # a statement, not a question: its figures are the first run's
+            out.append(f"{line} ({_cap(_label(unit, first))}'s figures; every {unit.one}'s: {unit.heading}.)")
             continue
         question, answer = split(line)
-        answers = {s: per_seed[s].get(question, "not measured") for s in runs}
+        answers = {s: per_run[s].get(question, "not measured") for s in runs}
         if len(set(answers.values())) == 1:
-            out.append(f"{line} Every seed ({_seed_list(runs)}) gives this answer.")
+            out.append(f"{line} Every {unit.one} ({_names(runs)}) gives this answer.")
         else:
-            said = "; ".join(f"seed {s}: {a}" for s, a in answers.items())
-            out.append(f"{question}? {OPEN} (the seeds disagree: {said}). Seed {first}: {line.partition('? ')[2]}")
+            said = "; ".join(f"{_label(unit, s)}: {a}" for s, a in answers.items())
+            out.append(f"{question}? {OPEN} (the {unit.many} disagree: {said}). {_cap(_label(unit, first))}: "
+                       f"{line.partition('? ')[2]}")
     return out
 
 
@@ -91,14 +119,14 @@ def figures(r: StudyResults) -> dict[str, float]:
     return out
 
 
-def spread_rows(runs: dict[int, StudyResults]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): each headline figure per seed, its mean, standard deviation and range across seeds."""
-    per_seed = {s: figures(r) for s, r in runs.items()}
-    first = next(iter(per_seed.values()))
-    header = ["figure", *(f"seed {s}" for s in runs), "mean", "SD", "range"]
+def spread_rows(runs: dict, unit: Unit = SEEDS) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): each headline figure per run, its mean, standard deviation and range across runs."""
+    per_run = {s: figures(r) for s, r in runs.items()}
+    first = next(iter(per_run.values()))
+    header = ["figure", *(_label(unit, s) for s in runs), "mean", "SD", "range"]
     rows = []
     for name in first:
-        vals = [per_seed[s].get(name) for s in runs]
+        vals = [per_run[s].get(name) for s in runs]
         finite = [v for v in vals if not missing(v)]
         cells = ["n/a" if missing(v) else f"{v:+.2f}" for v in vals]
         if len(finite) >= 2:
@@ -109,13 +137,28 @@ def spread_rows(runs: dict[int, StudyResults]) -> tuple[list[str], list[list[str
     return header, rows
 
 
-def seed_blocks(runs: dict[int, StudyResults], summary: dict) -> list[tuple]:
-    header, rows = spread_rows(runs)
-    others = ", ".join(f"seed {s} in {x['out']}" for s, x in summary["seeds"]["runs"].items())
-    return [("h", 2, "Across training seeds"),
-            ("p", f"The study ran once per training seed ({_seed_list(runs)}), the data and prompts the same for every seed; "
-                  f"the other seeds' runs: {others}. Each headline "
-                  "figure per seed, with the sample standard deviation and the range (max − min) across seeds; a claim or "
-                  "verdict above is stated only where every seed gives the same answer. S: Sink Strength; Δ in points "
-                  "(score × 100); recovery: share of the loss recovered (0 = VLM LM, 1 = base)."),
+def replicate_blocks(unit: Unit, runs: dict, summary: dict) -> list[tuple]:
+    header, rows = spread_rows(runs, unit)
+    others = ", ".join(f"{_label(unit, s)} in {x['out']}" for s, x in summary[unit.section]["runs"].items())
+    if unit is SEEDS:
+        what = (f"The study ran once per training seed ({_names(runs)}), the data and prompts the same for every seed; "
+                f"the other seeds' runs: {others}.")
+    else:
+        ids = {s: _numerics_id(r) for s, r in [(next(iter(runs)), summary), *((s, x["summary"]) for s, x in summary[unit.section]["runs"].items())]}
+        what = (f"The study ran once per numeric mode ({_names(runs)}: "
+                + ", ".join(f"{s} computed as {i}" for s, i in ids.items())
+                + f"), config, data, seeds and code the same: the spread is what the kernels alone move, the kind of "
+                  f"difference another CPU makes; the other modes' runs: {others}.")
+    return [("h", 2, unit.heading),
+            ("p", f"{what} Each headline figure per {unit.one}, with the sample standard deviation and the range "
+                  f"(max − min) across {unit.many}; a claim or verdict above is stated only where every {unit.one} gives "
+                  "the same answer. S: Sink Strength; Δ in points (score × 100); recovery: share of the loss recovered "
+                  "(0 = VLM LM, 1 = base)."),
             ("table", header, rows)]
+
+
+def _numerics_id(summary: dict) -> str:
+    """The numeric identity a run's results were computed with (provenance.hardware.numerics), as recorded."""
+    hardware = summary.get("hardware") or []
+    ids = sorted({h.get("numerics") for h in (hardware if isinstance(hardware, list) else [hardware]) if h.get("numerics")})
+    return " / ".join(ids) or "not recorded"

@@ -21,7 +21,7 @@ from experiments.report import plots, verdicts as v
 from experiments.report.claims import claims
 from experiments.report.dose_response_tables import dose_response_blocks
 from experiments.report.dose_tables import dose_blocks
-from experiments.report.across_seeds import claims_across, seed_blocks, seeded, verdicts_across
+from experiments.report.across_seeds import claims_across, replicate_blocks, replicated, verdicts_across
 from experiments.report.fmt import num, points, with_ci
 from experiments.report.render import render_html, render_md
 from experiments.report.results import StudyResults, vl_accuracy
@@ -320,9 +320,9 @@ def file_blocks(r: StudyResults, out: Path, figures: list[dict]) -> list[tuple]:
 
 def verdicts(summary: dict) -> list[str]:
     """The report's verdict lines: one per study question `summary` holds (`experiments.report.verdicts`), each stated
-    only where every training seed gives the same answer."""
-    runs = seeded(summary)
-    return verdicts_across(runs, v.verdicts) if runs else v.verdicts(StudyResults.of(summary))
+    only where every training seed (or numeric mode) gives the same answer."""
+    repeated = replicated(summary)
+    return verdicts_across(repeated[1], v.verdicts, repeated[0]) if repeated else v.verdicts(StudyResults.of(summary))
 
 
 def build_blocks(summary: dict, out: Path) -> list[tuple]:
@@ -337,16 +337,16 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
         made = {title: path for title, path in s["see_also"].items() if Path(path).exists()}
         b += [("p", "See also:"), ("links", [(title, os.path.relpath(path, out)) for title, path in made.items()])] if made else []
         b += [("p", f"Not run yet, so not linked: {title} ({path})") for title, path in s["see_also"].items() if title not in made]
-    runs = seeded(summary)  # a study repeated over training seeds: answers only where every seed agrees
-    answered = [str(c) for c in (claims_across(runs) if runs else claims(r))]
+    repeated = replicated(summary)  # over training seeds or numeric modes: answers only where every run agrees
+    answered = [str(c) for c in (claims_across(repeated[1], repeated[0]) if repeated else claims(r))]
     if answered:
         b += [("h", 2, "The paper's claims"), ("ul", answered)]
-    lines = verdicts_across(runs, v.verdicts) if runs else v.verdicts(r)
+    lines = verdicts(summary)
     if lines:
         b += [("h", 2, "Verdicts"), ("ul", lines)]
     b += paper_blocks(r)
-    if runs:
-        b += seed_blocks(runs, summary)
+    if repeated:
+        b += replicate_blocks(*repeated, summary)
     b += [("h", 2, "The study"),
           ("p", f"Pairs: {', '.join(r.pairs)}. Sink metric: {s.get('sink_metric')}. Strict evals through lm-eval: "
                 f"{', '.join(r.tasks)} (chat template {'on' if s.get('apply_chat_template') else 'off'}, "
