@@ -1,16 +1,18 @@
-"""Benchmark: what the reproducible numeric mode costs against the native one (sinkstudy/numerics.py), both
-measured in this run, alternating, on this machine.
+"""Benchmark: what the reproducible numeric mode, and the numeric spread's second mode (native-aten-default),
+cost against the native one (sinkstudy/numerics.py), all measured in this run, alternating, on this machine.
 
     python -m experiments.demo.bench_numerics [--repeats 1] [--skip-demo] [--steps 3]   (make bench-numerics)
 
-Two workloads, each in a fresh process per mode:
-  demo --quick   `sinkstudy demo --quick` from nothing (empty output and cache, so no step is reused): tiny
-                 models, where per-step overheads weigh as much as the arithmetic; wall seconds in all and per stage
+Three workloads, each in a fresh process per mode:
+  demo step      training steps of a demo backbone (Qwen2, 4 layers, width 128, 1,024-token vocabulary) on
+                 batch 16 x 160 tokens, what the full demo's pretraining and VL stages repeat; s per step
   135M step      training steps (forward, backward, AdamW) of a randomly initialised model of SmolLM2-135M's
                  shape (30 layers, width 576, 49,152-token vocabulary) on batch 4 x 128 tokens: the matrix
                  products of a real backbone; seconds per step after one warm-up step
-The ratio reproducible / native is the figure to read. The load average is printed beside it: on a shared
-machine, compare only the two modes of one run.
+  demo --quick   `sinkstudy demo --quick` from nothing (empty output and cache, so no step is reused): tiny
+                 models, where per-step overheads weigh as much as the arithmetic; wall seconds in all and per stage
+The ratios to native are the figures to read. The load average is printed beside them: on a shared
+machine, compare only the modes of one run.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("native", "reproducible")
+MODES = ("native", "native-aten-default", "reproducible")
+# (layers, width, MLP width, heads, kv heads, vocabulary, batch, tokens) per training-step workload
+SHAPES = {"demo": (4, 128, 384, 4, 2, 1024, 16, 160), "135M": (30, 576, 1536, 9, 3, 49152, 4, 128)}
 
 
 def _demo(mode: str, work: Path) -> dict:
@@ -39,34 +43,30 @@ def _demo(mode: str, work: Path) -> dict:
     return {"seconds": seconds, "stages": stages}
 
 
-def _steps(mode: str, steps: int) -> float:
-    from sinkstudy.numerics import pinned_environment
+def _steps(mode: str, shape: str, steps: int) -> float:
+    from sinkstudy.numerics import environment_for
 
-    env = {k: v for k, v in os.environ.items() if k != "SINKSTUDY_NUMERICS"}
-    if mode == "reproducible":
-        env = pinned_environment(env)
-    else:
-        env["SINKSTUDY_NUMERICS"] = "native"
-    done = subprocess.run([sys.executable, "-m", "experiments.demo.bench_numerics", "--one-process", str(steps)], env=env,
-                          cwd=ROOT, check=True, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "experiments.demo.bench_numerics", "--one-process", shape, str(steps)],
+                          env=environment_for(mode, dict(os.environ)), cwd=ROOT, check=True, capture_output=True, text=True)
     return float(done.stdout.split()[-1])
 
 
-def _time_steps(steps: int) -> float:
-    """In this process: seconds per training step of the 135M-shaped model (after one warm-up step)."""
+def _time_steps(shape: str, steps: int) -> float:
+    """In this process: seconds per training step of the `shape` model (after one warm-up step)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from sinkstudy.numerics import configure_torch
 
     configure_torch()
-    if os.environ.get("SINKSTUDY_NUMERICS") == "native":
-        torch.set_num_threads(1)  # the reproducible mode's one thread: the comparison is of kernels, not of cores
+    torch.set_num_threads(1)  # the reproducible mode's one thread in every mode: the comparison is of kernels, not of cores
+    layers, width, mlp, heads, kv, vocab, batch, tokens = SHAPES[shape]
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True))
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=width, intermediate_size=mlp, num_hidden_layers=layers,
+                                         num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                                         tie_word_embeddings=True))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 49152, (4, 128), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(0))
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
@@ -80,22 +80,24 @@ def _time_steps(steps: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=1, help="alternating runs per mode (default 1)")
-    p.add_argument("--steps", type=int, default=3, help="timed training steps of the 135M-shaped model (default 3)")
-    p.add_argument("--skip-demo", action="store_true", help="only the 135M training step")
-    p.add_argument("--one-process", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=3, help="timed training steps of each model shape (default 3)")
+    p.add_argument("--skip-demo", action="store_true", help="only the training steps, not demo --quick")
+    p.add_argument("--one-process", nargs=2, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one_process is not None:
-        print(f"{_time_steps(args.one_process):.4f}")
+        shape, steps = args.one_process
+        print(f"{_time_steps(shape, int(steps)):.4f}")
         return 0
     print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} cores)", flush=True)
     demo: dict[str, list[dict]] = {m: [] for m in MODES}
-    step: dict[str, list[float]] = {m: [] for m in MODES}
+    step: dict[tuple[str, str], list[float]] = {(s, m): [] for s in SHAPES for m in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-numerics-") as tmp:
         for r in range(args.repeats):
             order = MODES if r % 2 == 0 else MODES[::-1]  # alternate which mode goes first
-            for mode in order:
-                step[mode].append(_steps(mode, args.steps))
-                print(f"135M step, {mode}: {step[mode][-1]:.2f} s", flush=True)
+            for shape in SHAPES:
+                for mode in order:
+                    step[shape, mode].append(_steps(mode, shape, args.steps))
+                    print(f"{shape} step, {mode}: {step[shape, mode][-1]:.2f} s", flush=True)
             if not args.skip_demo:
                 for mode in order:
                     work = Path(tmp) / f"r{r}"
@@ -103,17 +105,19 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"demo --quick, {mode}: {demo[mode][-1]['seconds']:.1f} s", flush=True)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print("| workload | native | reproducible | ratio (reproducible / native) |\n|---|---|---|---|")
-    n, r = mean(step["native"]), mean(step["reproducible"])
-    print(f"| 135M-shaped training step, 1 thread (s/step) | {n:.2f} | {r:.2f} | {r / n:.2f} |")
+    print("| workload | " + " | ".join(MODES) + " | " + " | ".join(f"{m} / native" for m in MODES[1:]) + " |")
+    print("|---" * (1 + 2 * len(MODES) - 1) + "|")
+
+    def row(name: str, values: dict[str, float], fmt: str) -> None:
+        print(f"| {name} | " + " | ".join(format(values[m], fmt) for m in MODES) + " | "
+              + " | ".join(f"{values[m] / values['native']:.2f}" if values["native"] else "n/a" for m in MODES[1:]) + " |")
+
+    for shape in SHAPES:
+        row(f"{shape}-shaped training step, 1 thread (s/step)", {m: mean(step[shape, m]) for m in MODES}, ".2f")
     if not args.skip_demo:
-        n, r = mean([d["seconds"] for d in demo["native"]]), mean([d["seconds"] for d in demo["reproducible"]])
-        print(f"| sinkstudy demo --quick, cold (s) | {n:.1f} | {r:.1f} | {r / n:.2f} |")
+        row("sinkstudy demo --quick, cold (s)", {m: mean([d["seconds"] for d in demo[m]]) for m in MODES}, ".1f")
         for stage in demo["native"][0]["stages"]:
-            n = mean([d["stages"].get(stage, 0) for d in demo["native"]])
-            r = mean([d["stages"].get(stage, 0) for d in demo["reproducible"]])
-            if n:
-                print(f"| demo stage {stage} (step-seconds) | {n:.1f} | {r:.1f} | {r / n:.2f} |")
+            row(f"demo stage {stage} (step-seconds)", {m: mean([d["stages"].get(stage, 0) for d in demo[m]]) for m in MODES}, ".1f")
     return 0
 
 
