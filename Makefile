@@ -192,7 +192,7 @@ bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain
 	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
 
 bench-numerics.vars := $(INSTALL_VARS) ARGS
-bench-numerics: $(STAMP) ## the reproducible numeric mode's cost: a 135M-shaped training step and a cold demo --quick in both modes, one run
+bench-numerics: $(STAMP) ## the numeric modes' cost: demo- and 135M-shaped training steps and a cold demo --quick in native, native-aten-default and reproducible, one run
 	$(PY) -m experiments.demo.bench_numerics $(ARGS)
 
 bench-extract.vars := $(INSTALL_VARS) ARGS

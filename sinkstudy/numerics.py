@@ -95,14 +95,19 @@ def path_list(text: str) -> list[str]:
 
 def environment_for(mode: str, env: dict[str, str]) -> dict[str, str]:
     """The environment to start a process in `mode` with, from `env` (this process's, whatever mode it is in):
-    every variable a mode sets is cleared first, so a native child of a reproducible parent runs native."""
-    clean = {k: v for k, v in env.items() if k not in PINNED_ENV and k not in KERNEL_ENV and k != ENV}
+    every variable some mode sets is cleared first, so a native child of a reproducible parent runs native;
+    the user's other variables (MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, other glibc tunables) are kept."""
+    set_by_modes = set(PINNED_ENV) | {k for path in NATIVE_PATHS.values() for k in path} | {ENV}
+    clean = {k: v for k, v in env.items() if k not in set_by_modes}
     tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t != _HWCAPS]
     if tunables:
         clean["GLIBC_TUNABLES"] = ":".join(tunables)
-    if mode == "reproducible":
-        return pinned_environment(clean)
-    return {**clean, **NATIVE_PATHS[mode], ENV: mode}
+    return _with_mode(mode, clean)
+
+
+def _with_mode(mode: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` with `mode`'s variables set on top (whatever else it holds is kept)."""
+    return pinned_environment(env) if mode == "reproducible" else {**env, **NATIVE_PATHS[mode], ENV: mode}
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,7 +146,7 @@ def enter(mode: str, *, reexec: bool) -> None:
                              "(it restarts itself with the mode's environment), or pass --numerics native")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment_for(mode, dict(os.environ)))
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], _with_mode(mode, dict(os.environ)))
 
 
 def _started_in(mode: str) -> bool:
