@@ -209,9 +209,9 @@ def current() -> str:
     """`reproducible` when this process was started with the pinned environment; `native-aten-default` when it
     was asked for and started with ATen's baseline kernels; else `native`."""
     asked = os.environ.get(ENV)
-    if asked not in ("native", "native-aten-default") and _pinned(_start_environment()):
+    if asked not in NATIVE_PATHS and _pinned(_start_environment()):
         return "reproducible"
-    return asked if asked == "native-aten-default" and _started_in(asked) else "native"
+    return asked if asked in NATIVE_PATHS and _started_in(asked) else "native"
 
 
 def identity() -> str:

@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from sinkstudy.numerics import PINNED_ENV, identity
+from sinkstudy.numerics import KERNEL_ENV, PINNED_ENV, identity
 
 _PACKAGES = ("sinkstudy", "torch", "transformers", "mergekit", "lm_eval", "datasets", "scipy", "numpy", "tokenizers", "safetensors")
 
@@ -107,9 +107,8 @@ NUMERIC_CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512b
                      "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
                      "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm")  # the last six: Arm's "Features"
 # Environment variables that change threads or the kernels chosen.
-NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
-               "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "GLIBC_TUNABLES",
-               "NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE")
+NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", *KERNEL_ENV, "CUBLAS_WORKSPACE_CONFIG",
+               "GLIBC_TUNABLES")
 
 
 def hardware() -> dict[str, Any]:

@@ -33,11 +33,13 @@ SHAPES = {"demo": (4, 128, 384, 4, 2, 1024, 16, 160), "135M": (30, 576, 1536, 9,
 
 
 def _demo(mode: str, work: Path) -> dict:
+    from sinkstudy.numerics import environment_for
+
     out, cache = work / f"demo-{mode}", work / f"cache-{mode}"
-    env = {k: v for k, v in os.environ.items() if k != "SINKSTUDY_NUMERICS"}
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "experiments.cli", "demo", "--quick", "--quiet", "--numerics", mode, "--out", str(out)],
-                   env={**env, "SINKSTUDY_CACHE": str(cache)}, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+                   env={**environment_for(mode, dict(os.environ)), "SINKSTUDY_CACHE": str(cache)}, cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - t0
     stages = json.loads((out / "summary.json").read_text())["timings"]
     return {"seconds": seconds, "stages": stages}

@@ -144,7 +144,8 @@ def replicate_blocks(unit: Unit, runs: dict, summary: dict) -> list[tuple]:
         what = (f"The study ran once per training seed ({_names(runs)}), the data and prompts the same for every seed; "
                 f"the other seeds' runs: {others}.")
     else:
-        ids = {s: _numerics_id(r) for s, r in [(next(iter(runs)), summary), *((s, x["summary"]) for s, x in summary[unit.section]["runs"].items())]}
+        ids = {next(iter(runs)): _numerics_id(summary),
+               **{s: _numerics_id(x["summary"]) for s, x in summary[unit.section]["runs"].items()}}
         what = (f"The study ran once per numeric mode ({_names(runs)}: "
                 + ", ".join(f"{s} computed as {i}" for s, i in ids.items())
                 + f"), config, data, seeds and code the same: the spread is what the kernels alone move, the kind of "

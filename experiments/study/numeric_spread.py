@@ -1,14 +1,14 @@
-"""A study run on two or more numeric paths (`--numerics native,native-aten-default`): the numeric spread.
+"""A study run on two or more numeric modes (`--numerics native,native-aten-default`): the numeric spread.
 
-The reproducible mode gives the same numbers on any x86-64 CPU at several times the native mode's cost
-(docs/numerics.md). The spread is the cheaper alternative: it says how far the numeric path alone moves a
-study's figures, the way `--seeds` says how far the training seed does. The first path's run is the study's
-own output directory, computed in this process; every other path's runs as a process of its own started in
-that mode (`sinkstudy.numerics.environment_for`), the same command line with `--numerics PATH --out
-<out>/numerics/PATH`, so its results carry that mode's identity in every key and are never taken for the
-first path's. The first path's summary.json then gains a `numerics_spread` section holding every other
-path's summary; its report gives each headline figure per path with the spread, and states a claim or verdict
-only where every path gives the same answer (`experiments.report.across_seeds`).
+The reproducible mode gives the same numbers on any x86-64 CPU; it does not say how far other kernels would
+move them. The spread does, the way `--seeds` says how far the training seed does (docs/numerics.md has the
+cost of each). The first mode's run is the study's own output directory, computed in this process; every
+other mode's runs as a process of its own started in that mode (`sinkstudy.numerics.environment_for`), the
+same command line with `--numerics MODE --out <out>/numerics/MODE`, so its results carry that mode's identity
+in every key and are never taken for the first mode's. The first mode's summary.json then gains a
+`numerics_spread` section holding every other mode's summary; its report gives each headline figure per mode
+with the spread, and states a claim or verdict only where every mode gives the same answer
+(`experiments.report.across_seeds`).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ def path_dir(out: Path, paths: list[str], path: str) -> Path:
 def check(study, paths: list[str]) -> None:
     """Refuse, in one line and before any work, what a spread cannot run."""
     if study.seeds:
-        raise SinkstudyError(f"--numerics {','.join(paths)} runs the study once per numeric path and {study.name} repeats over "
+        raise SinkstudyError(f"--numerics {','.join(paths)} runs the study once per numeric mode and {study.name} repeats over "
                              f"seeds {','.join(map(str, study.seeds))}: spread one of the two at a time")
 
 
 def run_spread(study, paths: list[str], argv: list[str], run_one: Callable) -> dict:
-    """Run `study` in this process (already in `paths[0]`'s mode), then the same command line once per other path,
+    """Run `study` in this process (already in `paths[0]`'s mode), then the same command line once per other mode,
     each in a process of its own; attach their summaries to the first's and re-render its report. Returns the
     first path's result."""
     from experiments.report.document import write_report
@@ -46,24 +46,23 @@ def run_spread(study, paths: list[str], argv: list[str], run_one: Callable) -> d
     check(study, paths)
     first = run_one(study)
     out = Path(study.out)
-    for path in paths[1:]:
-        sub = path_dir(out, paths, path)
+    others = {path: path_dir(out, paths, path) for path in paths[1:]}
+    for path, sub in others.items():
         command = [sys.executable, "-m", "experiments.cli", *argv, "--numerics", path, "--out", str(sub)]
         done = subprocess.run(command, env=environment_for(path, dict(os.environ)))
         if done.returncode != 0:
-            raise SinkstudyError(f"the study on the {path} numeric path failed (exit {done.returncode}); its output is in "
+            raise SinkstudyError(f"the study in the {path} numeric mode failed (exit {done.returncode}); its output is in "
                                  f"{sub}: rerun the same command (finished steps are reused)")
     summary = read_json(out / "summary.json")
     summary[SECTION] = {"paths": list(paths),
-                        "note": "numeric paths: the same config, data, seeds and code computed on other kernels",
-                        "runs": {p: {"out": str(path_dir(out, paths, p)), "summary": _lean(read_json(path_dir(out, paths, p) / "summary.json"))}
-                                 for p in paths[1:]}}
+                        "note": "numeric modes: the same config, data, seeds and code computed on other kernels",
+                        "runs": {p: {"out": str(sub), "summary": _lean(read_json(sub / "summary.json"))} for p, sub in others.items()}}
     write_json_atomic(out / "summary.json", summary)
     write_report(summary, out)
     return first
 
 
 def _lean(summary: dict) -> dict:
-    """A path's summary without what the first path's report never reads from it (its hardware is kept: it
-    names the path's numeric identity)."""
+    """A mode's summary without what the first mode's report never reads from it (its hardware is kept: it
+    names the mode's numeric identity)."""
     return {k: v for k, v in summary.items() if k not in (SECTION, "seeds")}
