@@ -290,3 +290,43 @@ class _SinkMapsSeen(TrainingHook):
 
     def teardown(self, ctx):
         return {"layers": ctx.sink_maps.num_layers}
+
+
+def _kept_cfg(steps: int, keep: list[int]):
+    cfg = _run_cfg()
+    cfg.stages[1].steps, cfg.stages[1].save_models_at = steps, keep
+    cfg.stages[1].schedule, cfg.stages[1].warmup_ratio = "constant", 0.0  # the lr at step k does not depend on the length
+    return cfg
+
+
+def test_a_kept_model_is_the_model_at_that_step_and_survives_the_stage_cache(tmp_path, tokenizer):
+    """`save_models_at: [2, 4]` in a 5-step stage keeps the model after steps 2 and 4: the kept model after step 2
+    is bit-identical to the model of the same run stopped at 2 steps (constant lr: the schedule does not depend on the
+    length); a second run reusing the stage from the stage cache gets the same kept models."""
+    from safetensors.torch import load_file
+
+    from interventions.adapt.run import snapshot_dir
+
+    base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    vision, cache = VisionSpec("tiny", tiny=TINY), tmp_path / "stages"
+    long = adapt(tmp_path / "base", vision=vision, config=_kept_cfg(5, [2, 4]), out=tmp_path / "long", progress=False,
+                 stage_cache=cache)
+    short = adapt(tmp_path / "base", vision=vision, config=_kept_cfg(2, []), out=tmp_path / "short", progress=False)
+    assert [(s["stage"], s["stage_step"], s["step"]) for s in long["snapshots"]] == [("stage2", 2, 6), ("stage2", 4, 8)]
+    weights = lambda d: load_file(str(d / "model.safetensors"))
+    kept2, kept4, end2, end5 = (weights(d) for d in (snapshot_dir(tmp_path / "long", "stage2", 2),
+                                                     snapshot_dir(tmp_path / "long", "stage2", 4),
+                                                     tmp_path / "short" / "model", tmp_path / "long" / "model"))
+    assert kept2.keys() == end2.keys() and all(torch.equal(kept2[k], end2[k]) for k in kept2)
+    lm = [k for k in kept2 if "layers" in k and "vision" not in k]
+    assert lm
+    assert any(not torch.equal(kept2[k], kept4[k]) for k in lm) and any(not torch.equal(kept4[k], end5[k]) for k in lm)
+    assert (snapshot_dir(tmp_path / "long", "stage2", 2) / "processor_config.json").is_file()  # a whole VLM with its processor
+    again = adapt(tmp_path / "base", vision=vision, config=_kept_cfg(5, [2, 4]), out=tmp_path / "again", progress=False,
+                  stage_cache=cache)
+    assert [s["fingerprint"] for s in again["snapshots"]] == [s["fingerprint"] for s in long["snapshots"]]
+    for bad in ([5], [4, 2], [0]):  # the stage's own end, out of order, not a step
+        with pytest.raises(Exception, match="save_models_at"):
+            from_dict(_kept_cfg(5, bad).to_dict())

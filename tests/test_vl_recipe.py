@@ -113,12 +113,17 @@ def test_selfdistill_key_covers_model_prompts_and_settings():
     assert k != selfdistill.cache_key("fp-a", {**s, "max_new_tokens": 7})
 
 
-def test_selfdistill_drops_cut_replies_and_refuses_when_none_ends(tmp_path, tokenizer, monkeypatch):
+def test_selfdistill_cuts_unended_replies_at_their_last_sentence_and_refuses_when_none_holds_one(tmp_path, tokenizer,
+                                                                                                      monkeypatch):
+    assert selfdistill.cut_at_sentence("Bees make honey. They fly to") == "Bees make honey."
+    assert selfdistill.cut_at_sentence('He said "stop." Then 3.5 times') == 'He said "stop."'
+    assert selfdistill.cut_at_sentence("1. First item.\n2. Second") == "1. First item."  # a list marker ends nothing
+    assert selfdistill.cut_at_sentence("no sentence ends here") == ""
     monkeypatch.setenv("SINKSTUDY_CACHE", str(tmp_path / "cache"))
     base = tmp_path / "base"
     tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).save_pretrained(base)
     tokenizer.save_pretrained(base)
-    with pytest.raises(SinkstudyError, match="no reply ended within 1 tokens"):
+    with pytest.raises(SinkstudyError, match="no reply holds a whole sentence within 1 tokens"):
         data.load_records({"selfdistill": "base", "prompts": 3, "max_new_tokens": 1}, base=str(base))
     assert not list((tmp_path / "cache").rglob("*.jsonl"))  # nothing cached for a failed run
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from evals.protocol import DEFAULT_CONFIDENCE
 from experiments.report import plots, verdicts as v
 from experiments.report.claims import claims
+from experiments.report.calibration_tables import calibration_blocks
 from experiments.report.dose_response_tables import dose_response_blocks
 from experiments.report.dose_tables import dose_blocks
 from experiments.report.across_seeds import claims_across, replicate_blocks, replicated, verdicts_across
@@ -356,6 +357,7 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
     if s.get("notes"):
         b.append(("p", s["notes"]))
     b += [("h", 2, "Findings"), ("ul", v.findings(r))]
+    b += calibration_blocks(summary)
     b += score_blocks(r) + template_blocks(r, summary) + published_blocks(r) + recovery_blocks(r) + protection_blocks(r, summary, out)
     b += dose_blocks(summary) + dose_response_blocks(summary, out)
     b += example_blocks(r) + plot_blocks(r, summary, out)

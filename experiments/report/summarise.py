@@ -82,6 +82,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
     from evals.lmeval import HEADLINE_METRICS, EvalRun
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
     from experiments.study.arms import protection_summary
+    from experiments.study.calibration import calibration, has_grid
     from experiments.study.dose_response import dose_response
     from experiments.study.doses import dose_summary, labels
     from experiments.study.template import shares
@@ -108,7 +109,7 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
         for task in tasks:
             entry["degradation"][task] = compare(runs["base"], runs["vlm"], task, **kw).as_dict()
         for label in models:
-            if label in ("base", "vlm") or label in dose_labels:
+            if label in ("base", "vlm") or label in dose_labels or models[label].snapshot:
                 continue
             entry["interventions"][label] = {  # vs_vlm: against the unintervened VLM LM, its control
                 task: {"recovery": recovery(runs["base"], runs["vlm"], runs[label], task, **kw).as_dict(),
@@ -117,6 +118,8 @@ def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict
         entry["vl_cost"] = vl_cost(entry["models"])
         if study.adapt is not None:
             entry["protection"] = protection_summary(study, p, models, results, runs, kw)
+        if has_grid(study):
+            entry["calibration"] = calibration(study, p, models, results, runs, tasks[0], kw, plan.openings)
         if study.dose:
             entry["dose"] = dose_summary(study, p, results, runs, kw)
             response = dose_response(entry, runs, tasks, kw)

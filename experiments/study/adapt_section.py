@@ -12,7 +12,7 @@ from experiments.study.schema import StudyConfigError, fail, guarded, integer, m
 from sinkstudy import SinkstudyError
 
 ADAPT_KEYS = {"recipe", "vision", "data", "vl_eval", "arms", "seed"}
-ARM_KEYS = {"name", "protection", "params", "protections", "pairs", "notes", "qknorm", "seed", "text_only"}
+ARM_KEYS = {"name", "protection", "params", "protections", "pairs", "notes", "qknorm", "seed", "text_only", "recipe"}
 QKNORM_KEYS = {"init", "alpha"}
 VISION_KEYS = {"kind", "source", "tiny", "feature_layer"}
 CONTROL_ARM = "control"
@@ -24,7 +24,10 @@ class Arm:
     QK-RMSNorm injected into the base before the recipe (`qknorm`: {init, alpha}; None: none) and its
     training seed (None: the recipe's), so an arm may differ from the control by any of the three; or
     `text_only` (a data spec): the recipe's LM training on that text instead of the VL data, no vision side
-    (`interventions.adapt.config.text_only_twin`), the contrast of the training-trajectory claim."""
+    (`interventions.adapt.config.text_only_twin`), the contrast of the training-trajectory claim; and `recipe`,
+    per stage the settings it changes in the study's recipe ({stage2: {lr: 1e-4, steps: 240}}: a calibration grid
+    as arms sharing the tower, stage 1 and data; every stage but the data may change, so every arm trains on the
+    same records)."""
 
     name: str
     protections: list[dict] = field(default_factory=list)
@@ -33,6 +36,39 @@ class Arm:
     qknorm: dict | None = None
     seed: int | None = None
     text_only: dict | None = None
+    recipe: dict | None = None  # {stage: {field: value}}, applied by `arm_recipe`
+
+
+def arm_recipe(recipe: dict, overrides: dict | None) -> dict:
+    """The study's recipe (AdaptConfig.to_dict()) with an arm's per-stage overrides, validated as a whole recipe."""
+    from interventions.adapt.config import from_dict
+
+    if not overrides:
+        return recipe
+    stages = [{**stage, **overrides.get(stage["name"], {})} for stage in recipe["stages"]]
+    return from_dict({**recipe, "stages": stages}).to_dict()
+
+
+def _recipe_overrides(raw, recipe: dict, where: str) -> dict | None:
+    """An arm's `recipe`: {stage name: {StageConfig field: value}} (data excepted), checked by building the recipe."""
+    import dataclasses
+
+    from interventions.adapt.config import StageConfig
+
+    if raw is None:
+        return None
+    stages = [s["name"] for s in recipe["stages"]]
+    raw = mapping(raw, where, set(stages))
+    fields = {f.name for f in dataclasses.fields(StageConfig)} - {"name", "data"}
+    out = {}
+    for stage, values in raw.items():
+        values = mapping(values, f"{where}.{stage}", fields)
+        out[stage] = dict(values)
+    try:
+        arm_recipe(recipe, out)
+    except SinkstudyError as exc:
+        fail(where, str(exc))
+    return out or None
 
 
 @dataclass
@@ -80,7 +116,7 @@ def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: 
     except (SinkstudyError, TypeError) as exc:
         fail(f"{where}.vision", str(exc))
     vl_eval = _probe(cfg.get("vl_eval", {"heldout": 200}), recipe, where)
-    arms = _arms(cfg.get("arms"), pair_names, names, f"{where}.arms", out)
+    arms = _arms(cfg.get("arms"), pair_names, names, f"{where}.arms", out, recipe.to_dict())
     for arm in arms:
         if arm.text_only:
             guarded(lambda spec: text_only_twin(recipe, [spec]), f"{where}.arms.{arm.name}.text_only", arm.text_only)
@@ -160,7 +196,8 @@ def _expand_out(value, out: Path | None):
     return [_expand_out(v, out) for v in value] if isinstance(value, list) else value
 
 
-def _arms(raw, pair_names: list[str], stage_names: list[str], where: str, out: Path | None = None) -> list[Arm]:
+def _arms(raw, pair_names: list[str], stage_names: list[str], where: str, out: Path | None = None,
+          recipe: dict | None = None) -> list[Arm]:
     from interventions.protect import validate_protection
 
     if not isinstance(raw, list) or not raw:
@@ -196,16 +233,17 @@ def _arms(raw, pair_names: list[str], stage_names: list[str], where: str, out: P
         qknorm = _qknorm(a.get("qknorm"), f"{aw}.qknorm")
         seed = None if a.get("seed") is None else integer(a["seed"], f"{aw}.seed", 0)
         text_only = _text_only(a.get("text_only"), f"{aw}.text_only", out)
+        overrides = _recipe_overrides(a.get("recipe"), recipe, f"{aw}.recipe") if recipe is not None else None
         if name == CONTROL_ARM and (protections or qknorm or text_only):
             fail(aw, "the control arm takes no protection, qknorm or text_only")
         if text_only and (protections or qknorm):
             fail(aw, "a text_only arm is the recipe's LM training on text alone: give it no protection or qknorm")
-        if name != CONTROL_ARM and not (protections or qknorm or text_only or seed is not None):
-            fail(aw, f"arm {name!r} differs from the control by nothing: give a protection, qknorm, text_only or seed")
+        if name != CONTROL_ARM and not (protections or qknorm or text_only or seed is not None or overrides):
+            fail(aw, f"arm {name!r} differs from the control by nothing: give a protection, qknorm, text_only, seed or recipe")
         only = a.get("pairs")
         if only is not None and (not isinstance(only, list) or not only or any(p not in pair_names for p in only)):
             fail(f"{aw}.pairs", f"a non-empty list of pair names ({', '.join(pair_names)}), got {only!r}")
-        arms.append(Arm(name, protections, only, a.get("notes"), qknorm, seed, text_only))
+        arms.append(Arm(name, protections, only, a.get("notes"), qknorm, seed, text_only, overrides))
     if CONTROL_ARM not in seen:
         arms.insert(0, Arm(CONTROL_ARM))
     else:

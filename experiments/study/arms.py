@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from experiments.study.adapt_section import CONTROL_ARM
+from experiments.study.adapt_section import CONTROL_ARM, arm_recipe
 from experiments.study.config import model_dir
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, location
@@ -124,6 +124,7 @@ def adapt_summary(report: dict) -> dict:
         "trajectory": [{k: p.get(k) for k in ("step", "stage", "sink_strength", "mean_sink_mass", "scores")}
                        for p in (report.get("trajectory") or {}).get("points") or []],
         "round_trip": report["build"].get("round_trip_max_abs_logit_diff"),
+        "snapshots": [{k: x[k] for k in ("stage", "stage_step", "step")} for x in report.get("snapshots") or []],
         "protections": [{"name": h["name"], "params": h["params"].get("config"), "source": h["source_sha256"]} for h in report["hooks"]],
     }
 
@@ -155,7 +156,7 @@ def arm_step(study, pair, arm, base: Ref) -> Adapt:
     from interventions.adapt.config import from_dict, text_only_twin
 
     seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
-    recipe = from_dict({**study.adapt.recipe, "seed": seed})
+    recipe = from_dict({**arm_recipe(study.adapt.recipe, arm.recipe), "seed": seed})
     if arm.text_only:  # the recipe's LM training on text alone: no vision side
         recipe, vision = text_only_twin(recipe, [arm.text_only]), None
     else:
@@ -219,18 +220,55 @@ def measure_arms(pp, adapts: dict[str, str]) -> None:
         if arm.text_only:  # the run wrote a causal LM: nothing to extract
             pp.measure(arm.name, Ref(str(vlm), step), method="protection", arm=info, owner=f"pair {p} arm {arm.name}")
             continue
-        # An injected QK-norm is not in the base's class: extract in the class the engine trained.
-        own_class = bool(arm.qknorm) or any(hook.changes_architecture() for hook in make_hooks(arm.protections))
         pp.adapted(arm.name, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base,
-                   extract_id=f"{p}/adapt/{arm.name}-extract", method="protection", own_class=own_class, arm=info,
+                   extract_id=f"{p}/adapt/{arm.name}-extract", method="protection", own_class=own_class(arm), arm=info,
                    owner=f"pair {p} arm {arm.name}").vl_skill = skill
+
+
+def own_class(arm) -> bool:
+    """An injected QK-norm (or a protection that changes the architecture) is not in the base's class: such an arm's
+    LM is extracted in the class the engine trained."""
+    return bool(arm.qknorm) or any(hook.changes_architecture() for hook in make_hooks(arm.protections))
+
+
+def snapshot_label(arm: str, stage: str, step: int) -> str:
+    return f"{arm}-{stage}-{step}"
+
+
+def measure_snapshots(pp, adapts: dict[str, str]) -> None:
+    """Every arm's models kept during training (a stage's `save_models_at`): each measured like the arm's final model
+    (VL skill, language model, S, evals), under `<arm>-<stage>-<step>`; not arms themselves (no comparison with the
+    control), the points of a calibration (`experiments.study.calibration`)."""
+    from interventions.adapt.run import snapshot_dir
+
+    study, pair, p = pp.study, pp.pair, pp.pair.name
+    for arm in study.arms_of(p):
+        args = arm_step(study, pair, arm, pp.ref(pair.base))
+        recipe = args.parts()[1]
+        for stage in recipe.stages:
+            for step in stage.save_models_at:
+                label, owner = snapshot_label(arm.name, stage.name, step), f"pair {p} arm {arm.name}"
+                vlm = snapshot_dir(args.run_dir, stage.name, step)
+                skill = None
+                if study.adapt.vl_eval is not None and not arm.text_only:
+                    skill = pp.add(Step(f"{p}/vlskill/{label}", VLSkill(Ref(str(vlm), adapts[arm.name]), study.adapt.vl_eval),
+                                        owner=owner))
+                info = {"arm": arm.name, "stage": stage.name, "stage_step": step, "adapt": adapts[arm.name]}
+                if arm.text_only:
+                    measured = pp.measure(label, Ref(str(vlm), adapts[arm.name]), method="snapshot", owner=owner)
+                else:
+                    measured = pp.adapted(label, vlm, model_dir(study.out, p, label, "vlm", "lm"), pair.base,
+                                          extract_id=f"{p}/adapt/{label}-extract", method="snapshot", own_class=own_class(arm),
+                                          owner=owner)
+                measured.vl_skill, measured.snapshot = skill, info
 
 
 def treatment(arm) -> str:
     """What an arm does besides its seed (arms with the same treatment are seed replicates of one another)."""
     import json
 
-    return json.dumps({"protections": arm.protections, "qknorm": arm.qknorm, "text_only": arm.text_only}, sort_keys=True)
+    return json.dumps({"protections": arm.protections, "qknorm": arm.qknorm, "text_only": arm.text_only, "recipe": arm.recipe},
+                      sort_keys=True)
 
 
 def replicates(study, pair: str) -> dict[str, dict]:

@@ -45,6 +45,7 @@ class Measured:
     eval: str
     arm: dict | None = None  # adaptation arms: {"arm", "protections", "adapt" (step id), "vl_skill" (step id or None)}
     vl_skill: str | None = None  # the step that scores its VL skill (an arm's VLM, or the LM put back into the pair's VLM)
+    snapshot: dict | None = None  # a model kept during an arm's training: {"arm", "stage", "stage_step", "adapt" (step id)}
 
 
 @dataclass
@@ -196,5 +197,6 @@ def plan_study(study) -> StudyPlan:
             plan_doses(pp)
         if adapting:
             arms.measure_arms(pp, adapting)
+            arms.measure_snapshots(pp, adapting)
         out.models[pair.name] = pp.models
     return out

@@ -48,6 +48,9 @@ class StageConfig:
     max_grad_norm: float = 1.0
     save_steps: int | None = None  # Trainer checkpoints every N steps (resume points); None: none
     loss_on: str = "assistant"
+    # Steps of this stage after which the whole model is kept as a model of its own (OUT/snapshots/<stage>-<step>):
+    # one run gives the models at several lengths of the same schedule (a calibration's Δ against steps)
+    save_models_at: list[int] = field(default_factory=list)
 
     def accumulation(self, world_size: int = 1) -> int:
         """Gradient accumulation steps giving `batch_size` from `micro_batch_size` on `world_size` devices."""
@@ -204,6 +207,12 @@ def _stage(raw, where: str) -> StageConfig:
     for k in ("steps", "save_steps"):
         if getattr(stage, k) is not None and not _pos_int(getattr(stage, k)):
             raise AdaptConfigError(f"{w}.{k}: must be a positive integer or null, got {getattr(stage, k)!r}")
+    if not isinstance(stage.save_models_at, list) or not all(_pos_int(n) for n in stage.save_models_at) \
+            or sorted(set(stage.save_models_at)) != stage.save_models_at:
+        raise AdaptConfigError(f"{w}.save_models_at: an increasing list of positive step numbers, got {stage.save_models_at!r}")
+    if stage.steps is not None and stage.save_models_at and stage.save_models_at[-1] >= stage.steps:
+        raise AdaptConfigError(f"{w}.save_models_at: {stage.save_models_at[-1]} is not before the stage's last step "
+                               f"({stage.steps}: the run's own model)")
     if stage.steps is None and stage.epochs <= 0:
         raise AdaptConfigError(f"{w}: set steps or epochs > 0")
     if stage.schedule not in SCHEDULES:

@@ -9,6 +9,7 @@ Layout of a run directory OUT:
     adapt.json          the report: build, round trip, per-stage statistics, provenance
     model/              the result (or `model_dir`): an ordinary HF checkpoint + processor, written
                         atomically at the end; a text-only run writes a causal-LM checkpoint
+    snapshots/<stage>-<step>/  the model after that step of a stage with `save_models_at`, saved like model/
 A killed run continues with `resume=True` from the newest checkpoint of the unfinished stage and
 ends with the weights an uninterrupted run would have; a finished run is reused as is.
 """
@@ -251,6 +252,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
     if not main:
         return {}
     _save(model, processor, tok, model_dir, vision, qknorm)
+    snapshots = _save_snapshots(model, processor, tok, out, config, vision, qknorm)
     points = read_points(traj_path)
     if points:
         plot_trajectories({Path(out).name: points}, out / "trajectory.png")
@@ -261,6 +263,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
         "qknorm": qknorm,
         "stages": stages,
         "trajectory": {"file": str(traj_path), "points": points} if points else None,
+        "snapshots": snapshots,
         "config": read_json(out / REQUEST)["config"],
         "hooks": read_json(out / REQUEST)["hooks"],
         "provenance": provenance(model_fingerprints={"base": read_json(out / REQUEST)["base_fingerprint"],
@@ -271,6 +274,31 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
     if not config.keep_checkpoints:
         shutil.rmtree(out / "work", ignore_errors=True)
     return report
+
+
+def snapshot_dir(out: Path, stage: str, step: int) -> Path:
+    return Path(out) / "snapshots" / f"{stage}-{step}"
+
+
+def _save_snapshots(model, processor, tok, out: Path, config: AdaptConfig, vision, qknorm) -> list[dict]:
+    """Each stage's `save_models_at` weights saved as a model of its own (the final model's weights are then gone from
+    `model`: call last). Steps count from the run's start, as the trajectory's do."""
+    from safetensors.torch import load_model
+
+    from interventions.adapt.trainer import snapshot_file
+    from sinkstudy.provenance import model_fingerprint
+
+    saved, offset = [], 0
+    for stage in config.stages:
+        stats = read_json(out / "work" / stage.name / "done.json")
+        for step in stage.save_models_at:
+            target = snapshot_dir(out, stage.name, step)
+            load_model(model, str(snapshot_file(out / "work" / stage.name, step)))
+            _save(model, processor, tok, target, vision, qknorm)
+            saved.append({"stage": stage.name, "stage_step": step, "step": offset + step, "model": str(target),
+                          "fingerprint": model_fingerprint(target)})
+        offset += stats["steps"]
+    return saved
 
 
 def _add_point(path: Path, probe, point: dict) -> None:

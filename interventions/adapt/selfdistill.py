@@ -4,10 +4,13 @@ Text mixed into VL training (LLaVA-665K's ShareGPT part, `text_replay`, the text
 the base's text skill without teaching it anything new: replies written by the base itself, to prompts
 drawn from no eval set (`neutral_prompts`: everyday topics in plain request forms, no format constraints),
 teach it only what it already says. A data spec `{"selfdistill": "base", "prompts": N, "max_new_tokens": M}`
-(`interventions.adapt.data`; "base" is the run's base, or name any model) gives one chat per prompt
-whose reply ended by itself (a reply cut at M tokens is left out: its end-of-turn would teach stopping
-mid-sentence). The replies are generated once per base (greedy, chat template on, `evals.generate`) and
-cached under a key of the base's fingerprint, the prompts, the settings and this code.
+(`interventions.adapt.data`; "base" is the run's base, or name any model) gives one chat per prompt. A
+reply that reaches M tokens without ending is cut back to its last whole sentence (`cut_at_sentence`), so its
+end-of-turn follows a finished sentence, not a broken one; a cut reply with no whole sentence is left out.
+Measured on SmolLM2-135M-Instruct: at 512 tokens only 60 of 200 replies end by themselves (at 192, 13), so
+dropping the cut ones would make the text share a third of what the recipe states. Each chat records whether
+its reply was cut (`cut`). The replies are generated once per base (greedy, chat template on, `evals.generate`)
+and cached under a key of the base's fingerprint, the prompts, the settings and this code.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ import hashlib
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 from sinkstudy import SinkstudyError
 
-# The reply budget: at 192 tokens only 13 of 200 SmolLM2-135M-Instruct replies ended (those 45-152 words long);
-# its replies to these prompts mostly run past 192 tokens, so the budget is where most of them end.
+# The reply budget: SmolLM2-135M-Instruct's replies to these prompts mostly run past it (60 of 200 end within 512
+# tokens); the others are cut back to their last whole sentence.
 DEFAULTS = {"prompts": 200, "max_new_tokens": 512}
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+_LIST_MARKER = re.compile(r"\s*(\d+|[a-zA-Z])\.")  # "2." opening a list item ends no sentence
 _TOPICS = (
     "the water cycle", "how bees make honey", "the history of bicycles", "why the sky is blue", "how a library is organised",
     "the life of a lighthouse keeper", "how bread rises", "the planet Mars", "how trains run on time", "the origin of chess",
@@ -113,10 +119,23 @@ def generate(model_or_path, settings: dict) -> list[dict]:
         out = greedy_generate(model.eval(), [Prompt(x, settings["max_new_tokens"]) for x in ids], batch_size=16, eos_token_ids=eos)
     rows = []
     for prompt, toks in zip(prompts, out):
-        if toks and toks[-1] in eos:
-            reply = tok.decode(toks[:-1], skip_special_tokens=True).strip()
-            if reply:
-                rows.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]})
+        ended = bool(toks) and toks[-1] in eos
+        reply = tok.decode(toks[:-1] if ended else toks, skip_special_tokens=True).strip()
+        reply = reply if ended else cut_at_sentence(reply)
+        if reply:
+            rows.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}],
+                         "cut": not ended})
     if not rows:
-        raise SinkstudyError(f"selfdistill: no reply ended within {settings['max_new_tokens']} tokens")
+        raise SinkstudyError(f"selfdistill: no reply holds a whole sentence within {settings['max_new_tokens']} tokens")
     return rows
+
+
+def cut_at_sentence(text: str) -> str:
+    """`text` up to its last whole sentence (a ., ! or ? followed by white space, closing quotes or brackets kept);
+    "" when it holds none. The end of the text counts as white space only where generation ended by itself."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(text + " ") if not _LIST_MARKER.fullmatch(_line_before(text, m.end()))]
+    return text[:ends[-1]].rstrip() if ends else ""
+
+
+def _line_before(text: str, end: int) -> str:
+    return text[text.rfind("\n", 0, end) + 1:end]

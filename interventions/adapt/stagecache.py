@@ -7,6 +7,7 @@ stage 1 (the projector alone, same base, seed, data and settings) is the same co
     <stage_cache>/<key>/final.safetensors   the whole model after the stage
                         done.json           the stage's statistics (as in the run's work/<stage>/done.json)
                         points.json         the S-trajectory points measured up to the stage's end
+                        snapshot-<n>.safetensors  the model after step n, for each step of the stage's save_models_at
 
 The key of stage k is a hash of the run's request (`interventions.adapt.run.make_request`: base and its
 fingerprint, vision side, QK-norm injection, engine code, recipe with data content hashes) with the
@@ -30,6 +31,7 @@ from interventions.adapt.hooks import TrainingHook
 from sinkstudy.io import read_json, write_json_atomic
 
 WEIGHTS, STATS, POINTS = "final.safetensors", "done.json", "points.json"
+SNAPSHOTS = "snapshot-*.safetensors"  # interventions.adapt.trainer.snapshot_file
 
 
 def shapes(hook: TrainingHook, stage_names: Sequence[str]) -> bool:
@@ -61,6 +63,8 @@ def store(cache: Path, key: str, work: Path, points: list[dict]) -> None:
     try:
         shutil.copyfile(work / WEIGHTS, tmp / WEIGHTS)  # a copy: the run may rewrite its own file
         shutil.copyfile(work / STATS, tmp / STATS)
+        for snapshot in work.glob(SNAPSHOTS):
+            shutil.copyfile(snapshot, tmp / snapshot.name)
         write_json_atomic(tmp / POINTS, {"points": points})
         try:
             os.rename(tmp, cache / key)
@@ -74,6 +78,8 @@ def restore(entry: Path, work: Path) -> tuple[dict, list[dict]]:
     """Put a cached stage into the run's `work` folder (as if the run had trained it); (stats, points)."""
     work.mkdir(parents=True, exist_ok=True)
     _link_or_copy(entry / WEIGHTS, work / WEIGHTS)
+    for snapshot in entry.glob(SNAPSHOTS):
+        _link_or_copy(snapshot, work / snapshot.name)
     stats = read_json(entry / STATS)
     write_json_atomic(work / STATS, stats)
     return stats, read_json(entry / POINTS)["points"]

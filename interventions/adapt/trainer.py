@@ -130,6 +130,27 @@ class _HookSteps(TrainerCallback):
             hook.after_optimizer_step(ctx)
 
 
+def snapshot_file(work_dir: Path, step: int) -> Path:
+    return Path(work_dir) / f"snapshot-{step}.safetensors"
+
+
+class _Snapshots(TrainerCallback):
+    """The whole model's weights after each step of `steps` (the stage's `save_models_at`), in `work_dir`; a resumed
+    stage keeps the snapshots it already wrote (exact resume: the same weights)."""
+
+    def __init__(self, model, steps: Sequence[int], work_dir: Path, main: bool):
+        self.model, self.steps, self.work_dir, self.main = model, set(steps), Path(work_dir), main
+
+    def on_step_end(self, args, state, control, **kwargs):
+        target = snapshot_file(self.work_dir, state.global_step)
+        if self.main and state.global_step in self.steps and not target.is_file():
+            from safetensors.torch import save_model
+
+            tmp = target.with_name(f".{target.name}.tmp")
+            save_model(self.model, str(tmp))
+            tmp.replace(target)
+
+
 class _Progress(TrainerCallback):
     """A tqdm bar per stage with loss, learning rate and tokens/s; keeps the loss curve."""
 
@@ -251,8 +272,9 @@ def train_stage(
             raise SinkstudyError(f"stage {stage.name}: nothing left to train after the hooks' set-up")
         args = _arguments(stage, config, work_dir, world, check_device(device))
         bar = _Progress(desc or f"adapt {stage.name}", progress)
+        snapshots = [_Snapshots(model, stage.save_models_at, work_dir, _rank() == 0)] if stage.save_models_at else []
         trainer = AdaptTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate_fn,
-                               hooks=contexts, callbacks=[bar, _HookSteps(contexts), *callbacks])
+                               hooks=contexts, callbacks=[bar, _HookSteps(contexts), *snapshots, *callbacks])
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         trainer.remove_callback(ProgressCallback)
@@ -308,6 +330,12 @@ def _world_size() -> int:
     import os
 
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
 
 
 def check_device(device: str | None) -> str:
