@@ -102,6 +102,27 @@ def test_two_stages_change_exactly_what_each_stage_allows(tokenizer):
     assert all(p.requires_grad for p in vlm.parameters()) and not vlm.training
 
 
+def test_a_group_lr_is_the_initial_lr_of_that_group_alone(tokenizer, tmp_path):
+    """One AdamW step moves each parameter by about its lr (the first step's update is lr × g / (|g| + eps)): with
+    `group_lr: {projector: 1e-2}` and lr 1e-5 the projector moves by up to 1e-2 and the LM by up to 1e-5."""
+    built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
+    vlm = built.model
+    config = _stage_cfg(stage2={"steps": 1, "lr": 1e-5, "weight_decay": 0.0, "schedule": "constant", "warmup_ratio": 0.0,
+                                "trainable": ["projector", "lm"], "group_lr": {"projector": 1e-2}})
+    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    ds = data.EncodedDataset([data.load_records("digits")], enc)
+    groups = parameter_groups(vlm)
+    before = {n: p.detach().clone() for n, p in vlm.named_parameters()}
+    train_stage(vlm, config.stages[0], config, ds, collate_fn=lambda f: data.collate(f, tokenizer.pad_token_id),
+                work_dir=tmp_path, tokenizer=tokenizer, progress=False)
+    moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in vlm.named_parameters()}
+    projector = max(moved[n] for n in groups["projector"])
+    lm = max(moved[n] for n in groups["lm"])
+    assert 0.5e-2 < projector < 1.01e-2 and 0.5e-5 < lm < 1.01e-5  # float32 rounding of the weights aside
+    with pytest.raises(Exception, match="group_lr"):
+        _stage_cfg(stage2={"trainable": ["lm"], "group_lr": {"projector": 1e-2}})
+
+
 class _Recorder(TrainingHook):
     """Masks the gradient of lm_head rows 0..9 after backward and restores them after each optimizer
     step (AdamW's weight decay would move them otherwise); adds a constant to the loss."""

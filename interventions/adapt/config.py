@@ -51,6 +51,9 @@ class StageConfig:
     # Steps of this stage after which the whole model is kept as a model of its own (OUT/snapshots/<stage>-<step>):
     # one run gives the models at several lengths of the same schedule (a calibration's Δ against steps)
     save_models_at: list[int] = field(default_factory=list)
+    # A learning rate of its own for a named group ({projector: 2e-3}): the group's parameters start from it and follow
+    # the stage's schedule; every other trained parameter takes `lr`. A new projector may learn faster than the LM.
+    group_lr: dict[str, float] = field(default_factory=dict)
 
     def accumulation(self, world_size: int = 1) -> int:
         """Gradient accumulation steps giving `batch_size` from `micro_batch_size` on `world_size` devices."""
@@ -213,6 +216,13 @@ def _stage(raw, where: str) -> StageConfig:
     if stage.steps is not None and stage.save_models_at and stage.save_models_at[-1] >= stage.steps:
         raise AdaptConfigError(f"{w}.save_models_at: {stage.save_models_at[-1]} is not before the stage's last step "
                                f"({stage.steps}: the run's own model)")
+    if not isinstance(stage.group_lr, dict):
+        raise AdaptConfigError(f"{w}.group_lr: a mapping of group names to learning rates, got {stage.group_lr!r}")
+    for g, v in stage.group_lr.items():
+        if g not in stage.trainable or g.startswith("re:"):
+            raise AdaptConfigError(f"{w}.group_lr: {g!r} is not a named group the stage trains ({', '.join(stage.trainable)})")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            raise AdaptConfigError(f"{w}.group_lr.{g}: must be a finite number > 0, got {v!r}")
     if stage.steps is None and stage.epochs <= 0:
         raise AdaptConfigError(f"{w}: set steps or epochs > 0")
     if stage.schedule not in SCHEDULES:

@@ -35,13 +35,30 @@ TrainableFilter = Callable[[str, torch.nn.Parameter], bool]
 
 
 class AdaptTrainer(Trainer):
-    def __init__(self, *args, hooks: Sequence[tuple[TrainingHook, HookContext]] = (), **kwargs):
+    def __init__(self, *args, hooks: Sequence[tuple[TrainingHook, HookContext]] = (), group_lr: dict[str, float] | None = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.hooks = list(hooks)
+        self.group_lr = dict(group_lr or {})  # parameter name -> its own initial lr (StageConfig.group_lr, resolved)
         # The loss below is normalised over the accumulated batch's targets: the Trainer must count them.
         self.model_accepts_loss_kwargs = True
         self.loss_is_scaled_for_ga = True
         self._loss_shifts_labels = True  # targets are the next tokens: count labels[:, 1:]
+
+    def create_optimizer(self, model=None):
+        """Trainer's AdamW groups (decay / no decay), each split by the initial lr of `group_lr`; without it, Trainer's own."""
+        if self.optimizer is not None or not self.group_lr:
+            return super().create_optimizer(model)
+        opt_model = self.model if model is None else model
+        decay = set(self.get_decay_parameter_names(opt_model))
+        groups: dict[tuple, list] = {}
+        for n, p in opt_model.named_parameters():
+            if p.requires_grad:
+                groups.setdefault((self.group_lr.get(n, self.args.learning_rate), n in decay), []).append(p)
+        cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        self.optimizer = cls([{"params": ps, "lr": lr, "weight_decay": self.args.weight_decay if decays else 0.0}
+                              for (lr, decays), ps in groups.items()], **kwargs)
+        return self.optimizer
 
     def _get_train_sampler(self, train_dataset=None):
         # A dataset that fixes its own order (MixedDataset: the share of each source in every batch)
@@ -200,6 +217,16 @@ def select_trainable(model, groups: Sequence[str] | TrainableFilter) -> set[str]
     return chosen
 
 
+def group_lrs(model, stage: StageConfig) -> dict[str, float]:
+    """{parameter name: lr} for the parameters of the stage's `group_lr` groups (a later group wins where two overlap)."""
+    from interventions.adapt.build import parameter_groups
+
+    if not stage.group_lr:
+        return {}
+    groups = parameter_groups(model)
+    return {name: lr for group, lr in stage.group_lr.items() for name in sorted(groups[group])}
+
+
 def precision_flags(precision: str) -> dict:
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
@@ -273,7 +300,7 @@ def train_stage(
         args = _arguments(stage, config, work_dir, world, check_device(device))
         bar = _Progress(desc or f"adapt {stage.name}", progress)
         snapshots = [_Snapshots(model, stage.save_models_at, work_dir, _rank() == 0)] if stage.save_models_at else []
-        trainer = AdaptTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate_fn,
+        trainer = AdaptTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate_fn, group_lr=group_lrs(model, stage),
                                hooks=contexts, callbacks=[bar, _HookSteps(contexts), *snapshots, *callbacks])
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
