@@ -98,7 +98,7 @@ DEMO_FIRST = demo OUT= ARGS= FORCE= SEEDS= QUICK= NUMERICS=$(NUMERICS)
 
 .DEFAULT_GOAL := help
 .PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval bench-numerics real-model sink eval compare pair-extract pair-diff qknorm \
-        adapt qknorm-arm protect protect-study study-real dose-response merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean clean-venv
+        adapt qknorm-arm protect protect-study study-real calibrate dose-response merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean clean-venv
 
 help.vars :=
 help: ## list the targets with the variables each takes (and the sinkstudy command it runs, where named otherwise)
@@ -118,7 +118,7 @@ names set in the shell's environment are used where taken, never refused):
   FORCE=1 QUIET=1     redo / replace finished outputs; no progress bars and no library chatter
   SEEDS=0,1,2         a study repeated over training seeds, the spread reported
   NUMERICS=native     a study on this CPU's fastest kernels (default: the reproducible mode, the same numbers on any x86-64)
-  QUICK=1             smoke scale (demo: sinkstudy demo --quick into RUN-quick, study-real, dose-response) or CI size (bench, bench-eval)
+  QUICK=1             smoke scale (demo: sinkstudy demo --quick into RUN-quick, study-real, calibrate, dose-response) or CI size (bench, bench-eval)
   NAME= PARAMS= PLUGIN=  a mitigation or protection, its parameters "k=v k2=v2", plug-in files "mine.py pkg.mod"
   INIT= TRAIN_STEPS=  qknorm: gain init (identity-gain is the paper's, scale-preserving the default), recovery steps
   ADAPT_CONFIG= DATA= VISION= DONOR=  VL adaptation: recipe YAML, training data, vision tower (default a tiny one)
@@ -300,6 +300,17 @@ study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, 
 	$(PY) -m sinkstudy.real_weights --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+
+# make calibrate: the instruction recipe's stage 2 calibrated on SmolLM2-135M-Instruct by measurement
+# (experiments/configs/calibrate_real.yaml): a grid of stage-2 settings as arms sharing the tower, stage 1 and the
+# self-distilled text, each model kept at several stage-2 steps and measured (Δ, template share, VQA per type, S);
+# the report's Calibration section names the point its rule chooses. QUICK=1: the path at smoke scale. Resumable.
+CALIBRATE_CONFIG = experiments/configs/calibrate_real$(if $(filter 1,$(QUICK)),_quick).yaml
+CALIBRATE_OUT = $(or $(OUT),runs/calibrate-real$(if $(filter 1,$(QUICK)),-quick))
+calibrate.vars := $(INSTALL_VARS) QUICK OUT NUMERICS $(EVAL_VARS) ARGS
+calibrate: $(REAL_STAMP) ## calibrate the VL instruction recipe's stage 2 on SmolLM2-135M: settings × steps -> Δ, template share, VQA, S; QUICK=1: smoke scale
+	$(PY) -m sinkstudy.real_weights --chat --link-dir $(CALIBRATE_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(CALIBRATE_CONFIG) --out $(CALIBRATE_OUT) $(EVAL_FLAGS) $(NUMERICS_FLAG) $(ARGS)
 
 # make dose-response: does a stronger sink cause less loss? Sink doses of SmolLM2-135M-Instruct's and Gemma-3-270M's
 # bases, each adapted with study-real's recipe (experiments/configs/dose_response.yaml); QUICK=1: SmolLM2 alone at
