@@ -96,9 +96,13 @@ class Plan:
         return list(self.steps)
 
     def maker(self, path) -> str | None:
-        """The step that writes `path`, if one of the plan does."""
-        step = self._claims.get(os.path.normpath(os.fspath(path)))
-        return step.id if step is not None else None
+        """The step that writes `path` (or a folder holding it: a run's kept models), if one of the plan does."""
+        path = Path(os.path.normpath(os.fspath(path)))
+        for candidate in (path, *path.parents):
+            step = self._claims.get(os.fspath(candidate))
+            if step is not None:
+                return step.id
+        return None
 
     def dependents(self, step_id: str) -> list[Step]:
         return [s for s in self if step_id in s.deps]
