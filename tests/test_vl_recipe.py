@@ -200,3 +200,66 @@ def test_vqa_answers_a_saved_vlm_from_the_prompt_training_formats(tmp_path, toke
     assert enc(record)["input_ids"].tolist()[:len(ids)] == ids
     result, answers = vqa.vqa_accuracy(model, processor, items, batch_size=4, max_new_tokens=3)
     assert len(answers) == len(items) == result.n and all(isinstance(a, str) for a in answers)
+
+
+def _vlm_dir(tmp_path, tokenizer, name: str):
+    from interventions.adapt.build import save_vlm
+
+    built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
+    save_vlm(built, built.processor, tmp_path / name)
+    return tmp_path / name
+
+
+def _lm_eval_vqa(vlm_dir, n: int) -> list[str]:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from evals.tasks import TASKS_DIR
+
+    out = lm_eval.simple_evaluate(model="hf-multimodal", model_args=f"pretrained={vlm_dir},dtype=float32", tasks=["sinkstudy_vqa"],
+                                  apply_chat_template=True, limit=n, batch_size=1, device="cpu", log_samples=True,
+                                  task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False))
+    return [s["resps"][0][0].split("\n")[0].strip() for s in sorted(out["samples"]["sinkstudy_vqa"], key=lambda s: s["doc_id"])]
+
+
+def test_the_lm_eval_vqa_task_runs_on_a_saved_vlm_with_its_chat_template_and_agrees_item_for_item(tmp_path, tokenizer,
+                                                                                                 monkeypatch):
+    """`lm_eval --model hf-multimodal ... --tasks sinkstudy_vqa --apply_chat_template` on a recipe-built VLM: its saved
+    chat template renders lm-eval's content parts (image, text) as the training prompt, and every item's greedy answer
+    equals `evals.vqa`'s for the same VLM, for a tokenizer that adds no BOS when it encodes (SmolLM2's, Qwen's: the chat
+    template writes it)."""
+    import copy
+
+    from interventions.adapt.build import load_vlm
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    plain = copy.deepcopy(tokenizer)
+    plain.backend_tokenizer.post_processor = None  # encodes without a BOS of its own
+    vlm_dir = _vlm_dir(tmp_path, plain, "vlm")
+    model, processor = load_vlm(vlm_dir)
+    user = [{"role": "user", "content": "Say hi."}]
+    assert processor.apply_chat_template(user, tokenize=False) == plain.apply_chat_template(user, tokenize=False)
+    as_parts = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "\nWhat is it?"}]}]
+    as_text = [{"role": "user", "content": f"{processor.image_token}\nWhat is it?"}]
+    assert processor.apply_chat_template(as_parts, tokenize=False) == processor.apply_chat_template(as_text, tokenize=False)
+    n = 8
+    ours = vqa.generate_answers(model, processor, vqa.heldout_items()[:n], batch_size=1)
+    assert _lm_eval_vqa(vlm_dir, n) == [o.split("\n")[0].strip() for o in ours]
+    assert len(set(ours)) > 1  # answers that differ between items: the comparison is not of one constant
+
+
+def test_lm_eval_multimodal_adds_a_second_bos_for_a_tokenizer_that_adds_one(tmp_path, tokenizer):
+    """lm-eval 0.4.13's hf-multimodal encodes the chat-templated prompt with the processor's default special tokens (its
+    own TODO): a tokenizer that adds a BOS when it encodes (Gemma's) then sees two. docs/adapt.md says so; this test
+    notices when lm-eval changes."""
+    from PIL import Image
+    from lm_eval.models.hf_vlms import HFMultimodalLM
+
+    vlm_dir = _vlm_dir(tmp_path, tokenizer, "vlm-bos")
+    lm = HFMultimodalLM(pretrained=str(vlm_dir), dtype="float32", batch_size=1, device="cpu")
+    text = lm.processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
+                                            tokenize=False, add_generation_prompt=True)
+    image = Image.new("RGB", (64, 64))
+    theirs = lm.tok_batch_multimodal_encode([text], [[image]])["input_ids"][0].tolist()
+    ours = lm.processor(text=[text], images=[image], add_special_tokens=False)["input_ids"][0]
+    assert theirs == [tokenizer.bos_token_id] + list(ours) and ours[0] == tokenizer.bos_token_id

@@ -132,10 +132,12 @@ def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> 
         raise SinkstudyError(f"vision tower {vision.source or 'tiny'} does not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
     _init_projector(vlm.model.multi_modal_projector, vision.seed)
     vlm.eval()
+    template = multimodal_chat_template(tokenizer.chat_template, image_token)
+    tokenizer.chat_template = template  # one template file per checkpoint: the tokenizer and the processor share it
     processor = LlavaProcessor(
         image_processor=image_processor, tokenizer=tokenizer, patch_size=vision_config.patch_size,
         vision_feature_select_strategy=info["vision_feature_select_strategy"], num_additional_image_tokens=info["cls_tokens"],
-        image_token=image_token, chat_template=tokenizer.chat_template,
+        image_token=image_token, chat_template=template,
     )
     _generation_defaults(vlm, tokenizer)
     report = {"kind": vision.kind, "source": vision.source, "tower": family, **info, "vocab_size": vocab,
@@ -145,6 +147,32 @@ def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> 
 
         report["tower_probe"] = tower_report(pretrained_tower(vision.tiny))["probe"]
     return Built(vlm, processor, tokenizer, image_token, ("", ""), report)
+
+
+# Rewrites each message whose content is a list of parts ({"type": "image"} / {"type": "text", "text": ...}, what
+# multimodal clients such as lm-eval's hf-multimodal send) into one string, images as the image token, before the
+# text model's own template reads `messages`: the template of a text LLM renders only string contents.
+_PARTS_TO_TEXT = """{%- set ns = namespace(messages=[]) -%}
+{%- for message in messages -%}
+{%- if message['content'] is string -%}{%- set ns.messages = ns.messages + [message] -%}
+{%- else -%}{%- set text = namespace(value='') -%}
+{%- for part in message['content'] -%}
+{%- if part['type'] == 'image' -%}{%- set text.value = text.value + IMAGE_TOKEN -%}
+{%- elif part['type'] == 'text' -%}{%- set text.value = text.value + part['text'] -%}{%- endif -%}
+{%- endfor -%}
+{%- set ns.messages = ns.messages + [{'role': message['role'], 'content': text.value}] -%}
+{%- endif -%}
+{%- endfor -%}
+{%- set messages = ns.messages -%}
+"""
+
+
+def multimodal_chat_template(template: str | None, image_token: str) -> str | None:
+    """The base's chat template, reading content given as parts too (images as `image_token`); string contents render
+    exactly as before. None stays None (a base without a template)."""
+    if template is None or template.startswith(_PARTS_TO_TEXT.split("\n")[0]):
+        return template
+    return _PARTS_TO_TEXT.replace("IMAGE_TOKEN", repr(image_token)) + template
 
 
 def llava_config(text_config, vision_config, family: str, vision: VisionSpec, image_token_index: int, vocab: int):
