@@ -31,14 +31,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from evals.protocol import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT  # noqa: F401  (the bootstrap's defaults, part of this module's API)
+from evals.protocol import COMPARABLE_SETTINGS, DEFAULT_CONFIDENCE, DEFAULT_N_BOOT  # noqa: F401  (the bootstrap's defaults, part of this module's API)
 from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 1_000  # replicates per vectorised batch: bounds memory at n_docs * _CHUNK indices
-# Settings that change outputs for the same model; keep them equal across compared runs.
-_COMPARABLE_SETTINGS = ("limit", "batch_size", "apply_chat_template", "max_gen_toks", "num_fewshot", "seed")
 CONVENTION = "Δ = after − before in points (score × 100; negative = capability lost); relative = Δ / before"
 POINTS = 100.0
 # The fewest prompts a paired comparison needs to decide a sign: with 5, even all of them changing the same way gives a
@@ -378,7 +376,7 @@ def compare_runs(before, after, tasks: Sequence[str] | None = None, **kwargs) ->
     if tasks is None:  # every scored task both runs hold samples for (a group pools its subtasks)
         tasks = [t for t in before.scores if t in after.scores and _has_docs(before, t) and _has_docs(after, t)]
     tasks = list(tasks)
-    differing = [k for k in _COMPARABLE_SETTINGS if before.settings.get(k) != after.settings.get(k)]
+    differing = [k for k in COMPARABLE_SETTINGS if before.settings.get(k) != after.settings.get(k)]
     if differing:
         log.warning("the two runs differ in %s: differences mix model and setting effects", ", ".join(differing))
     if not tasks:

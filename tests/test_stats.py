@@ -153,6 +153,23 @@ def _run(values, name, prompts=None):
                    samples={"t": samples}, settings={}, fingerprint=name, model_name=name)
 
 
+def test_compare_runs_warns_on_every_protocol_setting_that_differs(caplog):
+    """The settings compared are the eval protocol's (`evals.protocol.COMPARABLE_SETTINGS`): a system instruction, the
+    generation kwargs, the backend... not a shorter list of their own."""
+    from evals.protocol import COMPARABLE_SETTINGS, EvalProtocol
+
+    assert {"system_instruction", "gen_kwargs", "chat_template_kwargs", "backend", "max_gen_toks", "seed"} <= set(COMPARABLE_SETTINGS)
+    assert set(COMPARABLE_SETTINGS) - {"seed"} <= set(EvalProtocol().as_dict())
+    a, b = _run([1, 1, 0, 1], "a"), _run([1, 0, 0, 0], "b")
+    with caplog.at_level("WARNING", logger="evals.stats"):
+        compare_runs(a, b, n_boot=50)
+    assert not caplog.records
+    b.settings = {"system_instruction": "Answer briefly."}
+    with caplog.at_level("WARNING", logger="evals.stats"):
+        compare_runs(a, b, n_boot=50)
+    assert "differ in system_instruction" in caplog.text
+
+
 def test_compare_runs_pairs_eval_runs_on_doc_id_and_checks_prompts():
     a, b = _run([1, 1, 0, 1], "a"), _run([1, 0, 0, 0], "b")
     comps = compare_runs(a, b, n_boot=200)
