@@ -289,15 +289,15 @@ mitigate.vars := $(INSTALL_VARS) NAME BASE VLM RUN PARAMS PLUGIN OUT $(EVAL_VARS
 mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_restore; PARAMS="k=v ...", PLUGIN=file.py) on BASE/VLM
 	$(SINKSTUDY) mitigate $(NAME) --base $(BASE) --vlm $(VLM) $(PARAM_FLAGS) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-# make study-real: the paper's study on SmolLM2-135M-Instruct and Gemma-3-270M (experiments/configs/study_real.yaml);
+# make study-real: the paper's study on SmolLM2-135M-Instruct, Gemma-3-270M and Qwen2.5-Coder-0.5B-Instruct (experiments/configs/study_real.yaml);
 # QUICK=1: its path at smoke scale on SmolLM2 (study_real_quick.yaml). Resumable: a killed run goes on where it
 # stopped; ARGS="--jobs 2" runs independent steps side by side. The inputs (chat checkpoints linked from the
 # converted GGUFs, the corpus chats text_replay mixes in) are written under OUT/inputs first.
 STUDY_REAL_CONFIG = experiments/configs/study_real$(if $(filter 1,$(QUICK)),_quick).yaml
 STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
 study-real.vars := $(INSTALL_VARS) QUICK OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
-study-real: $(REAL_STAMP) ## the paper's claims on two real LLMs (SmolLM2-135M, Gemma-3-270M) on CPU; QUICK=1: smoke scale
-	$(PY) -m sinkstudy.real_weights --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
+study-real: $(if $(filter 1,$(QUICK)),$(REAL_STAMP),$(REAL_QWEN_STAMP)) ## the paper's claims on three real LLMs (SmolLM2-135M, Gemma-3-270M, Qwen2.5-Coder-0.5B) on CPU; QUICK=1: SmolLM2 at smoke scale
+	$(PY) -m sinkstudy.real_weights --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct $(if $(filter 1,$(QUICK)),,gemma-3-270m qwen2.5-coder-0.5b-instruct)
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
 

@@ -126,7 +126,8 @@ def text_only_twin(config: AdaptConfig, data: list) -> AdaptConfig:
         if "lm" not in stage.trainable:
             continue
         trainable = [g for g in stage.trainable if g not in ("projector", "tower")]
-        stages.append({**dataclasses.asdict(stage), "data": list(data), "trainable": trainable})
+        group_lr = {g: lr for g, lr in stage.group_lr.items() if g in trainable}
+        stages.append({**dataclasses.asdict(stage), "data": list(data), "trainable": trainable, "group_lr": group_lr})
     if not stages:
         raise AdaptConfigError("the recipe has no stage that trains the language model: nothing for a text-only twin to train")
     return from_dict({**config.to_dict(), "stages": stages})
