@@ -6,17 +6,21 @@ adapted with the control arm's recipe, so the text skill lost in VL training can
 Steps per pair P and dose D:
     P/dose/D                       the dosed base (`Intervene` of sink_dose with the base as both models)
     P/sink/D, P/eval/D             its measurements, before any VL training
-    P/adapt/D, P/vlskill/D         with an adapt section: the control arm's adaptation of the dosed base, its VL skill
+    P/adapt/D, P/vlskill/D         with an adapt section: the control arm's adaptation of the dosed base (its
+                                   self-distilled text the undosed base's, so every dose trains on the same records), its
+                                   VL skill
     P/adapt/D-extract, P/sink|eval/D-vl   that VLM's language model and its measurements
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from experiments.study.config import model_dir
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref
+
 
 def plan_doses(pp) -> None:
     """Every dose's steps on the pair of `pp` (experiments.study.pipeline.PairPlan)."""
@@ -34,6 +38,7 @@ def plan_doses(pp) -> None:
         if study.adapt is None:
             continue
         args = arm_step(study, pair, Arm(dose.name), Ref(str(base_out), made))  # the control's recipe, vision side and seed
+        args = dataclasses.replace(args, recipe=undosed_text(args.recipe, pair.base))
         adapted = pp.add(Step(f"{p}/adapt/{dose.name}", args, outputs=(args.model_dir, args.run_dir), owner=owner))
         if study.adapt.vl_eval is not None:
             probe = study.adapt.vl_eval
@@ -41,6 +46,14 @@ def plan_doses(pp) -> None:
                         owner=owner))
         pp.adapted(f"{dose.name}-vl", args.model_dir, model_dir(study.out, p, dose.name, "vlm", "lm"), str(base_out),
                    extract_id=f"{p}/adapt/{dose.name}-extract", method="sink_dose+vl", owner=owner)
+
+
+def undosed_text(recipe: dict, base: str) -> dict:
+    """The recipe with its self-distilled text made by the undosed `base`: every dose then trains on the same records,
+    so only S differs between the points (a `{selfdistill: base}` spec would take each dosed base's own replies)."""
+    stages = [{**stage, "data": [{**spec, "selfdistill": str(base)} if isinstance(spec, dict) and spec.get("selfdistill") == "base"
+                                 else spec for spec in stage["data"]]} for stage in recipe["stages"]]
+    return {**recipe, "stages": stages}
 
 
 def labels(study) -> set[str]:

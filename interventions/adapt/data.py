@@ -104,14 +104,19 @@ def check_spec(spec) -> dict:
 
 
 def spec_identity(spec) -> Any:
-    """What identifies a spec in requests and reports: the spec, with a content hash for in-memory records
-    and for a local JSON file (the same path rewritten with other rows is other data)."""
+    """What identifies a spec in requests and reports: the spec, with a content hash for in-memory records, for a local
+    JSON file (the same path rewritten with other rows is other data) and for the local model a `selfdistill` spec
+    names (its replies are its weights' work)."""
     import hashlib
 
     s = parse_spec(spec)
     if "json" in s:
         path = Path(s["json"])
         return {**s, "sha256": _file_sha256(path)} if path.is_file() else s
+    if s.get("selfdistill", "base") != "base" and Path(s["selfdistill"]).exists():  # another model's replies: by its content
+        from sinkstudy.provenance import model_fingerprint
+
+        return {**s, "model_fingerprint": model_fingerprint(s["selfdistill"])}
     if "records" not in s:
         return s
     h = hashlib.sha256()
