@@ -190,39 +190,31 @@ def check_arms(pp) -> None:
                 raise SinkstudyError(f"pair {pair.name} arm {arm.name}: {exc}") from None
 
 
-def adapt_steps(pp) -> dict[str, str]:
-    """Every arm's adaptation step on the pair of `pp` (experiments.study.pipeline.PairPlan): {arm: step id}."""
+def adapt_step(pp, arm) -> str:
+    """One arm's adaptation step on the pair of `pp` (experiments.study.pipeline.PairPlan); its step id."""
     study, pair = pp.study, pp.pair
-    out = {}
-    for arm in study.arms_of(pair.name):
-        args = arm_step(study, pair, arm, pp.ref(pair.base))
-        out[arm.name] = pp.add(Step(f"{pair.name}/adapt/{arm.name}", args, outputs=(args.model_dir, args.run_dir),
-                                    owner=f"pair {pair.name} arm {arm.name}"))
-    return out
+    args = arm_step(study, pair, arm, pp.ref(pair.base))
+    return pp.add(Step(f"{pair.name}/adapt/{arm.name}", args, outputs=(args.model_dir, args.run_dir),
+                       owner=f"pair {pair.name} arm {arm.name}"))
 
 
-def measure_arms(pp, adapts: dict[str, str]) -> None:
-    """Probe every arm's VL skill; extract and measure every arm's language model but the control's (the pair's
-    VLM LM, measured as `vlm`)."""
+def measure_arm(pp, arm, step: str) -> None:
+    """Probe the arm's VL skill; extract and measure its language model unless it is the control (the pair's VLM LM,
+    measured as `vlm`). `step`: the arm's adaptation step."""
     study, pair, p = pp.study, pp.pair, pp.pair.name
-    for arm in study.arms_of(p):
-        step, vlm = adapts[arm.name], model_dir(study.out, p, arm.name, "vlm")
-        skill = None
-        if study.adapt.vl_eval is not None and not arm.text_only:
-            probe = study.adapt.vl_eval
-            skill = pp.add(Step(f"{p}/vlskill/{arm.name}", VLSkill(Ref(str(vlm), step), probe),
-                                owner=f"pair {p} arm {arm.name}"))
-        info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "qknorm": arm.qknorm, "seed": arm.seed,
-                "text_only": arm.text_only, "adapt": step, "vl_skill": skill}
-        if arm.name == CONTROL_ARM:
-            pp.models["vlm"].arm, pp.models["vlm"].vl_skill = info, skill
-            continue
-        if arm.text_only:  # the run wrote a causal LM: nothing to extract
-            pp.measure(arm.name, Ref(str(vlm), step), method="protection", arm=info, owner=f"pair {p} arm {arm.name}")
-            continue
-        pp.adapted(arm.name, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base,
-                   extract_id=f"{p}/adapt/{arm.name}-extract", method="protection", own_class=own_class(arm), arm=info,
-                   owner=f"pair {p} arm {arm.name}").vl_skill = skill
+    vlm, owner = model_dir(study.out, p, arm.name, "vlm"), f"pair {p} arm {arm.name}"
+    skill = None
+    if study.adapt.vl_eval is not None and not arm.text_only:
+        skill = pp.add(Step(f"{p}/vlskill/{arm.name}", VLSkill(Ref(str(vlm), step), study.adapt.vl_eval), owner=owner))
+    info = {"arm": arm.name, "protections": [x["name"] for x in arm.protections], "qknorm": arm.qknorm, "seed": arm.seed,
+            "text_only": arm.text_only, "adapt": step, "vl_skill": skill}
+    if arm.name == CONTROL_ARM:
+        pp.models["vlm"].arm, pp.models["vlm"].vl_skill = info, skill
+    elif arm.text_only:  # the run wrote a causal LM: nothing to extract
+        pp.measure(arm.name, Ref(str(vlm), step), method="protection", arm=info, owner=owner)
+    else:
+        pp.adapted(arm.name, vlm, model_dir(study.out, p, arm.name, "vlm", "lm"), pair.base, extract_id=f"{p}/adapt/{arm.name}-extract",
+                   method="protection", own_class=own_class(arm), arm=info, owner=owner).vl_skill = skill
 
 
 def own_class(arm) -> bool:
@@ -235,32 +227,28 @@ def snapshot_label(arm: str, stage: str, step: int) -> str:
     return f"{arm}-{stage}-{step}"
 
 
-def measure_snapshots(pp, adapts: dict[str, str]) -> None:
-    """Every arm's models kept during training (a stage's `save_models_at`): each measured like the arm's final model
+def measure_snapshots(pp, arm, step: str) -> None:
+    """The models the arm kept during training (a stage's `save_models_at`): each measured like the arm's final model
     (VL skill, language model, S, evals), under `<arm>-<stage>-<step>`; not arms themselves (no comparison with the
-    control), the points of a calibration (`experiments.study.calibration`)."""
+    control), the points of a calibration (`experiments.study.calibration`). `step`: the arm's adaptation step."""
     from interventions.adapt.run import snapshot_dir
 
     study, pair, p = pp.study, pp.pair, pp.pair.name
-    for arm in study.arms_of(p):
-        args = arm_step(study, pair, arm, pp.ref(pair.base))
-        recipe = args.parts()[1]
-        for stage in recipe.stages:
-            for step in stage.save_models_at:
-                label, owner = snapshot_label(arm.name, stage.name, step), f"pair {p} arm {arm.name}"
-                vlm = snapshot_dir(args.run_dir, stage.name, step)
-                skill = None
-                if study.adapt.vl_eval is not None and not arm.text_only:
-                    skill = pp.add(Step(f"{p}/vlskill/{label}", VLSkill(Ref(str(vlm), adapts[arm.name]), study.adapt.vl_eval),
-                                        owner=owner))
-                info = {"arm": arm.name, "stage": stage.name, "stage_step": step, "adapt": adapts[arm.name]}
-                if arm.text_only:
-                    measured = pp.measure(label, Ref(str(vlm), adapts[arm.name]), method="snapshot", owner=owner)
-                else:
-                    measured = pp.adapted(label, vlm, model_dir(study.out, p, label, "vlm", "lm"), pair.base,
-                                          extract_id=f"{p}/adapt/{label}-extract", method="snapshot", own_class=own_class(arm),
-                                          owner=owner)
-                measured.vl_skill, measured.snapshot = skill, info
+    args, owner = arm_step(study, pair, arm, pp.ref(pair.base)), f"pair {p} arm {arm.name}"
+    for stage in args.parts()[1].stages:
+        for kept in stage.save_models_at:
+            label = snapshot_label(arm.name, stage.name, kept)
+            vlm = snapshot_dir(args.run_dir, stage.name, kept)
+            skill = None
+            if study.adapt.vl_eval is not None and not arm.text_only:
+                skill = pp.add(Step(f"{p}/vlskill/{label}", VLSkill(Ref(str(vlm), step), study.adapt.vl_eval), owner=owner))
+            if arm.text_only:
+                measured = pp.measure(label, Ref(str(vlm), step), method="snapshot", owner=owner)
+            else:
+                measured = pp.adapted(label, vlm, model_dir(study.out, p, label, "vlm", "lm"), pair.base,
+                                      extract_id=f"{p}/adapt/{label}-extract", method="snapshot", own_class=own_class(arm), owner=owner)
+            measured.vl_skill = skill
+            measured.snapshot = {"arm": arm.name, "stage": stage.name, "stage_step": kept, "adapt": step}
 
 
 def treatment(arm) -> str:

@@ -37,7 +37,9 @@ def plan_doses(pp) -> None:
         pp.measure(dose.name, Ref(str(base_out), made), method="sink_dose", owner=owner)
         if study.adapt is None:
             continue
-        args = arm_step(study, pair, Arm(dose.name), Ref(str(base_out), made))  # the control's recipe, vision side and seed
+        control = study.arms_of(p)[0]
+        args = arm_step(study, pair, Arm(dose.name, recipe=control.recipe), Ref(str(base_out), made))  # the control's recipe,
+        # vision side and seed
         args = dataclasses.replace(args, recipe=undosed_text(args.recipe, pair.base))
         adapted = pp.add(Step(f"{p}/adapt/{dose.name}", args, outputs=(args.model_dir, args.run_dir), owner=owner))
         if study.adapt.vl_eval is not None:

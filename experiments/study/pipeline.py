@@ -4,12 +4,12 @@ study does not state, for a QK-norm intervention); it fails in one line when two
 one output (`experiments.study.graph`).
 
 Steps, in plan order: the steps the study's build section hands over (`Build.steps`: no other code here
-knows what a build makes), then per pair P: its adaptation arms' training (`P/adapt/A`, the `adapt:`
+knows what a build makes), then per pair P: the control arm's training (`P/adapt/control`, the `adapt:`
 section, `experiments.study.arms`), `P/extract` (the VLM's language model), `P/sink|eval/L` for the base
-and the VLM LM, each `interventions:` entry through the step builder of its kind (`BUILDERS`, keyed by
-`experiments.study.methods.kind`: a post-hoc method on the VLM LM, or QK-norm injected into the base,
-re-adapted with the build's VL recipe with `vl: true`), each sink dose of the base (`dose:`,
-`experiments.study.doses`), then each arm's VL skill and language model.
+and the VLM LM, the control's VL skill and the models it kept, each `interventions:` entry through the step
+builder of its kind (`BUILDERS`, keyed by `experiments.study.methods.kind`: a post-hoc method on the VLM LM, or
+QK-norm injected into the base, re-adapted with the build's VL recipe with `vl: true`), each sink dose of the base
+(`dose:`, `experiments.study.doses`), then each other arm: its training, VL skill, language model and kept models.
 Every treated model is measured by the same two steps (`PairPlan.measure`), and every adapted model, arm
 or re-adapted QK-norm base, reaches them through one builder (`PairPlan.adapted`). A model the plan makes
 is read through a `Ref` naming the step that writes it (`Plan.maker`).
@@ -185,18 +185,25 @@ def plan_study(study) -> StudyPlan:
         out.openings = out.plan.add(study.build.openings()).id
     for pair in study.pairs:
         pp = PairPlan(study, out.plan, pair)
-        if study.adapt is not None:
+        arms_here = study.arms_of(pair.name) if study.adapt is not None else []
+        if arms_here:
             arms.check_arms(pp)
-        adapting = arms.adapt_steps(pp) if study.adapt is not None else {}  # the control arm makes the pair's VLM
+        # The control arm makes the pair's VLM, measured first; each other arm's steps follow its training, so a
+        # sequential run finishes arm after arm.
+        control = arms.adapt_step(pp, arms_here[0]) if arms_here else None
         pp.extract()
         pp.measure("base", pp.ref(pair.base))
         pp.measure("vlm", Ref(str(pp.lm_dir), f"{pair.name}/extract"))
+        if control:
+            arms.measure_arm(pp, arms_here[0], control)
+            arms.measure_snapshots(pp, arms_here[0], control)
         for iv in study.interventions:
             BUILDERS[kind(iv.method)](pp, iv)
         if study.dose:
             plan_doses(pp)
-        if adapting:
-            arms.measure_arms(pp, adapting)
-            arms.measure_snapshots(pp, adapting)
+        for arm in arms_here[1:]:
+            step = arms.adapt_step(pp, arm)
+            arms.measure_arm(pp, arm, step)
+            arms.measure_snapshots(pp, arm, step)
         out.models[pair.name] = pp.models
     return out
