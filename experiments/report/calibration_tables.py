@@ -51,9 +51,11 @@ def calibration_blocks(summary: dict) -> list[tuple]:
                          "VL by type (" + " / ".join(TYPES) + ")", "S after", "train s"], calibration_rows(cal))]
         chosen = cal.get("chosen")
         if chosen:
-            verdict = ("meets the rule" if chosen["meets"] else "meets no point of the grid; the closest misses: "
+            point = next(p for p in cal["points"] if p["label"] == chosen["label"])
+            verdict = ("meets the rule" if chosen["meets"] else "no point of the grid meets the rule; the closest misses: "
                        + "; ".join(chosen["misses"]))
-            b.append(("p", f"Chosen: {chosen['label']}, {verdict}."))
+            b.append(("p", f"Chosen: {point['arm']} after {point['stage_step']} steps of {point['stage']} "
+                           f"(model {chosen['label']}): {verdict}."))
         majority = next((p["vl_majority"] for p in cal["points"] if p["vl_majority"]), {})
         if majority:
             b.append(("p", "Held-out majority share per type (" + " / ".join(TYPES) + "): "

@@ -36,15 +36,15 @@ def misses(point: dict) -> list[str]:
     out = []
     d, ci = point["delta_points"], point["delta_ci"]
     if d is None or not lo <= d <= hi:
-        out.append(f"Δ {_f(d)} outside [{lo:g}, {hi:g}]")
+        out.append(f"Δ {'n/a' if d is None else format(d, '+.1f')} outside [{lo:g}, {hi:g}]")
     elif ci is None or ci[1] >= 0:
         out.append("CI reaches 0")
     share = point["template_share"]
     if share is None or share >= RULE["template_share_below"]:
-        out.append(f"template share {_f(share)} ≥ {RULE['template_share_below']:g}")
+        out.append(f"template share {'n/a' if share is None else format(share, '.2f')} ≥ {RULE['template_share_below']:g}")
     vl = point["vl_accuracy"]
     if vl is None or vl < RULE["vl_accuracy_at_least"]:
-        out.append(f"VL {_f(vl)} < {RULE['vl_accuracy_at_least']:g}")
+        out.append(f"VL {'n/a' if vl is None else format(vl, '.2f')} < {RULE['vl_accuracy_at_least']:g}")
     return out
 
 
@@ -98,6 +98,3 @@ def calibration(study, pair: str, models: dict, results: dict, runs: dict, task:
     chosen = choose(points)
     return {"task": task, "rule": RULE, "points": points, "chosen": chosen, "convention": CONVENTION}
 
-
-def _f(x) -> str:
-    return "n/a" if x is None else f"{x:+.1f}" if abs(x) >= 1 else f"{x:.2f}"
