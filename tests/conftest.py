@@ -87,17 +87,24 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 @pytest.fixture(autouse=True)
-def _isolated():
+def _isolated(tmp_path_factory):
     """No test sees what another left: plug-ins and registered names, environment variables, torch's
-    thread count and its global random generator are put back (and the generator seeded) around each."""
+    thread count and its global random generator are put back (and the generator seeded) around each.
+    Each test runs in an empty working directory of its own: what a command reads or writes by a relative
+    path (the default `runs/...`, a config's `runs/demo/...` inputs) is never the checkout's, whatever
+    `make demo` left there."""
     import torch
 
     from sinkstudy.plugins import isolated
 
-    environ, threads = dict(os.environ), torch.get_num_threads()
+    environ, threads, cwd = dict(os.environ), torch.get_num_threads(), os.getcwd()
     torch.manual_seed(0)
-    with isolated():
-        yield
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        with isolated():
+            yield
+    finally:
+        os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
     torch.set_num_threads(threads)

@@ -198,6 +198,7 @@ def test_smollm2_through_the_study_path_at_tiny_scale(smollm2, tmp_path, capsys)
 def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, tmp_path):
     """make study-real's inputs (chat checkpoints linked, the corpus chats) make both study configs valid, and
     their plans hold every arm the paper's claims need, on the pairs they name."""
+    from experiments.cli.cmd_study import CONFIG_DIR
     from experiments.demo.corpus import main as write_chats
     from experiments.study.runner import plan_records
     from experiments.study.config import load_study
@@ -208,7 +209,7 @@ def test_study_real_configs_plan_every_claim_on_both_backbones(gemma, smollm2, t
         out = tmp_path / config
         assert link(["--chat", "--link-dir", str(out / "inputs"), "smollm2-135m-instruct", "gemma-3-270m"]) == 0
         assert write_chats([str(out / "inputs" / "text_chats.jsonl"), "--records", "50"]) == 0
-        steps[config] = {s["id"] for s in plan_records(load_study(Path("experiments/configs") / f"{config}.yaml", out=out))}
+        steps[config] = {s["id"] for s in plan_records(load_study(CONFIG_DIR / f"{config}.yaml", out=out))}
     assert {"smollm2/adapt/control", "smollm2/adapt/control-s1", "smollm2/adapt/qknorm-unit", "smollm2/adapt/text-replay",
             "smollm2/adapt/head-freeze", "smollm2/adapt/text-only", "smollm2/eval/text-only",
             "smollm2/intervene/ties"} <= steps["study_real_quick"] & steps["study_real"]

@@ -328,6 +328,13 @@ def test_a_pinned_hub_base_is_loaded_and_keyed_at_its_revision(tmp_path, tokeniz
     assert merged["provenance"]["fingerprints"]["base"] == at_pin  # and merged
 
 
+def test_a_test_runs_in_an_empty_folder_of_its_own_never_the_checkout():
+    """`make demo` first (the README's order) leaves runs/demo in the checkout: a test that ran there would read
+    it (protect.yaml's inputs) and write its own runs/ beside it. Every test starts in an empty folder instead."""
+    here = Path.cwd().resolve()
+    assert here != ROOT.resolve() and ROOT.resolve() not in here.parents and not any(here.iterdir())
+
+
 @pytest.mark.parametrize("config", ["study_real_quick.yaml", "protect.yaml"])
 def test_a_plan_reads_no_input_file_and_a_run_checks_them_before_any_work(config, tmp_path, capsys):
     """study-real's text-replay chats are written by `make study-real` just before the run, and the protection study
