@@ -156,8 +156,11 @@ def test_eval_writes_to_its_default_out_and_reuses_it(tmp_path, tokenizer, monke
     argv = ["eval", str(model), "--tasks", "sinkstudy_gsm", "--limit", "1", "--max-gen-toks", "4", "--no-chat-template",
             "--cache-dir", str(tmp_path / "cache"), "--quiet"]
     assert main(argv) == 0
-    default = tmp_path / "runs" / "eval" / "tiny-llama"
-    assert (default / "results.json").is_file() and f"eval run written to {Path('runs/eval/tiny-llama')}" in capsys.readouterr().out
+    from experiments.cli.options import default_out
+
+    default = tmp_path / default_out("eval", model)
+    assert default.name.startswith("tiny-llama-")  # the model's folder and a digest of where it lies
+    assert (default / "results.json").is_file() and f"eval run written to {default_out('eval', model)}" in capsys.readouterr().out
     before = (default / "results.json").read_bytes()
     assert main(argv) == 0 and (default / "results.json").read_bytes() == before  # the same run: reused
     assert main([*argv[:-1], "--max-gen-toks", "5"]) == 2  # another run into it: one line, as `sink` refuses
@@ -175,3 +178,26 @@ def test_a_merge_below_both_of_its_inputs_says_so_and_few_prompts_say_they_decid
     few = recovery_text(row_of(recovery(np.ones(3), np.zeros(3), np.zeros(3), n_boot=200)))  # 3 prompts, all lost
     assert few == "too few prompts for any conclusion (fewer than 6) (Δ VLM LM − base -100.0 points [-100.0, -100.0])"
 
+
+
+def test_default_outputs_are_unique_per_input(tmp_path, tokenizer, capsys):
+    """Every saved model lives in OUT/model: `sink` of two doses' models (the dose's `next:` line, no --out) lands in
+    two folders, each named by the folder above `model` and a digest of where it lies, never refused as another
+    request's (nor replaced by following that hint with --force)."""
+    from experiments.cli import main
+    from experiments.cli.options import default_out, model_label, pair_out
+    from sinkstudy.tiny import tiny_causal_lm
+
+    models = [tmp_path / "runs" / "dose" / run / "model" for run in ("a-scale1.5", "b-scale1.5")]
+    for seed, m in enumerate(models):
+        tiny_causal_lm("qwen2", seed=seed).save_pretrained(m)
+        tokenizer.save_pretrained(m)
+    for m in models:
+        assert main(["sink", str(m), "--quiet"]) == 0, capsys.readouterr().err
+    made = sorted(p.name for p in Path("runs/sink").iterdir())
+    assert len(made) == 2 and made[0].startswith("a-scale1.5-") and made[1].startswith("b-scale1.5-")
+    assert model_label(models[0]) != model_label(tmp_path / "elsewhere" / "a-scale1.5" / "model")  # the same name elsewhere
+    assert len({default_out("adapt", m) for m in models}) == len({pair_out(m, models[1], "linear") for m in models}) == 2
+    assert default_out("pair", models[0], "lm").name.endswith("-lm")
+    assert model_label("Qwen/Qwen2.5-7B-Instruct") == "Qwen_Qwen2.5-7B-Instruct"  # a hub id keeps its organisation
+    assert model_label("smollm2-135m-instruct") == "smollm2-135m-instruct"

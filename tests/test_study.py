@@ -348,3 +348,22 @@ def test_a_plan_reads_no_input_file_and_a_run_checks_them_before_any_work(config
     assert main(["run", str(CONFIGS / config), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ("not found" in err or "does not exist" in err) and not out.exists()
+
+
+@pytest.mark.parametrize("config", ["demo.yaml", "demo_real.yaml"])
+def test_inputs_the_plan_makes_itself_are_checked_when_the_step_that_reads_them_runs(config, tmp_path, monkeypatch, capsys):
+    """demo.yaml (make study's default CONFIG) evaluates on held-out files its own build/corpus step writes: the run
+    starts, it does not stop at load on files that do not exist yet."""
+    import experiments.study.runner as runner
+    from experiments.cli import main
+
+    started = []
+
+    def run_study(study, **kw):
+        started.append(study.name)
+        raise runner.SinkstudyError("stopped here: the steps would run now")
+
+    monkeypatch.setattr(runner, "run_study", run_study)
+    out = tmp_path / "out"
+    assert main(["run", str(CONFIGS / config), "--out", str(out), "--numerics", "native"]) == 2
+    assert started and "stopped here" in capsys.readouterr().err and not (out / "data").exists()

@@ -5,7 +5,8 @@ Each command module exposes `register(subparsers)`, which adds its sub-commands 
 that `main` prints last with the command's wall time (where the outputs are, the one-line result,
 how long it took, what to run next) before exiting with its code. Command modules keep their
 top-level imports light (torch and friends are imported inside `func`) so `--help` is instant.
-Bad input (a SinkstudyError, an argparse error, a full disk) is one line on stderr and exit 2.
+Bad input (a SinkstudyError, an argparse error, a full disk) is one line on stderr and exit 2; Ctrl-C is one line
+and exit 130.
 Every command takes the shared option groups of `experiments.cli.options` for what it does; its
 `--quiet` silences every progress bar of the run (`sinkstudy.progress.quiet`).
 """
@@ -19,6 +20,7 @@ import sys
 import time
 
 from experiments.cli.closing import Summary
+from experiments.cli.options import check_device
 from sinkstudy import SinkstudyError, __version__, numerics
 from sinkstudy.distributed import leave_process_group
 from sinkstudy.io import disk_full
@@ -57,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # every output is written whole or not at all; finished steps stay for a rerun
+        print("sinkstudy: interrupted: nothing half-written is left; rerun the command to go on (finished steps are reused)",
+              file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -70,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         numerics.enter(numerics.requested(getattr(args, "numerics", None), getattr(args, "numerics_default", "native")),
                        reexec=argv is None)
         numerics.configure_torch()
+        check_device(getattr(args, "device", None))
         with quiet(getattr(args, "quiet", False)):  # --quiet: the libraries' progress bars too
             result = args.func(args)
         leave_process_group()

@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     t.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its last checkpoint")
     add_plugin_option(p)
     options.add_model_options(p, device="cuda when available, else cpu", dtype="the recipe's precision")
-    options.add_output_options(p, out="runs/adapt/<base> (the model in OUT/model)")
+    options.add_output_options(p, out="runs/adapt/<base>[-<protection>...] (the model in OUT/model)")
     e = p.add_argument_group("estimate (nothing trained)")
     e.add_argument("--estimate", action="store_true", help="print GPU memory and time per stage and exit (nothing trained)")
     e.add_argument("--gpu", default="H200", help="GPU for --estimate (H200, H100, A100, L40S; default H200)")
@@ -84,7 +84,7 @@ def build_request(args):
         vision = None
     if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
         raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
-    args.out = args.out or str(options.default_out("adapt", args.base))
+    args.out = args.out or str(options.default_out("adapt", args.base, *args.protect))
     return vision, config
 
 

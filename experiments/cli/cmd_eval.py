@@ -35,6 +35,7 @@ def register(subparsers) -> None:
     options.add_bootstrap_options(c)
     options.add_seed_option(c, "the bootstrap")
     c.add_argument("--json", default=None, metavar="FILE", help="also write the comparisons as JSON")
+    options.add_force_option(c, "--json")
     c.add_argument("--published", action="store_true",
                    help="put this pair's IFEval prompt-level strict Δ beside the paper's six pairs and recompute rho over "
                         "the union (left out, with a one-line warning, when the task or prompts differ from the paper's)")
@@ -51,9 +52,12 @@ def _eval(args) -> Summary | int:
     from evals.runs import data_sources, headline
     from experiments.study.loaders import load_model
 
+    from sinkstudy.io import check_replaceable
+
     protocol = eval_protocol(args)
     check_hub_tasks(protocol.tasks, protocol.data_files)
     out = Path(args.out) if args.out else options.default_out("eval", args.model)
+    check_replaceable(out, args.force, not_mine=_not_an_eval_run)
     run = run_eval(args.model, args.tokenizer, protocol=protocol, out_dir=out, force=args.force, device=args.device, dtype=args.dtype,
                    seed=args.seed, loader=load_model, progress=not args.quiet, **eval_cache(args))
     if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
@@ -67,6 +71,21 @@ def _eval(args) -> Summary | int:
                    next=[cmd("sinkstudy", "compare", "OTHER_RUN", out)])
 
 
+def _not_an_eval_run(path: Path) -> str | None:
+    """None when `path` is an eval run and nothing else (--force replaces it whole); else what is not one."""
+    import os
+
+    from evals.lmeval import RESULTS_FILE, SAMPLES_DIR
+
+    if not (path / RESULTS_FILE).is_file():
+        return f"no {RESULTS_FILE}"
+    other = sorted(n for n in os.listdir(path) if not n.startswith(".") and n not in (RESULTS_FILE, SAMPLES_DIR))
+    return f"{', '.join(other[:3])}{' ...' if len(other) > 3 else ''} beside its {RESULTS_FILE}" if other else None
+
+
+COMPARE_KEYS = ("run_a", "run_b", "comparisons", "provenance")  # what `compare --json` writes: its record
+
+
 def _compare(args) -> Summary | int:
     from evals.lmeval import EvalRun
     from evals.runs import check_same_data, resolve_run
@@ -76,6 +95,12 @@ def _compare(args) -> Summary | int:
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
+    if args.json:  # only an earlier `compare --json` is replaced, and only with --force
+        from sinkstudy.io import check_output_dir, check_replaceable
+
+        check_replaceable(args.json, args.force, flag="--json", directory=False,
+                          not_mine=lambda f: options.json_made_with(f, COMPARE_KEYS, "compare"))
+        check_output_dir(args.json, args.force)
     sink = _published_sink(args)  # every input checked before the runs are read
     dir_a, dir_b = resolve_run(args.run_a), resolve_run(args.run_b)
     a, b = EvalRun.load(dir_a), EvalRun.load(dir_b)

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     _common(diff)
     options.add_model_options(diff, dtype="as stored; the sums are float32/float64 either way", tokenizer=False)
     diff.add_argument("--json", metavar="FILE", help="also write every tensor's row and the summary as JSON")
-    diff.add_argument("--force", action="store_true", help="replace an existing --json file")
+    options.add_force_option(diff, "--json")
     options.add_progress_options(diff)
     diff.set_defaults(func=run_diff)
 
@@ -38,6 +38,9 @@ def _common(p) -> None:
     from experiments.cli.options import add_pair_options
 
     add_pair_options(p)
+
+
+DIFF_KEYS = ("base", "vlm", "summary", "rows", "provenance")  # what `pair diff --json` writes: its record
 
 
 def _bytes(text: str) -> int:
@@ -61,16 +64,18 @@ def _provenance_extra(args, report) -> dict:
 
 
 def run_extract(args) -> Summary | int:
-    from interventions.pairs import plan_extraction, resolve, write_language_model
+    from interventions.pairs import EXTRACTION_JSON, plan_extraction, resolve, write_language_model
     from interventions.pairs.resolve import resolve_dtype
     from sinkstudy.checkpoint import try_load_tokenizer
-    from sinkstudy.io import check_output_dir
+    from sinkstudy.io import check_output_dir, check_replaceable
 
     from experiments.cli.options import check_pair_options, default_out
 
-    args.out = args.out or str(default_out("pair", f"{Path(str(args.vlm).rstrip('/')).name}-lm"))
     check_pair_options(args, "pair extract")
-    check_output_dir(args.out, args.force)  # before any loading
+    args.out = args.out or str(default_out("pair", args.vlm, "lm"))
+    # before any loading: only an earlier extraction (its record) is replaced, and only with --force
+    check_replaceable(args.out, args.force, not_mine=lambda p: None if (p / EXTRACTION_JSON).is_file() else f"no {EXTRACTION_JSON}")
+    check_output_dir(args.out, args.force)
     if args.dtype is not None:
         resolve_dtype(args.dtype)
     base = resolve(args.base)
@@ -89,14 +94,16 @@ def run_extract(args) -> Summary | int:
 def run_diff(args) -> Summary | int:
     from interventions.pairs import diff_summary, format_diff_table, plan_extraction, resolve, tensors_of, weight_diff
     from interventions.pairs.resolve import resolve_dtype
-    from sinkstudy.io import check_output_dir, write_json_atomic
+    from sinkstudy.io import check_output_dir, check_replaceable, write_json_atomic
     from sinkstudy.provenance import provenance
 
-    from experiments.cli.options import check_pair_options
+    from experiments.cli.options import check_pair_options, json_made_with
 
     check_pair_options(args, "pair diff")
-    if args.json:
-        check_output_dir(args.json, args.force)  # before any loading
+    if args.json:  # before any loading: only an earlier `pair diff --json` is replaced, and only with --force
+        check_replaceable(args.json, args.force, flag="--json", directory=False,
+                          not_mine=lambda f: json_made_with(f, DIFF_KEYS, "pair diff"))
+        check_output_dir(args.json, args.force)
     dtype = resolve_dtype(args.dtype) if args.dtype else None
     base = resolve(args.base)
     plan = plan_extraction(args.vlm, base)

@@ -82,9 +82,10 @@ def recovery_steps(args) -> int:
 
 
 def default_out(args) -> str:
-    """runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe."""
-    name = Path(str(args.base).rstrip("/")).name
-    return str(Path("runs") / "qknorm" / (f"{name}-adapt" if args.recipe else f"{name}-{args.init}-s{recovery_steps(args)}"))
+    """runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe (the base as `options.model_label` names it)."""
+    from experiments.cli.options import default_out as out_for
+
+    return str(out_for("qknorm", args.base, *(["adapt"] if args.recipe else [args.init, f"s{recovery_steps(args)}"])))
 
 
 def _validate(args):

@@ -68,7 +68,7 @@ def register(subparsers) -> None:
 
 def _common(p) -> None:
 
-    options.add_output_options(p, out="the config's `out`", force="re-run every step instead of reusing finished ones")
+    options.add_output_options(p, out="the config's `out`")
     options.add_progress_options(p)
 
 
@@ -137,6 +137,26 @@ def _check_hub(study) -> None:
     check_hub_tasks(study.evals.protocol.tasks, study.evals.protocol.data_files)
 
 
+# What make's study targets put in a study's --out before its first run (the linked real checkpoints, the chats).
+STUDY_INPUTS = "inputs"
+
+
+def check_study_out(study, force: bool) -> None:
+    """A study writes into an empty or absent --out, one holding an earlier run of a study (its steps/ records or
+    summary.json; --force runs every step again), or one holding only the inputs make put there first."""
+    import os
+
+    from sinkstudy.io import check_replaceable
+
+    def not_mine(out: Path) -> str | None:
+        if (out / "steps").is_dir() or (out / "summary.json").is_file():
+            return None
+        other = sorted(n for n in os.listdir(out) if not n.startswith(".") and n != STUDY_INPUTS)
+        return f"no steps/ nor summary.json of an earlier study, but {', '.join(other[:3])}" if other else None
+
+    check_replaceable(study.out, force, not_mine=not_mine)
+
+
 def _run(study, args, jobs: int = 1) -> int:
     from experiments.study.jobs import run_study_parallel
     from experiments.study.runner import run_study
@@ -144,6 +164,7 @@ def _run(study, args, jobs: int = 1) -> int:
     from experiments.study.numeric_spread import run_spread
     from experiments.study.seeds import run_seeds
 
+    check_study_out(study, args.force)
     if jobs > 1:
         def run_one(s):
             return run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet)
@@ -195,7 +216,9 @@ def cmd_run(args) -> Summary | int:
         print(json.dumps(steps, indent=1) if args.plan == "json" else format_records(steps, study.name, command))
         return 0
     _check_hub(study)
+    options.check_device(study.model.device)
     if args.step:
+        check_study_out(study, args.force)
         done = run_step(study, args.step, force=args.force, progress=not args.quiet, command=command)
         print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
                                                                    else f"done in {done['seconds']:.0f}s"))
@@ -238,6 +261,7 @@ def cmd_paper(args) -> Summary | int:
         return 0
     check_can_run(study, args.limit)
     _check_hub(study)
+    options.check_device(study.model.device)
     return _run(study, args)
 
 
@@ -248,6 +272,12 @@ def cmd_report(args) -> Summary:
     run = Path(args.run_dir)
     if not (run / "summary.json").is_file():
         raise SinkstudyError(f"{run} holds no summary.json: run the study first (sinkstudy run CONFIG)")
-    report = write_report(read_json(run / "summary.json"), run)
+    summary = read_json(run / "summary.json")
+    try:  # report.md and .html are written last, each whole: a summary that cannot be rendered leaves the old ones
+        report = write_report(summary, run)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        what = f"it lacks {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise SinkstudyError(f"{run / 'summary.json'} is not a summary this version can render ({what}); run the study "
+                             "again to write it (its finished steps are reused)") from None
     return Summary("report", f"{report} re-rendered from {run / 'summary.json'}",
                    outputs=existing(report, report.with_suffix(".html"), run / "plots"))
