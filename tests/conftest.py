@@ -15,6 +15,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One compute thread per process, in-process commands (their default: sinkstudy.threads) and started ones alike:
+# tiny models gain nothing from more, and the suite's workers already use every core.
+os.environ["OMP_NUM_THREADS"] = "1"
 # The suite runs in the native numeric mode (a process enters the reproducible one only when it starts:
 # sinkstudy.numerics); tests/test_numerics.py starts its own processes in each mode.
 os.environ["SINKSTUDY_NUMERICS"] = "native"

@@ -63,12 +63,12 @@ def values(tmp_path_factory):
         model.mkdir(parents=True)
         (model / "config.json").write_text("{}")
     return {"LIMIT": "7", "TASKS": "sinkstudy_gsm", "DEVICE": "cuda", "DTYPE": "bfloat16", "OUT": str(d / "out"), "FORCE": "1",
-            "QUIET": "1", "NUMERICS": "native", "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b", "SEEDS": "0,1"}
+            "QUIET": "1", "NUMERICS": "native", "THREADS": "3", "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b", "SEEDS": "0,1"}
 
 
 EXPECTED = {"--limit": ("limit", 7), "--tasks": ("tasks", "sinkstudy_gsm"), "--device": ("device", "cuda"),
             "--dtype": ("dtype", "bfloat16"), "--force": ("force", True), "--quiet": ("quiet", True), "--seeds": ("seeds", [0, 1]),
-            "--numerics": ("numerics", ["native"])}
+            "--numerics": ("numerics", ["native"]), "--threads": ("threads", 3)}
 
 
 def test_every_variable_reaches_every_command_that_takes_its_flag(values):
@@ -113,7 +113,7 @@ PROBE_VALUES = {"MODEL": "some/model", "VLM": "some/vlm", "OUT": "probe-out", "C
                 "ARGS": "--probe-flag", "ADAPT_CONFIG": "probe-recipe.yaml", "DATA": "probe-data", "VISION": "probe/vision",
                 "DONOR": "probe/donor", "INITS": "blend", "NATIVE": "probe/native", "PROTECT_CONFIG": "probe-protect.yaml",
                 "PARAMS": "k=v", "PLUGIN": "probe.py", "SWEEP": "probe-sweep.yaml", "MAX_POINTS": "3", "TEST_JOBS": "3",
-                "TORCH_SPEC": "torch==0.probe", "PIP_FIND_LINKS": "/probe/wheels", "WEIGHT": "0.3"}
+                "TORCH_SPEC": "torch==0.probe", "PIP_FIND_LINKS": "/probe/wheels", "WEIGHT": "0.3", "THREADS": "3"}
 
 
 def _demo_run(path: Path) -> Path:

@@ -46,6 +46,7 @@ def register(subparsers) -> None:
     e.add_argument("--tokens-per-example", type=int, default=None, help="--estimate: sequence length (default image tokens + 128)")
     e.add_argument("--examples", action="append", default=[], metavar="[STAGE=]N",
                    help="--estimate: training examples per stage when the data is not counted locally (e.g. stage1=558128)")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=main)
 

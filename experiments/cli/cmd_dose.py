@@ -31,6 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
                    help="texts S is measured on: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
     options.add_output_options(p, out="runs/dose/<model>-<level>")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=run_dose)
 

@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     options.add_model_options(p, dtype="float32 on hf, the checkpoint's on vllm")
     options.add_output_options(p, out="runs/eval/<model>", cache=True)
     options.add_seed_option(p, "lm-eval's sampling and few-shot choice")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=_eval)
 
@@ -43,6 +44,7 @@ def register(subparsers) -> None:
     sink.add_argument("--sink-strength", type=argtypes.finite_float, default=None, metavar="S",
                       help="--published: Sink Strength S of A (the base)")
     sink.add_argument("--sink-json", default=None, metavar="FILE", help="--published: a sink.json of A from `sinkstudy sink` (logodds metric)")
+    options.add_compute_options(c)
     options.add_progress_options(c)
     c.set_defaults(func=_compare)
 

@@ -22,6 +22,7 @@ def register(subparsers) -> None:
     ext.add_argument("--max-shard-size", default="1GB", type=_bytes,
                      help="largest output shard, e.g. 1GB or 500MB (peak memory is about one shard; default 1GB)")
     options.add_output_options(ext, out="runs/pair/<vlm>-lm")
+    options.add_compute_options(ext)
     options.add_progress_options(ext)
     ext.set_defaults(func=run_extract)
 
@@ -30,6 +31,7 @@ def register(subparsers) -> None:
     options.add_model_options(diff, dtype="as stored; the sums are float32/float64 either way", tokenizer=False)
     diff.add_argument("--json", metavar="FILE", help="also write every tensor's row and the summary as JSON")
     options.add_force_option(diff, "--json")
+    options.add_compute_options(diff)
     options.add_progress_options(diff)
     diff.set_defaults(func=run_diff)
 

@@ -57,6 +57,7 @@ def register(subparsers) -> None:
     options.add_model_options(p)
     options.add_output_options(p, out="runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe", cache=True)
     options.add_seed_option(p, "training and evals")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=main)
 

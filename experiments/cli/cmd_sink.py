@@ -33,6 +33,7 @@ def register(subparsers) -> None:
     options.add_model_options(p, dtype="float32; fast: statistics in float32 from the model's q and k, eager: the model's own "
                                        "attention probabilities in this dtype")
     options.add_output_options(p, out="runs/sink/<model>-<metric>")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=run_sink)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from experiments.cli import options
 from experiments.cli.closing import Summary, cmd, existing
-from sinkstudy import SinkstudyError
+from sinkstudy import SinkstudyError, threads
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
@@ -82,24 +82,7 @@ def _seeds(p) -> None:
 
 
 def _numerics(p) -> None:
-    from sinkstudy.numerics import ENV
-
-    p.add_argument("--numerics", type=_numeric_paths, default=None, metavar="MODE[,MODE...]",
-                   help="reproducible: every CPU code path pinned (MKL, ATen, oneDNN, threads, libm, numpy), the same numbers on "
-                        "any x86-64 CPU; native: each library's fastest path for this CPU; native-aten-default: native with "
-                        "ATen's baseline kernels. Several, comma-separated (native,native-aten-default): the study once per "
-                        "mode (the others in OUT/numerics/MODE), the report with the spread, answers only where every mode "
-                        f"agrees (default: ${ENV}, else reproducible; docs/numerics.md)")
-    p.set_defaults(numerics_default="reproducible")
-
-
-def _numeric_paths(text: str) -> list[str]:
-    from sinkstudy.numerics import path_list
-
-    try:
-        return path_list(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    options.add_compute_options(p, study=True)
 
 
 def _jobs(p, default: str) -> None:
@@ -167,7 +150,7 @@ def _run(study, args, jobs: int = 1) -> int:
     check_study_out(study, args.force)
     if jobs > 1:
         def run_one(s):
-            return run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet)
+            return run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet, threads=args.threads or 1)
     else:
         def run_one(s):
             return run_study(s, force=args.force, progress=not args.quiet)
@@ -230,7 +213,6 @@ def cmd_run(args) -> Summary | int:
 def cmd_demo(args) -> Summary | int:
     import os
 
-    import torch
     import yaml
 
     from experiments.demo.build import quick_overrides
@@ -245,8 +227,8 @@ def cmd_demo(args) -> Summary | int:
     if args.seeds:
         overrides = {**(overrides or {}), "seeds": args.seeds}
     study = load_study(config, out=args.out, overrides=overrides)  # default out: the config's (runs/demo, runs/demo-real)
-    if not args.real:
-        torch.set_num_threads(1)  # tiny models: one thread per process is fastest (experiments/study/jobs.py)
+    if not args.real and args.threads is None:
+        threads.apply(1)  # tiny models: one thread per process is fastest (experiments/study/jobs.py)
     jobs = args.jobs or (1 if args.real else default_jobs())
     return _run(study, args, jobs=jobs)
 

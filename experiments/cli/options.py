@@ -212,6 +212,7 @@ def add_measure_options(p, *, out: str, seed: str = "the merge (DARE, DELLA), th
     add_bootstrap_options(g)
     g.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
     add_seed_option(p, seed)
+    add_compute_options(p)
     add_progress_options(p)
 
 
@@ -367,6 +368,30 @@ def default_out(command: str, model, *settings) -> Path:
     from sinkstudy.io import slugify
 
     return Path("runs") / command / "-".join([model_label(model), *(slugify(str(x)) for x in settings if x)])
+
+
+# --------------------------------------------------------------------------- computing: threads and numeric mode
+
+def add_compute_options(p, *, study: bool = False) -> None:
+    """--threads and --numerics, on every command that computes. A study runs in the reproducible mode by default and
+    may name several modes (the study once per mode); a single command runs native by default, in one mode."""
+    from sinkstudy.numerics import ENV
+
+    g = p.add_argument_group("computing")
+    g.add_argument("--threads", type=argtypes.positive_int, default=None, metavar="N",
+                   help="compute threads of this process" + (" (with --jobs: of each worker; default 1 each)" if study else "")
+                        + ": default the cores no other sinkstudy process on this machine has claimed ($OMP_NUM_THREADS "
+                          "if set); the reproducible mode computes on one. Idle threads sleep (OMP_WAIT_POLICY=PASSIVE) "
+                          "instead of spinning on cores another job needs")
+    modes = ("reproducible: every CPU code path pinned (MKL, ATen, oneDNN, threads, libm, numpy), the same numbers on any "
+             "x86-64 CPU; native: each library's fastest path for this CPU; native-aten-default: native with ATen's "
+             "baseline kernels")
+    g.add_argument("--numerics", type=argtypes.numeric_modes, default=None, metavar="MODE[,MODE...]" if study else "MODE",
+                   help=f"{modes}. " + ("Several, comma-separated (native,native-aten-default): the study once per mode (the "
+                                        "others in OUT/numerics/MODE), the report with the spread, answers only where every "
+                                        f"mode agrees (default: ${ENV}, else reproducible; docs/numerics.md)" if study else
+                                        f"(default: ${ENV}, else native; several modes are for studies: docs/numerics.md)"))
+    p.set_defaults(numerics_default="reproducible" if study else "native", numeric_spread=study)
 
 
 # --------------------------------------------------------------------------- progress
