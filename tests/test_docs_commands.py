@@ -302,3 +302,10 @@ def test_the_docs_state_current_facts_without_issue_numbers_or_the_history_of_fi
     problems = [f"{doc.name}:{n}: {line.strip()[:80]}" for doc in DOCS
                 for n, line in enumerate(doc.read_text().splitlines(), 1) if history.search(line)]
     assert not problems, problems
+
+
+def test_the_readmes_paper_tasks_run_at_their_own_generation_caps():
+    """`make eval TASKS=ifeval,gsm8k_cot,bbh_cot_fewshot` is "the paper's tasks" only at each task's own cap: the
+    default 256 tokens cuts gsm8k_cot's and bbh_cot_fewshot's chains of thought."""
+    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if "TASKS=ifeval,gsm8k_cot,bbh_cot_fewshot" in line]
+    assert lines and all("--max-gen-toks 0" in line for line in lines)

@@ -367,3 +367,25 @@ def test_inputs_the_plan_makes_itself_are_checked_when_the_step_that_reads_them_
     out = tmp_path / "out"
     assert main(["run", str(CONFIGS / config), "--out", str(out), "--numerics", "native"]) == 2
     assert started and "stopped here" in capsys.readouterr().err and not (out / "data").exists()
+
+
+def test_the_template_works_when_copied_and_a_missing_include_says_where_it_looked(tmp_path):
+    """real_pairs_template.yaml copied elsewhere (its header says: copy, edit) still finds its shipped include."""
+    import shutil
+
+    mine = tmp_path / "my_study.yaml"
+    shutil.copy(CONFIGS / "real_pairs_template.yaml", mine)
+    study = load_study(mine, out=tmp_path / "out")
+    assert any(i.name.startswith("ties") or i.method == "ties" for i in study.interventions)
+    mine.write_text(mine.read_text().replace("paper_merges.yaml", "my_merges.yaml"))
+    with pytest.raises(StudyConfigError) as exc:
+        load_study(mine, out=tmp_path / "out")
+    msg = str(exc.value)
+    assert "\n" not in msg and "include my_merges.yaml not found; looked for my_merges.yaml" in msg
+    assert str(tmp_path / "my_merges.yaml") in msg and str(CONFIGS / "my_merges.yaml") in msg
+
+
+def test_a_misspelt_evals_key_is_named_once_with_the_key_it_misspells():
+    msg = _err({**MINIMAL, "evals": {"tasks": ["sinkstudy_ifeval"], "max_gen_tok": 8}})
+    assert "unknown key(s) max_gen_tok (did you mean max_gen_toks?); allowed: " in msg
+    assert msg.count("evals") == 1 and "max_gen_toks," in msg  # the known keys bare, not each prefixed with where

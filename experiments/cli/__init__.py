@@ -21,7 +21,7 @@ import sys
 import time
 
 from experiments.cli.closing import Summary
-from experiments.cli.options import check_device
+from experiments.cli.options import check_device, check_model_names
 from sinkstudy import SinkstudyError, __version__, numerics, threads
 from sinkstudy.distributed import leave_process_group
 from sinkstudy.io import disk_full
@@ -78,6 +78,7 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     try:
+        check_model_names(args)
         mode = numerics.requested(getattr(args, "numerics", None), getattr(args, "numerics_default", "native"))
         if len(getattr(args, "numerics", None) or []) > 1 and not args.numeric_spread:
             raise SinkstudyError(f"--numerics {','.join(args.numerics)}: sinkstudy {args.command} computes in one numeric mode; "

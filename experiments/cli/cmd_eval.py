@@ -69,8 +69,20 @@ def _eval(args) -> Summary | int:
     print(run.summary())
     print(f"eval run written to {out}")
     limited = f" (first {args.limit} prompts per task)" if args.limit else ""
-    return Summary("eval", f"{args.model}: {headline(run)}{limited}", outputs=[out],
+    capped = _cap_note(protocol)
+    if capped:
+        print(capped)
+    return Summary("eval", f"{args.model}: {headline(run)}{limited}" + (f"; {capped}" if capped else ""), outputs=[out],
                    next=[cmd("sinkstudy", "compare", "OTHER_RUN", out)])
+
+
+def _cap_note(protocol) -> str | None:
+    """A run at the default generation cap says so: a task whose own cap is longer (gsm8k_cot, bbh_cot_fewshot) is
+    cut short, so its scores are not the task's reference ones."""
+    if protocol.max_gen_toks != options.PROTOCOL.max_gen_toks:
+        return None
+    return (f"generation capped at {protocol.max_gen_toks} tokens per prompt (the default); --max-gen-toks 0 keeps each task's "
+            "own cap, as the paper's tasks need")
 
 
 def _not_an_eval_run(path: Path) -> str | None:

@@ -16,7 +16,10 @@ def register(subparsers) -> None:
     pair = subparsers.add_parser("pair", help="extract a VLM's language model / diff it against its base LLM")
     sub = pair.add_subparsers(dest="pair_command", metavar="SUBCOMMAND", required=True)
 
-    ext = sub.add_parser("extract", help="write the VLM's language model as a causal-LM checkpoint in the base's class")
+    ext = sub.add_parser("extract", help="write the VLM's language model as a causal-LM checkpoint in the base's class",
+                         description="Write the language model of --vlm as a causal-LM checkpoint in --base's class, shard by "
+                         "shard (never the vision tower, never the whole model in memory), to --out (default "
+                         "runs/pair/<vlm>-lm), with sinkstudy_extraction.json saying what was mapped. docs/pairs.md.")
     _common(ext)
     options.add_model_options(ext, device=None, dtype="the VLM checkpoint's own, e.g. bfloat16", tokenizer=False)
     ext.add_argument("--max-shard-size", default="1GB", type=_bytes,
@@ -26,7 +29,10 @@ def register(subparsers) -> None:
     options.add_progress_options(ext)
     ext.set_defaults(func=run_extract)
 
-    diff = sub.add_parser("diff", help="per-layer relative weight change ||W_vlm - W_base|| / ||W_base||")
+    diff = sub.add_parser("diff", help="per-layer relative weight change ||W_vlm - W_base|| / ||W_base||",
+                          description="What VL training changed: per layer and group, the relative change ||W_vlm - W_base|| "
+                          "/ ||W_base|| of the VLM's language model against --base, one tensor of each at a time; --json "
+                          "writes every tensor's row. docs/pairs.md.")
     _common(diff)
     options.add_model_options(diff, dtype="as stored; the sums are float32/float64 either way", tokenizer=False)
     diff.add_argument("--json", metavar="FILE", help="also write every tensor's row and the summary as JSON")

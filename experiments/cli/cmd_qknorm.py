@@ -24,7 +24,12 @@ def register(subparsers) -> None:
     from interventions.registry import QKNORM, QKNORM_INITS, QKNORM_TRAINABLE
 
     d = QKNORM.defaults
-    p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original")
+    p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original",
+                              description="Inject QK-RMSNorm into BASE (--init), optionally recovery-train it on text "
+                              "(--train-steps), then measure it against the original: KL, Sink Strength and the strict evals "
+                              "with paired CIs (OUT/report.txt). With --recipe, the paper's experiment instead: control, "
+                              "injected (one arm per --init) and native (--native) arms through one VL adaptation, side by "
+                              "side (OUT/report.md). docs/qknorm.md.")
     p.add_argument("base", metavar="BASE", help=f"base LLM: {options.model_forms()}; Llama, Mistral, Qwen2, Gemma or Gemma2")
     p.add_argument("--init", default=d["init"],
                    help=f"gain initialisation: {', '.join(QKNORM_INITS)}; with --recipe a comma list (one arm each) (default {d['init']})")

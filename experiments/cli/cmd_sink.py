@@ -76,7 +76,8 @@ def run_sink(args) -> Summary | int:
     if not engine.log[0]["reused"]:
         _print_maps(data)
     print(f"Sink Strength [{data['metric']}] = {data['value']:.4f}" if data["value"] is not None else f"Sink Strength [{data['metric']}] = n/a")
-    print(f"wrote {out / RESULT_JSON} and {out / MAP_PNG}")
+    if not engine.log[0]["reused"]:  # a reuse was said by the engine
+        print(f"wrote {out / RESULT_JSON} and {out / MAP_PNG}")
     return _summary(args, data, out, source)
 
 

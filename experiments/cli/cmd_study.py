@@ -38,7 +38,11 @@ def register(subparsers) -> None:
     _numerics(p)
     p.set_defaults(func=cmd_run)
 
-    p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
+    p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md",
+                              description="The embedded miniature study (experiments/configs/demo.yaml): tiny base LLMs "
+                              "pretrained from scratch, LLaVA-adapted on digits, then measured, merged and reported like real "
+                              "pairs; report in OUT/report.md (default: the config's out, runs/demo; make demo QUICK=1 "
+                              "passes --out runs/demo-quick). docs/study.md.")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--quick", action="store_true", help="fewer steps, smaller models (what the test runs)")
     which.add_argument("--real", action="store_true",
@@ -50,7 +54,10 @@ def register(subparsers) -> None:
     _numerics(p)
     p.set_defaults(func=cmd_demo)
 
-    p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
+    p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)",
+                              description="The seed paper's six (base LLM, VLM) pairs from the hub, measured and reported "
+                              "(experiments/configs/paper_six_pairs.yaml); --dry-run prints the plan, disk and GPU memory "
+                              "offline. Refused without CUDA unless --limit makes it small. docs/study.md.")
     p.add_argument("--dry-run", action="store_true", help="print the plan (models, tasks, merges, disk, GPU memory) offline")
     p.add_argument("--config", default=None, help=f"study YAML (default: {PAPER_CONFIG.relative_to(CONFIG_DIR.parent.parent)})")
     _common(p)

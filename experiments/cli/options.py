@@ -1,9 +1,9 @@
 """The option groups the commands share, each defined once: model loading, evals (lm-eval and its
 protocol), output and caching, progress. A command that does one of these things takes the group,
 so a flag has one name, one meaning and one default on every command (tests/test_cli_options.py
-walks every parser to keep it so). Where a default depends on the command (`--device` of `adapt`
-uses the GPU when there is one; `run` keeps its config's tasks), the flag's default is None and the
-command's help says what None means. Commands import this module at start-up: it imports nothing
+walks every parser to keep it so). Where a default depends on the command (`run` keeps its config's
+tasks and device), the flag's default is None and the command's help says what None means; `--device`
+is the CPU wherever it is not given. Commands import this module at start-up: it imports nothing
 heavy, so `--help` stays instant.
 """
 
@@ -144,7 +144,7 @@ def check_hub_tasks(tasks, data_files=None) -> None:
     in one line, when the hub is unreachable (`sinkstudy.hub`), not after the libraries' retries.
     Unknown names are refused first, as such. `data_files` ({task: file}) only names the tasks with local
     data: a study's may be written by its own steps, and are read when the step that evaluates runs."""
-    from evals.lmeval import check_task_names
+    from evals.task_names import check_task_names
     from evals.tasks import SHIPPED_TASKS
     from sinkstudy import SinkstudyError
     from sinkstudy.hub import hub_unreachable
@@ -166,6 +166,28 @@ def model_forms() -> str:
     from sinkstudy.real_models import REGISTRY
 
     return f"hub id, local path, .gguf file or a real LLM's name ({', '.join(REGISTRY)})"
+
+
+MODEL_ARGS = ("model", "base", "vlm", "native", "root")  # where a command takes a model (positional or --flag)
+
+
+def check_model_names(args) -> None:
+    """A model argument that is no local path, no .gguf and no hub id (ORG/NAME) but close to a real LLM's name is a
+    typo of that name: one line saying which, before the hub is asked for it."""
+    import difflib
+    import os
+
+    from sinkstudy import SinkstudyError
+    from sinkstudy.real_models import REGISTRY
+
+    for dest in MODEL_ARGS:
+        value = getattr(args, dest, None)
+        if not isinstance(value, str) or "/" in value or value in REGISTRY or value.endswith(".gguf") or os.path.exists(value):
+            continue
+        close = [n for n in REGISTRY if n.startswith(value)] or difflib.get_close_matches(value, list(REGISTRY), n=1, cutoff=0.6)
+        if close:
+            raise SinkstudyError(f"{value!r} is no local path and no real LLM's name: did you mean {close[0]}? "
+                                 f"(real LLMs: {', '.join(REGISTRY)}; a hub id is ORG/NAME)")
 
 
 def add_pair_options(p) -> None:
