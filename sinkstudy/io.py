@@ -82,8 +82,8 @@ def check_replaceable(path: str | os.PathLike, force: bool, *, not_mine: Callabl
     if path.is_dir() != directory:
         raise OutputExistsError(f"{flag} {path} is a {'file' if directory else 'directory'}, not a {kind}: choose another {flag} "
                                 "(nothing was written)")
-    if directory and not any(not name.startswith(".") for name in os.listdir(path)):
-        return path  # empty, but for a lock or a temporary
+    if directory and not _holds_a_file(path):
+        return path  # empty but for folders, locks and temporaries (what a killed run leaves)
     reason = not_mine(path)
     if reason is not None:
         raise OutputExistsError(f"{flag} {path} holds what this command did not write ({reason}): --force replaces only the "
@@ -91,6 +91,15 @@ def check_replaceable(path: str | os.PathLike, force: bool, *, not_mine: Callabl
     if force:
         check_deletable(path)
     return path
+
+
+def _holds_a_file(root: Path) -> bool:
+    """Whether a file that is not hidden lies anywhere under `root` (hidden: locks, temporaries and what is in them)."""
+    for _, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if any(not f.startswith(".") for f in filenames):
+            return True
+    return False
 
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

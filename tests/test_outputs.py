@@ -228,8 +228,9 @@ def test_an_output_is_replaceable_only_when_absent_empty_or_the_commands_own(tmp
         return None if (p / "record.json").is_file() else "no record.json"
 
     assert check_replaceable(tmp_path / "new" / "out", True, not_mine=mine) == tmp_path / "new" / "out"
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / ".out.lock").write_text("")  # hidden: a lock or temporary is nothing of the user's
+    (tmp_path / "empty" / "steps" / "sink").mkdir(parents=True)  # what a killed run leaves: folders, locks, temporaries
+    (tmp_path / "empty" / "steps" / "sink" / ".run.json.lock").write_text("")
+    (tmp_path / "empty" / ".sink.json.tmp-1-abc").write_text("")
     check_replaceable(tmp_path / "empty", True, not_mine=mine)
     (tmp_path / "own").mkdir()
     (tmp_path / "own" / "record.json").write_text("{}")

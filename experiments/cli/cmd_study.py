@@ -127,8 +127,9 @@ def _check_hub(study) -> None:
     check_hub_tasks(study.evals.protocol.tasks, study.evals.protocol.data_files)
 
 
-# What make's study targets put in a study's --out before its first run (the linked real checkpoints, the chats).
-STUDY_INPUTS = "inputs"
+# What may lie in a study's --out before its first step is recorded: the inputs make's study targets put there (the
+# linked real checkpoints, the chats), a parallel run's worker logs.
+STUDY_INPUTS = ("inputs", "logs")
 
 
 def check_study_out(study, force: bool) -> None:
@@ -141,7 +142,7 @@ def check_study_out(study, force: bool) -> None:
     def not_mine(out: Path) -> str | None:
         if (out / "steps").is_dir() or (out / "summary.json").is_file():
             return None
-        other = sorted(n for n in os.listdir(out) if not n.startswith(".") and n != STUDY_INPUTS)
+        other = sorted(n for n in os.listdir(out) if not n.startswith(".") and n not in STUDY_INPUTS)
         return f"no steps/ nor summary.json of an earlier study, but {', '.join(other[:3])}" if other else None
 
     check_replaceable(study.out, force, not_mine=not_mine)
