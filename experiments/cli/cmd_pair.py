@@ -6,8 +6,6 @@ model in memory), `diff` reads one tensor of each model at a time.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from experiments.cli.closing import Summary, cmd
 
 def register(subparsers) -> None:

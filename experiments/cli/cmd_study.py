@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     _eval_overrides(p)
     _jobs(p, "1")
     _seeds(p)
-    _numerics(p)
+    options.add_compute_options(p, study=True)
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md",
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     _common(p)
     _jobs(p, "one per core, at most 4; 1 with --real")
     _seeds(p)
-    _numerics(p)
+    options.add_compute_options(p, study=True)
     p.set_defaults(func=cmd_demo)
 
     p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)",
@@ -62,7 +62,7 @@ def register(subparsers) -> None:
     p.add_argument("--config", default=None, help=f"study YAML (default: {PAPER_CONFIG.relative_to(CONFIG_DIR.parent.parent)})")
     _common(p)
     _eval_overrides(p)
-    _numerics(p)
+    options.add_compute_options(p, study=True)
     p.set_defaults(func=cmd_paper)
 
     p = subparsers.add_parser("report", help="re-render a run's report.md / report.html / plots from its summary.json",
@@ -86,10 +86,6 @@ def _seeds(p) -> None:
                    help="repeat every training stage with each of these seeds (the first's run in --out, seed N's in "
                         "OUT/seeds/N); the report gives each figure per seed with its spread (default: the config's `seeds`, "
                         "else one run)")
-
-
-def _numerics(p) -> None:
-    options.add_compute_options(p, study=True)
 
 
 def _jobs(p, default: str) -> None:

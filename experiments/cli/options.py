@@ -357,7 +357,7 @@ def json_made_with(path: Path, keys: tuple[str, ...], command: str) -> str | Non
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return f"not a JSON file `sinkstudy {command}` wrote"
+        data = None
     return None if isinstance(data, dict) and all(k in data for k in keys) else f"not a JSON file `sinkstudy {command}` wrote"
 
 
