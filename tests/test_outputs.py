@@ -208,6 +208,29 @@ def test_force_replaces_only_the_commands_own_earlier_result(pair, tmp_path, cap
     assert "is a file" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
 
 
+SLOW_COMMAND = """
+import sys, time
+import experiments.cli.cmd_clean as clean
+from experiments.cli import main
+
+def slow(args):
+    print("working", flush=True)
+    time.sleep(600)
+
+clean.run_clean = slow
+sys.exit(main(["clean"]))
+"""
+
+
+def test_ctrl_c_on_a_running_command_is_one_line_and_exit_130():
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_COMMAND], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": _code_root()}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline().strip() == "working"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("sinkstudy: interrupted"), err
+
+
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     import experiments.cli.cmd_clean as clean
     from experiments.cli import main
