@@ -241,7 +241,7 @@ def test_the_adapt_table_has_one_header_per_value():
     assert [row.index(v, (ends[i - 1] if i else 0)) + len(v) for i, v in enumerate(values)][1:] == ends[1:]  # right-aligned under each
 
 
-def test_a_reused_sink_run_says_reused_not_wrote(tmp_path, tokenizer, capsys):
+def test_a_reused_sink_run_says_reused_not_wrote(tmp_path, tokenizer, own_cache, capsys):
     from experiments.cli import main
     from sinkstudy.tiny import tiny_causal_lm
 
@@ -294,3 +294,24 @@ def test_adapt_runs_on_the_cpu_unless_told_otherwise(tmp_path, monkeypatch):
     monkeypatch.setattr("interventions.adapt.run.check_inputs", lambda *a, **kw: None)
     assert main(["adapt", "--base", "some-org/base", "--tiny-vision", "--train-data", "digits", "--out", str(tmp_path / "a")]) == 2
     assert planned[0].device == "cpu"
+
+
+def test_a_step_reused_from_a_run_made_elsewhere_with_relative_paths_brings_its_outputs(tmp_path, tokenizer, own_cache,
+                                                                                         monkeypatch, capsys):
+    """A default --out is relative (runs/...): a run started in another folder that reuses it, and a third reusing
+    that one, each get the outputs, not a record of outputs they do not have."""
+    import json
+
+    from experiments.cli import main
+    from sinkstudy.tiny import tiny_causal_lm
+
+    model = tmp_path / "m"
+    tiny_causal_lm("qwen2", seed=3).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    for where in ("one", "two", "three"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        assert main(["sink", str(model), "--quiet"]) == 0, capsys.readouterr().err
+        made = next(Path("runs/sink").iterdir())
+        assert json.loads((made / "sink.json").read_text())["metric"] == "logodds" and (made / "sink_map.png").is_file()
+    assert "reused sink/run (made by an earlier run" in capsys.readouterr().out
