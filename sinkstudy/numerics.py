@@ -227,9 +227,13 @@ def identity() -> str:
 
 
 def _native_identity() -> str:
-    """`native`, or with the kernel-choosing variables this process was started with, e.g.
-    `native[ATEN_CPU_CAPABILITY=default]`: other kernels, other numbers, so another key."""
-    start = _start_environment()
-    chosen = [f"{k}={start[k]}" for k in KERNEL_ENV if start.get(k)]
-    hwcaps = [t for t in start.get("GLIBC_TUNABLES", "").split(":") if t.startswith("glibc.cpu.hwcaps=")]
+    return native_identity(_start_environment())
+
+
+def native_identity(env: dict[str, str]) -> str:
+    """The identity of a native-mode process started with `env`: `native`, or with the kernel-choosing variables
+    it holds, e.g. `native[ATEN_CPU_CAPABILITY=default]` (other kernels, other numbers, so another key). A shell
+    may preset one machine-wide (OPENBLAS_CORETYPE): what to expect of a process is derived from its environment."""
+    chosen = [f"{k}={env[k]}" for k in KERNEL_ENV if env.get(k)]
+    hwcaps = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t.startswith("glibc.cpu.hwcaps=")]
     return "native" + "".join(f"[{x}]" for x in chosen + hwcaps)

@@ -21,7 +21,8 @@ device) and the digest cached under the sinkstudy cache: ctime changes on every 
 Hardware (`hardware()`, in every provenance block): training amplifies floating-point differences
 between machines, so a result records what computed it: the CPU model and the ISA flags that select
 different kernels (AVX2 / AVX-512 / AMX / FMA...), torch's thread counts, its CPU kernel level and
-BLAS / oneDNN backends, environment variables that change them, and the CUDA device when present.
+BLAS / oneDNN backends, environment variables that change them, and the CUDA device when present; and
+the threads it computed on with OpenMP's wait policy (`sinkstudy.threads.in_effect`: they explain its time).
 The static part is read once per process; thread counts are read at each call.
 """
 
@@ -114,7 +115,10 @@ NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", *KE
 def hardware() -> dict[str, Any]:
     """What computed a result: CPU, torch's threads and kernels, CUDA device (see the module doc).
     torch's part only where torch is loaded (a result made without it did not use it)."""
-    out = {**_cpu(), "numerics": identity(), "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
+    from sinkstudy.threads import in_effect
+
+    out = {**_cpu(), "numerics": identity(), "threads": in_effect(),
+           "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(), **_torch_build(),
@@ -192,6 +196,9 @@ def describe_hardware(hw: dict | list | None) -> str:
         if t:
             text += (f"; torch {t['threads']} thread(s), {t['interop_threads']} inter-op, kernels {t['cpu_capability']}, "
                      f"BLAS {t['blas'] or '?'}" + (f", oneDNN {t['onednn']}" if t.get("onednn") and t.get("onednn_enabled") else ""))
+        policy = (h.get("threads") or {}).get("wait_policy")
+        if policy:
+            text += f"; OpenMP wait policy {policy}"
         if h.get("cuda"):
             text += f"; CUDA {h['cuda']['device']}"
         mode = h.get("numerics")

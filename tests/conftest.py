@@ -15,6 +15,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One compute thread per process, in-process commands (their default: sinkstudy.threads) and started ones alike:
+# tiny models gain nothing from more, and the suite's workers already use every core.
+os.environ["OMP_NUM_THREADS"] = "1"
 # The suite runs in the native numeric mode (a process enters the reproducible one only when it starts:
 # sinkstudy.numerics); tests/test_numerics.py starts its own processes in each mode.
 os.environ["SINKSTUDY_NUMERICS"] = "native"
@@ -87,17 +90,24 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 @pytest.fixture(autouse=True)
-def _isolated():
+def _isolated(tmp_path_factory):
     """No test sees what another left: plug-ins and registered names, environment variables, torch's
-    thread count and its global random generator are put back (and the generator seeded) around each."""
+    thread count and its global random generator are put back (and the generator seeded) around each.
+    Each test runs in an empty working directory of its own: what a command reads or writes by a relative
+    path (the default `runs/...`, a config's `runs/demo/...` inputs) is never the checkout's, whatever
+    `make demo` left there."""
     import torch
 
     from sinkstudy.plugins import isolated
 
-    environ, threads = dict(os.environ), torch.get_num_threads()
+    environ, threads, cwd = dict(os.environ), torch.get_num_threads(), os.getcwd()
     torch.manual_seed(0)
-    with isolated():
-        yield
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        with isolated():
+            yield
+    finally:
+        os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
     torch.set_num_threads(threads)

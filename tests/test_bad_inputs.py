@@ -64,6 +64,7 @@ def inputs(tmp_path_factory, tokenizer):
         f.write_text(yaml.safe_dump({**cfg, **changes}))
         return f
 
+    p["study_ok"] = study("ok")
     p["study_density"] = study("density", interventions=[{"name": "ties", "method": "ties", "params": {"density": 2}}])
     p["study_task"] = study("task", evals={"tasks": ["sinkstudy_gsm", "nosuch_task"]})
     p["study_mitigation"] = study("mitigation", interventions=[{"name": "m", "method": "no_such_mitigation"}])
@@ -76,6 +77,9 @@ def inputs(tmp_path_factory, tokenizer):
                                  interventions=[{"name": "b-lin", "method": "linear"}, {"name": "lin", "method": "linear"}])
     p["study_latin1"] = d / "latin1.yaml"
     p["study_latin1"].write_bytes("name: caf\xe9\n".encode("latin-1"))
+    p["bad_summary"] = d / "old_run"
+    p["bad_summary"].mkdir()
+    (p["bad_summary"] / "summary.json").write_text('{"name": "a summary missing what the report reads"}')
     p["sweep_escape"] = d / "sweep_escape.yaml"
     p["sweep_escape"].write_text(yaml.safe_dump({"points": [{"name": "../../escape", "method": "linear", "weight": 0.5}]}))
     return p
@@ -173,6 +177,32 @@ ROWS = [
     pytest.param(["run", "{study_mitigation}", "--out", "{out}/run"], "unknown method 'no_such_mitigation'", None, id="study-unknown-mitigation"),
     pytest.param(["run", "{study_path}", "--out", "{out}/run"], "does not exist", None, id="study-missing-model"),
     pytest.param(["run", "{study_data}", "--out", "{out}/run"], "no.jsonl does not exist", None, id="study-missing-data-file"),
+    pytest.param([*EVAL, "--data", "sinkstudy_gsm={out}/no.jsonl"], "no.jsonl", None, id="eval-missing-data-file"),
+    # a device this torch cannot run on: one line, not CUDA's assertion or torch's list of device types
+    pytest.param(["sink", "{base}", "--device", "cuda", "--out", "{out}/s"], "--device cuda", None, id="sink-device-cuda-without-cuda"),
+    pytest.param([*EVAL, "--device", "cuda"], "--device cuda", None, id="eval-device-cuda-without-cuda"),
+    pytest.param(["sink", "{base}", "--device", "gpu", "--out", "{out}/s"], "--device gpu: not a device", None, id="sink-device-gpu"),
+    # an output where a file is (a directory goes there, or the file's folder would have to be one)
+    pytest.param(["sink", "{base}", "--out", "{out}/precious.txt"], "is a file", None, id="sink-out-is-a-file"),
+    pytest.param(["dose", "{base}", "--scale", "1.5", "--out", "{out}/precious.txt"], "is a file", None, id="dose-out-is-a-file"),
+    pytest.param([*MERGE[:-2], "{out}/precious.txt", "--no-eval", "--method", "linear"], "is a file", None, id="merge-out-is-a-file"),
+    pytest.param([*EVAL[:-1], "{out}/precious.txt", "--force"], "is a file", None, id="eval-force-out-is-a-file"),
+    pytest.param(["run", "{study_ok}", "--out", "{out}/precious.txt"], "is a file", None, id="study-out-is-a-file"),
+    pytest.param(["compare", "{run}", "{run}", "--json", "{out}/precious.txt/x.json"], "is a file", None, id="compare-json-under-a-file"),
+    # --force replaces only the command's own earlier result, never a folder or file it did not write
+    pytest.param([*EVAL[:-1], "{out}/merged", "--force"], "did not write (no results.json)", None, id="eval-force-foreign-dir"),
+    pytest.param(["sink", "{base}", "--out", "{out}/merged", "--force"], "did not write", None, id="sink-force-foreign-dir"),
+    pytest.param([*MERGE[:-2], "{out}/merged", "--no-eval", "--method", "linear", "--force"], "did not write", None,
+                 id="merge-force-foreign-dir"),
+    pytest.param(["pair", "extract", "--base", "{base}", "--vlm", "{vlm}", "--out", "{out}/merged", "--force"], "did not write", None,
+                 id="extract-force-foreign-dir"),
+    pytest.param(["run", "{study_ok}", "--out", "{out}/merged", "--force"], "did not write", None, id="study-force-foreign-dir"),
+    pytest.param(["compare", "{run}", "{run}", "--json", "{out}/precious.txt", "--force"], "not a JSON file", None,
+                 id="compare-force-foreign-file"),
+    pytest.param(["pair", "diff", "--base", "{base}", "--vlm", "{vlm}", "--json", "{out}/precious.txt", "--force"], "not a JSON file",
+                 None, id="diff-force-foreign-file"),
+    # a summary written by another version (keys missing): one line, the old report left as it was
+    pytest.param(["report", "{bad_summary}"], "not a summary this version can render", None, id="report-summary-missing-keys"),
 ]
 
 
@@ -182,9 +212,12 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, needle, patch, in
 
     if needle == "vllm package" and __import__("importlib").util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
+    if needle == "--device cuda" and __import__("torch").cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
     work = tmp_path / "work"
     (work / "out" / "merged").mkdir(parents=True)
     (work / "out" / "merged" / "keep.txt").write_text("an earlier result")  # must survive every row
+    (work / "out" / "precious.txt").write_text("a file of the user's")  # and this one
     monkeypatch.chdir(work)  # default outputs (runs/...) land in the hashed tree too
     if patch:
         patch(monkeypatch)

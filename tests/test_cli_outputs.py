@@ -156,8 +156,11 @@ def test_eval_writes_to_its_default_out_and_reuses_it(tmp_path, tokenizer, monke
     argv = ["eval", str(model), "--tasks", "sinkstudy_gsm", "--limit", "1", "--max-gen-toks", "4", "--no-chat-template",
             "--cache-dir", str(tmp_path / "cache"), "--quiet"]
     assert main(argv) == 0
-    default = tmp_path / "runs" / "eval" / "tiny-llama"
-    assert (default / "results.json").is_file() and f"eval run written to {Path('runs/eval/tiny-llama')}" in capsys.readouterr().out
+    from experiments.cli.options import default_out
+
+    default = tmp_path / default_out("eval", model)
+    assert default.name.startswith("tiny-llama-")  # the model's folder and a digest of where it lies
+    assert (default / "results.json").is_file() and f"eval run written to {default_out('eval', model)}" in capsys.readouterr().out
     before = (default / "results.json").read_bytes()
     assert main(argv) == 0 and (default / "results.json").read_bytes() == before  # the same run: reused
     assert main([*argv[:-1], "--max-gen-toks", "5"]) == 2  # another run into it: one line, as `sink` refuses
@@ -175,3 +178,140 @@ def test_a_merge_below_both_of_its_inputs_says_so_and_few_prompts_say_they_decid
     few = recovery_text(row_of(recovery(np.ones(3), np.zeros(3), np.zeros(3), n_boot=200)))  # 3 prompts, all lost
     assert few == "too few prompts for any conclusion (fewer than 6) (Δ VLM LM − base -100.0 points [-100.0, -100.0])"
 
+
+
+def test_default_outputs_are_unique_per_input(tmp_path, tokenizer, capsys):
+    """Every saved model lives in OUT/model: `sink` of two doses' models (the dose's `next:` line, no --out) lands in
+    two folders, each named by the folder above `model` and a digest of where it lies, never refused as another
+    request's (nor replaced by following that hint with --force)."""
+    from experiments.cli import main
+    from experiments.cli.options import default_out, model_label, pair_out
+    from sinkstudy.tiny import tiny_causal_lm
+
+    models = [tmp_path / "runs" / "dose" / run / "model" for run in ("a-scale1.5", "b-scale1.5")]
+    for seed, m in enumerate(models):
+        tiny_causal_lm("qwen2", seed=seed).save_pretrained(m)
+        tokenizer.save_pretrained(m)
+    for m in models:
+        assert main(["sink", str(m), "--quiet"]) == 0, capsys.readouterr().err
+    made = sorted(p.name for p in Path("runs/sink").iterdir())
+    assert len(made) == 2 and made[0].startswith("a-scale1.5-") and made[1].startswith("b-scale1.5-")
+    assert model_label(models[0]) != model_label(tmp_path / "elsewhere" / "a-scale1.5" / "model")  # the same name elsewhere
+    assert len({default_out("adapt", m) for m in models}) == len({pair_out(m, models[1], "linear") for m in models}) == 2
+    assert default_out("pair", models[0], "lm").name.endswith("-lm")
+    assert model_label("Qwen/Qwen2.5-7B-Instruct") == "Qwen_Qwen2.5-7B-Instruct"  # a hub id keeps its organisation
+    assert model_label("smollm2-135m-instruct") == "smollm2-135m-instruct"
+
+
+# --------------------------------------------------------------------------- what a newcomer reads
+
+def test_an_unknown_task_is_suggested_only_a_close_name(capsys):
+    """`eval --tasks nonexistent` suggested lm-eval's "injongointent"; a typo still gets its task."""
+    from evals.task_names import suggestion
+    from experiments.cli import main
+
+    names = ["injongointent", "ifeval", "ifeval_es", "gsm8k_cot", "gsm8k_cot_llama"]
+    assert suggestion("nonexistent", names) == ""
+    assert suggestion("gsm8k_cott", names) == "; did you mean: gsm8k_cot?"
+    assert suggestion("sinkstudy_ifevl", names).startswith("; did you mean: sinkstudy_ifeval")
+    assert main(["eval", "some-org/some-model", "--tasks", "nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown task 'nonexistent': not a shipped task" in err and "did you mean" not in err
+
+
+def test_a_near_miss_of_a_real_llms_name_is_named(capsys):
+    from experiments.cli import main
+
+    assert main(["sink", "smollm2-135m"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean smollm2-135m-instruct?" in err
+    assert main(["merge", "--method", "linear", "--base", "gemma-3-27", "--vlm", "x/y"]) == 2
+    assert "did you mean gemma-3-270m?" in capsys.readouterr().err
+
+
+def test_the_adapt_table_has_one_header_per_value():
+    from experiments.report.adapt_tables import COLUMNS, format_adapt
+
+    stage = {"stage": "stage2", "steps": 200, "final_loss": 1.2, "final_loss_steps": 20, "mean_loss": 1.9,
+             "steps_per_second": 0.5, "tokens_per_second": None, "trainable_params": 12345678}
+    header, row = format_adapt({"stages": [stage]}).splitlines()[:2]
+    values = ["stage2", "200", "1.2 (20)", "1.9", "0.5", "-", "12,345,678"]
+    assert len(values) == len(COLUMNS)
+    ends = [header.index(name) + len(name) for name, _ in COLUMNS]
+    assert [row.index(v, (ends[i - 1] if i else 0)) + len(v) for i, v in enumerate(values)][1:] == ends[1:]  # right-aligned under each
+
+
+def test_a_reused_sink_run_says_reused_not_wrote(tmp_path, tokenizer, own_cache, capsys):
+    from experiments.cli import main
+    from sinkstudy.tiny import tiny_causal_lm
+
+    model = tmp_path / "m"
+    tiny_causal_lm("qwen2").save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    argv = ["sink", str(model), "--out", str(tmp_path / "s"), "--quiet"]
+    assert main(argv) == 0 and "wrote " in capsys.readouterr().out
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "reused sink/run" in printed and "wrote " not in printed
+
+
+def test_an_eval_at_the_default_cap_says_so(tmp_path, monkeypatch, capsys):
+    """The paper's tasks have caps of their own (gsm8k_cot, bbh_cot_fewshot): at the 256-token default the output says so."""
+    import evals.lmeval
+    from experiments.cli import main
+
+    run = EvalRun.load(_run(tmp_path / "r", {STRICT: [1, 0], FLEX: [1, 1]}))
+    monkeypatch.setattr(evals.lmeval, "run_eval", lambda *a, **kw: run)
+    assert main(["eval", "some-org/some-model", "--tasks", "sinkstudy_gsm", "--out", str(tmp_path / "e")]) == 0
+    printed = capsys.readouterr().out
+    assert "generation capped at 256 tokens per prompt (the default); --max-gen-toks 0 keeps each task's own cap" in printed
+    assert main(["eval", "some-org/some-model", "--tasks", "sinkstudy_gsm", "--max-gen-toks", "0", "--out", str(tmp_path / "f")]) == 0
+    assert "capped" not in capsys.readouterr().out
+
+
+def test_every_command_describes_itself_and_force_means_one_thing():
+    from test_cli_options import commands
+
+    forces = set()
+    for name, parser in commands():
+        assert parser.description, f"sinkstudy {name} --help has no description"
+        forces |= {a.help.replace("--json", "--out") for a in parser._actions if "--force" in a.option_strings}
+    assert len(forces) == 1 and "anything else there is refused, never deleted" in forces.pop()
+
+
+def test_adapt_runs_on_the_cpu_unless_told_otherwise(tmp_path, monkeypatch):
+    """Every command defaults to the CPU; adapt took a GPU when there was one."""
+    import experiments.study.runner as runner
+    from experiments.cli import main
+
+    planned = []
+
+    def run_plan(plan, out, **kw):
+        planned.append(next(iter(plan)).args)
+        raise runner.SinkstudyError("planned")
+
+    monkeypatch.setattr(runner, "run_plan", run_plan)
+    monkeypatch.setattr("interventions.adapt.run.check_inputs", lambda *a, **kw: None)
+    assert main(["adapt", "--base", "some-org/base", "--tiny-vision", "--train-data", "digits", "--out", str(tmp_path / "a")]) == 2
+    assert planned[0].device == "cpu"
+
+
+def test_a_step_reused_from_a_run_made_elsewhere_with_relative_paths_brings_its_outputs(tmp_path, tokenizer, own_cache,
+                                                                                         monkeypatch, capsys):
+    """A default --out is relative (runs/...): a run started in another folder that reuses it, and a third reusing
+    that one, each get the outputs, not a record of outputs they do not have."""
+    import json
+
+    from experiments.cli import main
+    from sinkstudy.tiny import tiny_causal_lm
+
+    model = tmp_path / "m"
+    tiny_causal_lm("qwen2", seed=3).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    for where in ("one", "two", "three"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        assert main(["sink", str(model), "--quiet"]) == 0, capsys.readouterr().err
+        made = next(Path("runs/sink").iterdir())
+        assert json.loads((made / "sink.json").read_text())["metric"] == "logodds" and (made / "sink_map.png").is_file()
+    assert "reused sink/run (made by an earlier run" in capsys.readouterr().out

@@ -144,11 +144,12 @@ def test_a_dose_can_name_its_pairs_and_repeat_a_name_on_other_pairs():
 def test_the_dose_response_configs_dose_each_backbone_five_times_across_two_units_of_s_each_way(tmp_path):
     """make dose-response's configs plan (no input read): each backbone's base dosed from S −2 to at least +2 and each
     dose adapted; SmolLM2 on its sink heads, Gemma (a QK-norm gain per layer) on all; QUICK: SmolLM2 alone, three doses."""
+    from experiments.cli.cmd_study import CONFIG_DIR
     from experiments.study.config import load_study
     from experiments.study.runner import plan_records
 
     for config, pairs, least in (("dose_response", {"smollm2": "sink", "gemma": "all"}, 5), ("dose_response_quick", {"smollm2": "sink"}, 3)):
-        study = load_study(f"experiments/configs/{config}.yaml", out=tmp_path / config)
+        study = load_study(CONFIG_DIR / f"{config}.yaml", out=tmp_path / config)
         ids = {s["id"] for s in plan_records(study)}
         assert [p.name for p in study.pairs] == list(pairs)
         for p, heads in pairs.items():

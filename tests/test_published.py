@@ -226,8 +226,9 @@ def test_report_puts_the_pairs_beside_the_published_values():
 
 
 def test_paper_config_states_both_conventions():
+    from experiments.cli.cmd_study import PAPER_CONFIG
     from experiments.study.config import load_study
 
-    label = load_study("experiments/configs/paper_six_pairs.yaml").protocol["correlation"]
+    label = load_study(PAPER_CONFIG).protocol["correlation"]
     assert "relative degradation) = 0.971" not in label
     assert "+0.971" in label and "+0.794" in label and "points" in label and "VLM LM - base" in label

@@ -201,6 +201,7 @@ def test_study_real_configs_plan_every_claim_on_their_backbones(gemma, smollm2, 
     of the test install, is planned without its file: a plan reads no input)."""
     import contextlib
 
+    from experiments.cli.cmd_study import CONFIG_DIR
     from experiments.demo.corpus import main as write_chats
     from experiments.study.runner import plan_records
     from experiments.study.config import load_study
@@ -213,7 +214,7 @@ def test_study_real_configs_plan_every_claim_on_their_backbones(gemma, smollm2, 
         assert link(["--chat", "--link-dir", str(out / "inputs"), "smollm2-135m-instruct", "gemma-3-270m"]) == 0
         assert write_chats([str(out / "inputs" / "text_chats.jsonl"), "--records", "50"]) == 0
         with planning_only() if config == "study_real" else contextlib.nullcontext():
-            steps[config] = {s["id"] for s in plan_records(load_study(Path("experiments/configs") / f"{config}.yaml", out=out))}
+            steps[config] = {s["id"] for s in plan_records(load_study(CONFIG_DIR / f"{config}.yaml", out=out))}
     assert {"smollm2/adapt/control", "smollm2/adapt/control-s1", "smollm2/adapt/qknorm-unit", "smollm2/adapt/text-replay",
             "smollm2/adapt/head-freeze", "smollm2/adapt/text-only", "smollm2/eval/text-only",
             "smollm2/intervene/ties"} <= steps["study_real_quick"] & steps["study_real"]

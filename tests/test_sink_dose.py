@@ -214,3 +214,26 @@ def test_the_dose_command_plans_one_step_reuses_it_and_refuses_another_request_i
     assert "made by another request" in capsys.readouterr().err
     assert main(["dose", str(qwen2), "--scale", "100", "--out", str(tmp_path / "bad")]) == 2
     assert "sink_dose scale must be in" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_dose_takes_device_and_dtype_as_every_model_loading_command_does(tmp_path, tokenizer, capsys):
+    """`dose` measures S on --device in --dtype while it searches (each keyed: another device, other numbers); the dosed
+    model keeps the checkpoint's own dtype."""
+    import json
+
+    from experiments.cli import main
+    from interventions.registry import validate_intervention
+    from sinkstudy import SinkstudyError
+    from sinkstudy.tiny import tiny_causal_lm
+
+    assert validate_intervention("sink_dose", {"scale": 1.5})["device"] == "cpu"
+    with pytest.raises(SinkstudyError, match="dtype must be one of"):
+        validate_intervention("sink_dose", {"scale": 1.5, "dtype": "int8"})
+    model = tmp_path / "m"
+    tiny_causal_lm("qwen2").save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    out = tmp_path / "d"
+    assert main(["dose", str(model), "--scale", "1.5", "--device", "cpu", "--dtype", "bfloat16", "--out", str(out), "--quiet"]) == 0
+    made = json.loads((out / "model" / "intervention.json").read_text())
+    assert made["settings"]["dtype"] == "bfloat16" and made["settings"]["device"] == "cpu"
+    assert json.loads((out / "model" / "config.json").read_text())["dtype"] == "float32"  # stored as the checkpoint was

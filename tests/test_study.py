@@ -328,6 +328,13 @@ def test_a_pinned_hub_base_is_loaded_and_keyed_at_its_revision(tmp_path, tokeniz
     assert merged["provenance"]["fingerprints"]["base"] == at_pin  # and merged
 
 
+def test_a_test_runs_in_an_empty_folder_of_its_own_never_the_checkout():
+    """`make demo` first (the README's order) leaves runs/demo in the checkout: a test that ran there would read
+    it (protect.yaml's inputs) and write its own runs/ beside it. Every test starts in an empty folder instead."""
+    here = Path.cwd().resolve()
+    assert here != ROOT.resolve() and ROOT.resolve() not in here.parents and not any(here.iterdir())
+
+
 @pytest.mark.parametrize("config", ["study_real_quick.yaml", "protect.yaml"])
 def test_a_plan_reads_no_input_file_and_a_run_checks_them_before_any_work(config, tmp_path, capsys):
     """study-real's text-replay chats are written by `make study-real` just before the run, and the protection study
@@ -341,3 +348,44 @@ def test_a_plan_reads_no_input_file_and_a_run_checks_them_before_any_work(config
     assert main(["run", str(CONFIGS / config), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ("not found" in err or "does not exist" in err) and not out.exists()
+
+
+@pytest.mark.parametrize("config", ["demo.yaml", "demo_real.yaml"])
+def test_inputs_the_plan_makes_itself_are_checked_when_the_step_that_reads_them_runs(config, tmp_path, monkeypatch, capsys):
+    """demo.yaml (make study's default CONFIG) evaluates on held-out files its own build/corpus step writes: the run
+    starts, it does not stop at load on files that do not exist yet."""
+    import experiments.study.runner as runner
+    from experiments.cli import main
+
+    started = []
+
+    def run_study(study, **kw):
+        started.append(study.name)
+        raise runner.SinkstudyError("stopped here: the steps would run now")
+
+    monkeypatch.setattr(runner, "run_study", run_study)
+    out = tmp_path / "out"
+    assert main(["run", str(CONFIGS / config), "--out", str(out), "--numerics", "native"]) == 2
+    assert started and "stopped here" in capsys.readouterr().err and not (out / "data").exists()
+
+
+def test_the_template_works_when_copied_and_a_missing_include_says_where_it_looked(tmp_path):
+    """real_pairs_template.yaml copied elsewhere (its header says: copy, edit) still finds its shipped include."""
+    import shutil
+
+    mine = tmp_path / "my_study.yaml"
+    shutil.copy(CONFIGS / "real_pairs_template.yaml", mine)
+    study = load_study(mine, out=tmp_path / "out")
+    assert any(i.name.startswith("ties") or i.method == "ties" for i in study.interventions)
+    mine.write_text(mine.read_text().replace("paper_merges.yaml", "my_merges.yaml"))
+    with pytest.raises(StudyConfigError) as exc:
+        load_study(mine, out=tmp_path / "out")
+    msg = str(exc.value)
+    assert "\n" not in msg and "include my_merges.yaml not found; looked for my_merges.yaml" in msg
+    assert str(tmp_path / "my_merges.yaml") in msg and str(CONFIGS / "my_merges.yaml") in msg
+
+
+def test_a_misspelt_evals_key_is_named_once_with_the_key_it_misspells():
+    msg = _err({**MINIMAL, "evals": {"tasks": ["sinkstudy_ifeval"], "max_gen_tok": 8}})
+    assert "unknown key(s) max_gen_tok (did you mean max_gen_toks?); allowed: " in msg
+    assert msg.count("evals") == 1 and "max_gen_toks," in msg  # the known keys bare, not each prefixed with where

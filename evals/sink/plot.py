@@ -91,15 +91,16 @@ def pyplot():
     return plt
 
 
-def save_png_svg(fig, path: str | os.PathLike, on_drawn: Callable[[Any], None] | None = None) -> list[Path]:
+def save_png_svg(fig, path: str | os.PathLike, on_drawn: Callable[[Any], None] | None = None, *, bottom: float = 0.0) -> list[Path]:
     """Write the figure as PATH (.png) and beside it as .svg, atomically; close it. `on_drawn(fig)` runs between
     the two, when the figure is laid out and drawn: what it reads off the axes (axis_facts) is what was drawn,
-    without a draw of its own (each draw is about a quarter of a figure's cost)."""
+    without a draw of its own (each draw is about a quarter of a figure's cost). `bottom`: the share of the height
+    kept below the axes for a footer (the layout does not count figure texts)."""
     from sinkstudy.io import save_figure_atomic
 
     path = Path(path)
     try:
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, bottom, 1, 1))
         png = save_figure_atomic(fig, path.with_suffix(".png"), dpi=120)
         if on_drawn is not None:
             on_drawn(fig)
@@ -108,11 +109,18 @@ def save_png_svg(fig, path: str | os.PathLike, on_drawn: Callable[[Any], None] |
         pyplot().close(fig)
 
 
+FOOTER_POINTS = 7  # the note's font size
+
+
 def _heatmaps(panels: list[dict[str, Any]], title: str, note: str):
+    """(figure, the share of its height its footer takes): the note wrapped to the figure's width, below the axes."""
+    import textwrap
+
     from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    width, height = 4.2 * len(panels), 3.8
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, height), squeeze=False)
     for ax, p in zip(axes[0], panels):
         im = ax.imshow(p["data"].T.numpy(), aspect="auto", origin="lower", cmap=p["cmap"], vmin=p["vmin"], vmax=p["vmax"],
                        interpolation="nearest")
@@ -127,8 +135,9 @@ def _heatmaps(panels: list[dict[str, Any]], title: str, note: str):
             for (layer, head), v in np.ndenumerate(p["data"].numpy()):
                 ax.text(layer, head, "" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=6, color=_ink(v, p))
     fig.suptitle(title, fontsize=10)
-    fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgrey")
-    return fig
+    lines = textwrap.wrap(note, int(width * 72 / (FOOTER_POINTS * 0.55)))  # a character is about 0.55 of the font size wide
+    fig.text(0.5, 0.01, "\n".join(lines), ha="center", va="bottom", fontsize=FOOTER_POINTS, color="dimgrey")
+    return fig, (len(lines) * FOOTER_POINTS * 1.3 / 72 + 0.05) / height
 
 
 def _clipped(panel: dict[str, Any]) -> str:
@@ -182,8 +191,8 @@ def plot_sink_map(maps: SinkMaps, path: str | os.PathLike, *, metric: str = "mas
     rng = colour_range([values], diverging=kind == LOGODDS)
     panels = [_panel(values, label, "RdBu_r" if kind == LOGODDS else "viridis", rng)]
     note = _range_note(kind, rng, [values])
-    fig = _heatmaps(panels, title or f"{_name(maps, 'model')}: {maps.settings['calibration']}", note)
-    return _facts(panels, save_png_svg(fig, path), note)
+    fig, bottom = _heatmaps(panels, title or f"{_name(maps, 'model')}: {maps.settings['calibration']}", note)
+    return _facts(panels, save_png_svg(fig, path, bottom=bottom), note)
 
 
 def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike, *, metric: str = "mass",
@@ -201,8 +210,8 @@ def plot_sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, path: str | os.PathLike,
     panels = [_panel(a, f"{name_a}: {label}", cmap, rng), _panel(b, name_b, cmap, rng),
               _panel(b - a, f"{name_b} − {name_a} (colour range ±{shift[1]:.2g})", "PuOr_r", shift)]
     note = _range_note(kind, rng, [a, b], shift)
-    fig = _heatmaps(panels, title or "sink shift", note)
-    return _facts(panels, save_png_svg(fig, path), note)
+    fig, bottom = _heatmaps(panels, title or "sink shift", note)
+    return _facts(panels, save_png_svg(fig, path, bottom=bottom), note)
 
 
 def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *, metric: str = "mass",

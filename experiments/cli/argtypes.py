@@ -77,6 +77,16 @@ def confidence(text: str) -> float:
     return value
 
 
+def numeric_modes(text: str) -> list[str]:
+    """`--numerics`: one numeric mode, or several separated by commas (`sinkstudy.numerics.path_list`)."""
+    from sinkstudy.numerics import path_list
+
+    try:
+        return path_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_plugin_option(parser) -> None:
     """`--plugin FILE.py|MODULE` (repeatable): protections / mitigations from outside the package."""
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py|MODULE",

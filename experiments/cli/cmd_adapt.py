@@ -23,7 +23,12 @@ from experiments.report.fmt import brief as _f
 def register(subparsers) -> None:
     from experiments.cli.argtypes import add_plugin_option
 
-    p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory")
+    p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory",
+                              description="LLaVA-style VL adaptation of --base: a vision side (--vision, --donor, --tiny-vision, "
+                              "--scenes-vision, or --text-only), the paper's two stages unless --recipe gives others, data per "
+                              "stage from --train-data; the VLM goes to OUT/model, the run (stage table, Sink Strength "
+                              "trajectory, checkpoints for --resume) to OUT/run. --protect adds training-time protections "
+                              "(docs/protect.md); --estimate prints GPU memory and time without training. docs/adapt.md.")
     p.add_argument("--base", default=None, help=f"base causal LM: {options.model_forms()} (required)")
     options.add_vision_options(p, required=True)
     t = p.add_argument_group("training")
@@ -37,8 +42,8 @@ def register(subparsers) -> None:
                    help="a protection setting, VALUE as YAML (NAME. needed with several --protect), e.g. heads='{by: mass, top_k: 8}'")
     t.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its last checkpoint")
     add_plugin_option(p)
-    options.add_model_options(p, device="cuda when available, else cpu", dtype="the recipe's precision")
-    options.add_output_options(p, out="runs/adapt/<base> (the model in OUT/model)")
+    options.add_model_options(p, dtype="the recipe's precision")
+    options.add_output_options(p, out="runs/adapt/<base>[-<protection>...] (the model in OUT/model)")
     e = p.add_argument_group("estimate (nothing trained)")
     e.add_argument("--estimate", action="store_true", help="print GPU memory and time per stage and exit (nothing trained)")
     e.add_argument("--gpu", default="H200", help="GPU for --estimate (H200, H100, A100, L40S; default H200)")
@@ -46,6 +51,7 @@ def register(subparsers) -> None:
     e.add_argument("--tokens-per-example", type=int, default=None, help="--estimate: sequence length (default image tokens + 128)")
     e.add_argument("--examples", action="append", default=[], metavar="[STAGE=]N",
                    help="--estimate: training examples per stage when the data is not counted locally (e.g. stage1=558128)")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=main)
 
@@ -84,7 +90,7 @@ def build_request(args):
         vision = None
     if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
         raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
-    args.out = args.out or str(options.default_out("adapt", args.base))
+    args.out = args.out or str(options.default_out("adapt", args.base, *args.protect))
     return vision, config
 
 
@@ -166,7 +172,7 @@ def main(args) -> Summary | int:
     step = Step("adapt/run", Adapt(Ref(str(args.base)), config.to_dict(), vision.to_dict() if vision else None,
                                    tuple({"name": h.name, "params": h.config} for h in hooks),
                                    {"init": args.qknorm} if args.qknorm else None,
-                                   Ref(str(args.tokenizer)) if args.tokenizer else None, device=args.device, run_dir=out / "run",
+                                   Ref(str(args.tokenizer)) if args.tokenizer else None, device=args.device or "cpu", run_dir=out / "run",
                                    model_dir=out / "model", resume=args.resume), outputs=(out / "run", out / "model"))
     engine = run_plan(Plan([step]), out, force=args.force, progress=not args.quiet, seed=config.seed, guarded=("run",))
     report = read_json(out / "run" / REPORT) if engine.main and (out / "run" / REPORT).is_file() else None

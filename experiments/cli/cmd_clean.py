@@ -10,7 +10,10 @@ from experiments.cli.closing import Summary
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("clean", help="remove stale temporaries (.NAME.tmp-*) and lock files of dead runs "
-                                            "under runs/ and the sinkstudy cache")
+                                            "under runs/ and the sinkstudy cache",
+                              description="Remove what killed runs left behind: temporaries (.NAME.tmp-*) whose writer is "
+                              "dead and lock files no process holds, under each DIR (default runs/ and the sinkstudy cache). "
+                              "Finished results are never touched.")
     p.add_argument("dirs", nargs="*", metavar="DIR", help="directories to clean (default: runs and $SINKSTUDY_CACHE)")
     add_progress_options(p)
     p.set_defaults(func=run_clean)

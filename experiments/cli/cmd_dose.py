@@ -30,7 +30,10 @@ def register(subparsers) -> None:
     p.add_argument("--tolerance", type=argtypes.finite_float, default=None, help="how close to the level S must come (default 0.02)")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
                    help="texts S is measured on: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
+    options.add_model_options(p, dtype="float32: the dtype S is measured in while the dose is searched; the dosed model keeps "
+                                       "its own", tokenizer=False)
     options.add_output_options(p, out="runs/dose/<model>-<level>")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=run_dose)
 
@@ -45,12 +48,14 @@ def run_dose(args) -> Summary | int:
     from sinkstudy.checkpoint import local_checkpoint
     from sinkstudy.io import read_json
 
-    given = {k: getattr(args, k) for k in ("target", "shift", "scale", "heads", "layers", "tolerance") if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("target", "shift", "scale", "heads", "layers", "tolerance", "device", "dtype")
+             if getattr(args, k) is not None}
     params = given | ({"texts": args.calibration} if args.calibration else {})
     validate_intervention("sink_dose", params)  # every setting checked before any model is read
     model = str(local_checkpoint(args.model))  # a hub id fetched once, before any output exists
     level = next(f"{k}{given[k]:+g}" if k != "scale" else f"scale{given[k]:g}" for k in ("target", "shift", "scale") if k in given)
-    out = Path(args.out) if args.out else default_out("dose", args.model, level)
+    where = [x for x in (args.device, args.dtype) if x not in (None, "cpu", "float32")]  # another device or dtype: another result
+    out = Path(args.out) if args.out else default_out("dose", args.model, level, *where)
     lm = out / MODEL_DIR
     step = Step("dose/run", Intervene("sink_dose", Ref(model), Ref(model), params, out=lm), outputs=(lm,))
     run_plan(Plan([step]), out, force=args.force, progress=not args.quiet, guarded=("run",))

@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     options.add_model_options(p, dtype="float32 on hf, the checkpoint's on vllm")
     options.add_output_options(p, out="runs/eval/<model>", cache=True)
     options.add_seed_option(p, "lm-eval's sampling and few-shot choice")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=_eval)
 
@@ -35,6 +36,7 @@ def register(subparsers) -> None:
     options.add_bootstrap_options(c)
     options.add_seed_option(c, "the bootstrap")
     c.add_argument("--json", default=None, metavar="FILE", help="also write the comparisons as JSON")
+    options.add_force_option(c, "--json")
     c.add_argument("--published", action="store_true",
                    help="put this pair's IFEval prompt-level strict Δ beside the paper's six pairs and recompute rho over "
                         "the union (left out, with a one-line warning, when the task or prompts differ from the paper's)")
@@ -42,6 +44,7 @@ def register(subparsers) -> None:
     sink.add_argument("--sink-strength", type=argtypes.finite_float, default=None, metavar="S",
                       help="--published: Sink Strength S of A (the base)")
     sink.add_argument("--sink-json", default=None, metavar="FILE", help="--published: a sink.json of A from `sinkstudy sink` (logodds metric)")
+    options.add_compute_options(c)
     options.add_progress_options(c)
     c.set_defaults(func=_compare)
 
@@ -51,9 +54,12 @@ def _eval(args) -> Summary | int:
     from evals.runs import data_sources, headline
     from experiments.study.loaders import load_model
 
+    from sinkstudy.io import check_replaceable
+
     protocol = eval_protocol(args)
     check_hub_tasks(protocol.tasks, protocol.data_files)
     out = Path(args.out) if args.out else options.default_out("eval", args.model)
+    check_replaceable(out, args.force, not_mine=_not_an_eval_run)
     run = run_eval(args.model, args.tokenizer, protocol=protocol, out_dir=out, force=args.force, device=args.device, dtype=args.dtype,
                    seed=args.seed, loader=load_model, progress=not args.quiet, **eval_cache(args))
     if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
@@ -63,8 +69,35 @@ def _eval(args) -> Summary | int:
     print(run.summary())
     print(f"eval run written to {out}")
     limited = f" (first {args.limit} prompts per task)" if args.limit else ""
-    return Summary("eval", f"{args.model}: {headline(run)}{limited}", outputs=[out],
+    capped = _cap_note(protocol)
+    if capped:
+        print(capped)
+    return Summary("eval", f"{args.model}: {headline(run)}{limited}" + (f"; {capped}" if capped else ""), outputs=[out],
                    next=[cmd("sinkstudy", "compare", "OTHER_RUN", out)])
+
+
+def _cap_note(protocol) -> str | None:
+    """A run at the default generation cap says so: a task whose own cap is longer (gsm8k_cot, bbh_cot_fewshot) is
+    cut short, so its scores are not the task's reference ones."""
+    if protocol.max_gen_toks != options.PROTOCOL.max_gen_toks:
+        return None
+    return (f"generation capped at {protocol.max_gen_toks} tokens per prompt (the default); --max-gen-toks 0 keeps each task's "
+            "own cap, as the paper's tasks need")
+
+
+def _not_an_eval_run(path: Path) -> str | None:
+    """None when `path` is an eval run and nothing else (--force replaces it whole); else what is not one."""
+    import os
+
+    from evals.lmeval import RESULTS_FILE, SAMPLES_DIR
+
+    if not (path / RESULTS_FILE).is_file():
+        return f"no {RESULTS_FILE}"
+    other = sorted(n for n in os.listdir(path) if not n.startswith(".") and n not in (RESULTS_FILE, SAMPLES_DIR))
+    return f"{', '.join(other[:3])}{' ...' if len(other) > 3 else ''} beside its {RESULTS_FILE}" if other else None
+
+
+COMPARE_KEYS = ("run_a", "run_b", "comparisons", "provenance")  # what `compare --json` writes: its record
 
 
 def _compare(args) -> Summary | int:
@@ -76,6 +109,12 @@ def _compare(args) -> Summary | int:
     from sinkstudy.io import write_json_atomic
     from sinkstudy.provenance import provenance
 
+    if args.json:  # only an earlier `compare --json` is replaced, and only with --force
+        from sinkstudy.io import check_output_dir, check_replaceable
+
+        check_replaceable(args.json, args.force, flag="--json", directory=False,
+                          not_mine=lambda f: options.json_made_with(f, COMPARE_KEYS, "compare"))
+        check_output_dir(args.json, args.force)
     sink = _published_sink(args)  # every input checked before the runs are read
     dir_a, dir_b = resolve_run(args.run_a), resolve_run(args.run_b)
     a, b = EvalRun.load(dir_a), EvalRun.load(dir_b)

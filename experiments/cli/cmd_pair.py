@@ -6,8 +6,6 @@ model in memory), `diff` reads one tensor of each model at a time.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from experiments.cli.closing import Summary, cmd
 
 def register(subparsers) -> None:
@@ -16,20 +14,28 @@ def register(subparsers) -> None:
     pair = subparsers.add_parser("pair", help="extract a VLM's language model / diff it against its base LLM")
     sub = pair.add_subparsers(dest="pair_command", metavar="SUBCOMMAND", required=True)
 
-    ext = sub.add_parser("extract", help="write the VLM's language model as a causal-LM checkpoint in the base's class")
+    ext = sub.add_parser("extract", help="write the VLM's language model as a causal-LM checkpoint in the base's class",
+                         description="Write the language model of --vlm as a causal-LM checkpoint in --base's class, shard by "
+                         "shard (never the vision tower, never the whole model in memory), to --out (default "
+                         "runs/pair/<vlm>-lm), with sinkstudy_extraction.json saying what was mapped. docs/pairs.md.")
     _common(ext)
     options.add_model_options(ext, device=None, dtype="the VLM checkpoint's own, e.g. bfloat16", tokenizer=False)
     ext.add_argument("--max-shard-size", default="1GB", type=_bytes,
                      help="largest output shard, e.g. 1GB or 500MB (peak memory is about one shard; default 1GB)")
     options.add_output_options(ext, out="runs/pair/<vlm>-lm")
+    options.add_compute_options(ext)
     options.add_progress_options(ext)
     ext.set_defaults(func=run_extract)
 
-    diff = sub.add_parser("diff", help="per-layer relative weight change ||W_vlm - W_base|| / ||W_base||")
+    diff = sub.add_parser("diff", help="per-layer relative weight change ||W_vlm - W_base|| / ||W_base||",
+                          description="What VL training changed: per layer and group, the relative change ||W_vlm - W_base|| "
+                          "/ ||W_base|| of the VLM's language model against --base, one tensor of each at a time; --json "
+                          "writes every tensor's row. docs/pairs.md.")
     _common(diff)
     options.add_model_options(diff, dtype="as stored; the sums are float32/float64 either way", tokenizer=False)
     diff.add_argument("--json", metavar="FILE", help="also write every tensor's row and the summary as JSON")
-    diff.add_argument("--force", action="store_true", help="replace an existing --json file")
+    options.add_force_option(diff, "--json")
+    options.add_compute_options(diff)
     options.add_progress_options(diff)
     diff.set_defaults(func=run_diff)
 
@@ -38,6 +44,9 @@ def _common(p) -> None:
     from experiments.cli.options import add_pair_options
 
     add_pair_options(p)
+
+
+DIFF_KEYS = ("base", "vlm", "summary", "rows", "provenance")  # what `pair diff --json` writes: its record
 
 
 def _bytes(text: str) -> int:
@@ -61,16 +70,18 @@ def _provenance_extra(args, report) -> dict:
 
 
 def run_extract(args) -> Summary | int:
-    from interventions.pairs import plan_extraction, resolve, write_language_model
+    from interventions.pairs import EXTRACTION_JSON, plan_extraction, resolve, write_language_model
     from interventions.pairs.resolve import resolve_dtype
     from sinkstudy.checkpoint import try_load_tokenizer
-    from sinkstudy.io import check_output_dir
+    from sinkstudy.io import check_output_dir, check_replaceable
 
     from experiments.cli.options import check_pair_options, default_out
 
-    args.out = args.out or str(default_out("pair", f"{Path(str(args.vlm).rstrip('/')).name}-lm"))
     check_pair_options(args, "pair extract")
-    check_output_dir(args.out, args.force)  # before any loading
+    args.out = args.out or str(default_out("pair", args.vlm, "lm"))
+    # before any loading: only an earlier extraction (its record) is replaced, and only with --force
+    check_replaceable(args.out, args.force, not_mine=lambda p: None if (p / EXTRACTION_JSON).is_file() else f"no {EXTRACTION_JSON}")
+    check_output_dir(args.out, args.force)
     if args.dtype is not None:
         resolve_dtype(args.dtype)
     base = resolve(args.base)
@@ -89,14 +100,16 @@ def run_extract(args) -> Summary | int:
 def run_diff(args) -> Summary | int:
     from interventions.pairs import diff_summary, format_diff_table, plan_extraction, resolve, tensors_of, weight_diff
     from interventions.pairs.resolve import resolve_dtype
-    from sinkstudy.io import check_output_dir, write_json_atomic
+    from sinkstudy.io import check_output_dir, check_replaceable, write_json_atomic
     from sinkstudy.provenance import provenance
 
-    from experiments.cli.options import check_pair_options
+    from experiments.cli.options import check_pair_options, json_made_with
 
     check_pair_options(args, "pair diff")
-    if args.json:
-        check_output_dir(args.json, args.force)  # before any loading
+    if args.json:  # before any loading: only an earlier `pair diff --json` is replaced, and only with --force
+        check_replaceable(args.json, args.force, flag="--json", directory=False,
+                          not_mine=lambda f: json_made_with(f, DIFF_KEYS, "pair diff"))
+        check_output_dir(args.json, args.force)
     dtype = resolve_dtype(args.dtype) if args.dtype else None
     base = resolve(args.base)
     plan = plan_extraction(args.vlm, base)

@@ -24,7 +24,12 @@ def register(subparsers) -> None:
     from interventions.registry import QKNORM, QKNORM_INITS, QKNORM_TRAINABLE
 
     d = QKNORM.defaults
-    p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original")
+    p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original",
+                              description="Inject QK-RMSNorm into BASE (--init), optionally recovery-train it on text "
+                              "(--train-steps), then measure it against the original: KL, Sink Strength and the strict evals "
+                              "with paired CIs (OUT/report.txt). With --recipe, the paper's experiment instead: control, "
+                              "injected (one arm per --init) and native (--native) arms through one VL adaptation, side by "
+                              "side (OUT/report.md). docs/qknorm.md.")
     p.add_argument("base", metavar="BASE", help=f"base LLM: {options.model_forms()}; Llama, Mistral, Qwen2, Gemma or Gemma2")
     p.add_argument("--init", default=d["init"],
                    help=f"gain initialisation: {', '.join(QKNORM_INITS)}; with --recipe a comma list (one arm each) (default {d['init']})")
@@ -57,6 +62,7 @@ def register(subparsers) -> None:
     options.add_model_options(p)
     options.add_output_options(p, out="runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe", cache=True)
     options.add_seed_option(p, "training and evals")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=main)
 
@@ -82,9 +88,10 @@ def recovery_steps(args) -> int:
 
 
 def default_out(args) -> str:
-    """runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe."""
-    name = Path(str(args.base).rstrip("/")).name
-    return str(Path("runs") / "qknorm" / (f"{name}-adapt" if args.recipe else f"{name}-{args.init}-s{recovery_steps(args)}"))
+    """runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe (the base as `options.model_label` names it)."""
+    from experiments.cli.options import default_out as out_for
+
+    return str(out_for("qknorm", args.base, *(["adapt"] if args.recipe else [args.init, f"s{recovery_steps(args)}"])))
 
 
 def _validate(args):

@@ -33,6 +33,7 @@ def register(subparsers) -> None:
     options.add_model_options(p, dtype="float32; fast: statistics in float32 from the model's q and k, eager: the model's own "
                                        "attention probabilities in this dtype")
     options.add_output_options(p, out="runs/sink/<model>-<metric>")
+    options.add_compute_options(p)
     options.add_progress_options(p)
     p.set_defaults(func=run_sink)
 
@@ -75,7 +76,8 @@ def run_sink(args) -> Summary | int:
     if not engine.log[0]["reused"]:
         _print_maps(data)
     print(f"Sink Strength [{data['metric']}] = {data['value']:.4f}" if data["value"] is not None else f"Sink Strength [{data['metric']}] = n/a")
-    print(f"wrote {out / RESULT_JSON} and {out / MAP_PNG}")
+    if not engine.log[0]["reused"]:  # a reuse was said by the engine
+        print(f"wrote {out / RESULT_JSON} and {out / MAP_PNG}")
     return _summary(args, data, out, source)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from experiments.cli import options
 from experiments.cli.closing import Summary, cmd, existing
-from sinkstudy import SinkstudyError
+from sinkstudy import SinkstudyError, threads
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
@@ -35,10 +35,14 @@ def register(subparsers) -> None:
     _eval_overrides(p)
     _jobs(p, "1")
     _seeds(p)
-    _numerics(p)
+    options.add_compute_options(p, study=True)
     p.set_defaults(func=cmd_run)
 
-    p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md")
+    p = subparsers.add_parser("demo", help="the embedded miniature study on CPU, offline; report in OUT/report.md",
+                              description="The embedded miniature study (experiments/configs/demo.yaml): tiny base LLMs "
+                              "pretrained from scratch, LLaVA-adapted on digits, then measured, merged and reported like real "
+                              "pairs; report in OUT/report.md (default: the config's out, runs/demo; make demo QUICK=1 "
+                              "passes --out runs/demo-quick). docs/study.md.")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--quick", action="store_true", help="fewer steps, smaller models (what the test runs)")
     which.add_argument("--real", action="store_true",
@@ -47,15 +51,18 @@ def register(subparsers) -> None:
     _common(p)
     _jobs(p, "one per core, at most 4; 1 with --real")
     _seeds(p)
-    _numerics(p)
+    options.add_compute_options(p, study=True)
     p.set_defaults(func=cmd_demo)
 
-    p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)")
+    p = subparsers.add_parser("paper", help="the seed paper's six-pair study (GPU expected)",
+                              description="The seed paper's six (base LLM, VLM) pairs from the hub, measured and reported "
+                              "(experiments/configs/paper_six_pairs.yaml); --dry-run prints the plan, disk and GPU memory "
+                              "offline. Refused without CUDA unless --limit makes it small. docs/study.md.")
     p.add_argument("--dry-run", action="store_true", help="print the plan (models, tasks, merges, disk, GPU memory) offline")
     p.add_argument("--config", default=None, help=f"study YAML (default: {PAPER_CONFIG.relative_to(CONFIG_DIR.parent.parent)})")
     _common(p)
     _eval_overrides(p)
-    _numerics(p)
+    options.add_compute_options(p, study=True)
     p.set_defaults(func=cmd_paper)
 
     p = subparsers.add_parser("report", help="re-render a run's report.md / report.html / plots from its summary.json",
@@ -68,7 +75,7 @@ def register(subparsers) -> None:
 
 def _common(p) -> None:
 
-    options.add_output_options(p, out="the config's `out`", force="re-run every step instead of reusing finished ones")
+    options.add_output_options(p, out="the config's `out`")
     options.add_progress_options(p)
 
 
@@ -79,27 +86,6 @@ def _seeds(p) -> None:
                    help="repeat every training stage with each of these seeds (the first's run in --out, seed N's in "
                         "OUT/seeds/N); the report gives each figure per seed with its spread (default: the config's `seeds`, "
                         "else one run)")
-
-
-def _numerics(p) -> None:
-    from sinkstudy.numerics import ENV
-
-    p.add_argument("--numerics", type=_numeric_paths, default=None, metavar="MODE[,MODE...]",
-                   help="reproducible: every CPU code path pinned (MKL, ATen, oneDNN, threads, libm, numpy), the same numbers on "
-                        "any x86-64 CPU; native: each library's fastest path for this CPU; native-aten-default: native with "
-                        "ATen's baseline kernels. Several, comma-separated (native,native-aten-default): the study once per "
-                        "mode (the others in OUT/numerics/MODE), the report with the spread, answers only where every mode "
-                        f"agrees (default: ${ENV}, else reproducible; docs/numerics.md)")
-    p.set_defaults(numerics_default="reproducible")
-
-
-def _numeric_paths(text: str) -> list[str]:
-    from sinkstudy.numerics import path_list
-
-    try:
-        return path_list(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _jobs(p, default: str) -> None:
@@ -137,6 +123,27 @@ def _check_hub(study) -> None:
     check_hub_tasks(study.evals.protocol.tasks, study.evals.protocol.data_files)
 
 
+# What may lie in a study's --out before its first step is recorded: the inputs make's study targets put there (the
+# linked real checkpoints, the chats), a parallel run's worker logs.
+STUDY_INPUTS = ("inputs", "logs")
+
+
+def check_study_out(study, force: bool) -> None:
+    """A study writes into an empty or absent --out, one holding an earlier run of a study (its steps/ records or
+    summary.json; --force runs every step again), or one holding only the inputs make put there first."""
+    import os
+
+    from sinkstudy.io import check_replaceable
+
+    def not_mine(out: Path) -> str | None:
+        if (out / "steps").is_dir() or (out / "summary.json").is_file():
+            return None
+        other = sorted(n for n in os.listdir(out) if not n.startswith(".") and n not in STUDY_INPUTS)
+        return f"no steps/ nor summary.json of an earlier study, but {', '.join(other[:3])}" if other else None
+
+    check_replaceable(study.out, force, not_mine=not_mine)
+
+
 def _run(study, args, jobs: int = 1) -> int:
     from experiments.study.jobs import run_study_parallel
     from experiments.study.runner import run_study
@@ -144,9 +151,10 @@ def _run(study, args, jobs: int = 1) -> int:
     from experiments.study.numeric_spread import run_spread
     from experiments.study.seeds import run_seeds
 
+    check_study_out(study, args.force)
     if jobs > 1:
         def run_one(s):
-            return run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet)
+            return run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet, threads=args.threads or 1)
     else:
         def run_one(s):
             return run_study(s, force=args.force, progress=not args.quiet)
@@ -195,7 +203,9 @@ def cmd_run(args) -> Summary | int:
         print(json.dumps(steps, indent=1) if args.plan == "json" else format_records(steps, study.name, command))
         return 0
     _check_hub(study)
+    options.check_device(study.model.device)
     if args.step:
+        check_study_out(study, args.force)
         done = run_step(study, args.step, force=args.force, progress=not args.quiet, command=command)
         print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
                                                                    else f"done in {done['seconds']:.0f}s"))
@@ -207,7 +217,6 @@ def cmd_run(args) -> Summary | int:
 def cmd_demo(args) -> Summary | int:
     import os
 
-    import torch
     import yaml
 
     from experiments.demo.build import quick_overrides
@@ -222,8 +231,8 @@ def cmd_demo(args) -> Summary | int:
     if args.seeds:
         overrides = {**(overrides or {}), "seeds": args.seeds}
     study = load_study(config, out=args.out, overrides=overrides)  # default out: the config's (runs/demo, runs/demo-real)
-    if not args.real:
-        torch.set_num_threads(1)  # tiny models: one thread per process is fastest (experiments/study/jobs.py)
+    if not args.real and args.threads is None:
+        threads.apply(1)  # tiny models: one thread per process is fastest (experiments/study/jobs.py)
     jobs = args.jobs or (1 if args.real else default_jobs())
     return _run(study, args, jobs=jobs)
 
@@ -238,6 +247,7 @@ def cmd_paper(args) -> Summary | int:
         return 0
     check_can_run(study, args.limit)
     _check_hub(study)
+    options.check_device(study.model.device)
     return _run(study, args)
 
 
@@ -248,6 +258,12 @@ def cmd_report(args) -> Summary:
     run = Path(args.run_dir)
     if not (run / "summary.json").is_file():
         raise SinkstudyError(f"{run} holds no summary.json: run the study first (sinkstudy run CONFIG)")
-    report = write_report(read_json(run / "summary.json"), run)
+    summary = read_json(run / "summary.json")
+    try:  # report.md and .html are written last, each whole: a summary that cannot be rendered leaves the old ones
+        report = write_report(summary, run)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        what = f"it lacks {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise SinkstudyError(f"{run / 'summary.json'} is not a summary this version can render ({what}); run the study "
+                             "again to write it (its finished steps are reused)") from None
     return Summary("report", f"{report} re-rendered from {run / 'summary.json'}",
                    outputs=existing(report, report.with_suffix(".html"), run / "plots"))

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     s.add_argument("--max-points", type=argtypes.positive_int,
                    help="run N points evenly spread over the grid (first and last included; deterministic)")
     options.add_mergekit_options(s)
-    options.add_measure_options(s, out="runs/merge-sweep/<base>__<vlm>/<sweep name>", force="redo finished points")
+    options.add_measure_options(s, out="runs/merge-sweep/<base>__<vlm>/<sweep name>")
     s.set_defaults(func=run_sweep)
 
 

@@ -1,9 +1,9 @@
 """The option groups the commands share, each defined once: model loading, evals (lm-eval and its
 protocol), output and caching, progress. A command that does one of these things takes the group,
 so a flag has one name, one meaning and one default on every command (tests/test_cli_options.py
-walks every parser to keep it so). Where a default depends on the command (`--device` of `adapt`
-uses the GPU when there is one; `run` keeps its config's tasks), the flag's default is None and the
-command's help says what None means. Commands import this module at start-up: it imports nothing
+walks every parser to keep it so). Where a default depends on the command (`run` keeps its config's
+tasks and device), the flag's default is None and the command's help says what None means; `--device`
+is the CPU wherever it is not given. Commands import this module at start-up: it imports nothing
 heavy, so `--help` stays instant.
 """
 
@@ -31,6 +31,32 @@ def add_model_options(p, *, device: str | None = "cpu", dtype: str = "float32", 
         g.add_argument("--device", default=None, metavar="DEVICE", help=f"torch device the models run on, e.g. cuda (default: {device})")
     if tokenizer:
         g.add_argument("--tokenizer", default=None, metavar="ID|PATH", help="tokenizer path or hub id when it is not beside the model")
+
+
+def check_device(device: str | None) -> None:
+    """--device names a device this torch can run on: one line before any work otherwise (torch's own errors are
+    an assertion deep in CUDA's initialisation, or a list of every device type it knows)."""
+    if device is None:
+        return
+    import torch
+
+    from sinkstudy import SinkstudyError
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise SinkstudyError(f"--device {device}: not a device; use cpu, cuda, cuda:N or mps") from None
+    if where.type == "cuda":
+        if torch.version.cuda is None:
+            raise SinkstudyError(f"--device {device}: this torch ({torch.__version__}) is built without CUDA; install a CUDA build "
+                                 "(make clean-venv, then make install TORCH_SPEC='torch>=2.13') or drop --device to run on the CPU")
+        if not torch.cuda.is_available() or (where.index or 0) >= torch.cuda.device_count():
+            raise SinkstudyError(f"--device {device}: no such CUDA device is visible here ({torch.cuda.device_count()} found); "
+                                 "drop --device to run on the CPU")
+    elif where.type == "mps" and not torch.backends.mps.is_available():
+        raise SinkstudyError(f"--device {device}: MPS is not available here; drop --device to run on the CPU")
+    elif where.type not in ("cpu", "cuda", "mps"):
+        raise SinkstudyError(f"--device {device}: sinkstudy runs on cpu, cuda or mps")
 
 
 # --------------------------------------------------------------------------- evals
@@ -97,7 +123,15 @@ def eval_protocol(args) -> "EvalProtocol":
     protocol = EvalProtocol.build({k: v for k, v in flags.items() if v is not None},
                                   name=lambda f: _FLAGS.get(f, "--" + f.replace("_", "-")))
     check_backend(protocol.backend)
+    _check_data_files(protocol.data_files)
     return protocol
+
+
+def _check_data_files(data_files) -> None:
+    """--data files are the user's: each must exist before any work (a study's own are checked by its config)."""
+    from evals.tasks import parse_data_files
+
+    parse_data_files(dict(data_files) or None)
 
 
 def eval_cache(args) -> dict:
@@ -106,15 +140,16 @@ def eval_cache(args) -> dict:
 
 
 def check_hub_tasks(tasks, data_files=None) -> None:
-    """Tasks whose data comes from the hub (lm-eval's own, without a local --data file) fail at once,
+    """Tasks whose data comes from the hub (lm-eval's own, without a local data file) fail at once,
     in one line, when the hub is unreachable (`sinkstudy.hub`), not after the libraries' retries.
-    Unknown names are refused first, as such."""
-    from evals.lmeval import check_task_names
-    from evals.tasks import SHIPPED_TASKS, parse_data_files
+    Unknown names are refused first, as such. `data_files` ({task: file}) only names the tasks with local
+    data: a study's may be written by its own steps, and are read when the step that evaluates runs."""
+    from evals.task_names import check_task_names
+    from evals.tasks import SHIPPED_TASKS
     from sinkstudy import SinkstudyError
     from sinkstudy.hub import hub_unreachable
 
-    local = parse_data_files(data_files)
+    local = set(dict(data_files or {}))
     remote = [t for t in check_task_names(tasks) if t not in SHIPPED_TASKS and t not in local]
     if remote:
         reason = hub_unreachable()
@@ -133,6 +168,28 @@ def model_forms() -> str:
     return f"hub id, local path, .gguf file or a real LLM's name ({', '.join(REGISTRY)})"
 
 
+MODEL_ARGS = ("model", "base", "vlm", "native", "root")  # where a command takes a model (positional or --flag)
+
+
+def check_model_names(args) -> None:
+    """A model argument that is no local path, no .gguf and no hub id (ORG/NAME) but close to a real LLM's name is a
+    typo of that name: one line saying which, before the hub is asked for it."""
+    import difflib
+    import os
+
+    from sinkstudy import SinkstudyError
+    from sinkstudy.real_models import REGISTRY
+
+    for dest in MODEL_ARGS:
+        value = getattr(args, dest, None)
+        if not isinstance(value, str) or "/" in value or value in REGISTRY or value.endswith(".gguf") or os.path.exists(value):
+            continue
+        close = [n for n in REGISTRY if n.startswith(value)] or difflib.get_close_matches(value, list(REGISTRY), n=1, cutoff=0.6)
+        if close:
+            raise SinkstudyError(f"{value!r} is no local path and no real LLM's name: did you mean {close[0]}? "
+                                 f"(real LLMs: {', '.join(REGISTRY)}; a hub id is ORG/NAME)")
+
+
 def add_pair_options(p) -> None:
     """--base / --vlm: every pair command needs both; checked after parsing (`check_pair_options`), so
     that a listing (`mitigate --list`) works alone."""
@@ -149,11 +206,11 @@ def check_pair_options(args, command: str) -> None:
 
 
 def pair_out(base: str, vlm: str, name: str, kind: str = "interventions") -> Path:
-    """runs/<kind>/<base>__<vlm>/<name>: a different pair never lands in the same default dir."""
+    """runs/<kind>/<base>__<vlm>/<name> (each model as `model_label` names it): a different pair never lands in the
+    same default dir."""
     from sinkstudy.io import slugify
 
-    pair = f"{slugify(Path(str(base).rstrip('/')).name)}__{slugify(Path(str(vlm).rstrip('/')).name)}"
-    return Path("runs") / kind / pair / slugify(name)
+    return Path("runs") / kind / f"{model_label(base)}__{model_label(vlm)}" / slugify(name)
 
 
 def add_mergekit_options(p) -> None:
@@ -168,16 +225,16 @@ def mergekit_options(args) -> dict[str, bool]:
     return {k: True for k in ("cuda", "lazy_unpickle", "low_cpu_memory") if getattr(args, k, False)}
 
 
-def add_measure_options(p, *, out: str, force: str = "replace an existing --out that holds a different result",
-                        seed: str = "the merge (DARE, DELLA), the evals and the bootstrap") -> None:
+def add_measure_options(p, *, out: str, seed: str = "the merge (DARE, DELLA), the evals and the bootstrap") -> None:
     """How a pair command measures what it made: `sinkstudy eval`'s groups, the bootstrap, captions."""
     add_eval_options(p)
     add_model_options(p)
-    add_output_options(p, out=out, force=force, cache=True)
+    add_output_options(p, out=out, cache=True)
     g = p.add_argument_group("measurement")
     add_bootstrap_options(g)
     g.add_argument("--captions", help="text file (one caption per line): text-only perplexity as a VL-side proxy")
     add_seed_option(p, seed)
+    add_compute_options(p)
     add_progress_options(p)
 
 
@@ -273,25 +330,90 @@ def add_seed_option(p, what: str = "every random choice of the command") -> None
 
 # --------------------------------------------------------------------------- output and caching
 
-def add_output_options(p, *, out: str, force: str = "replace an existing --out that holds a different result",
-                       cache: bool = False) -> None:
+def add_output_options(p, *, out: str, cache: bool = False) -> None:
     """--out DIR (default None: `out` words where the command writes then), --force, and with `cache`
     --no-cache / --cache-dir of the per-task eval cache."""
     g = p.add_argument_group("output and caching")
     g.add_argument("--out", default=None, metavar="DIR", help=f"output directory (default: {out}); a rerun into it reuses "
                                                               "what is finished")
-    g.add_argument("--force", action="store_true", help=force)
+    add_force_option(g)
     if cache:
         g.add_argument("--no-cache", action="store_true", help="evaluate even when a cached result exists")
         g.add_argument("--cache-dir", default=None, metavar="DIR", help="per-task eval cache (default $SINKSTUDY_CACHE/evals)")
 
 
-def default_out(command: str, *names) -> Path:
-    """runs/<command>/<name>[-<name>...]: where a command writes without --out (names slugified)."""
+def add_force_option(p, output: str = "--out") -> None:
+    """--force, one meaning on every command: what an earlier run of this command left in its output is made again
+    and replaced, never reused (a study: every step; nothing the command did not write there, which is refused)."""
+    p.add_argument("--force", action="store_true",
+                   help=f"make again and replace what an earlier run of this command left in {output} instead of reusing "
+                        "it, or refusing it when other settings made it; anything else there is refused, never deleted")
+
+
+def json_made_with(path: Path, keys: tuple[str, ...], command: str) -> str | None:
+    """None when the JSON file at `path` is one `command` wrote (it holds every one of `keys`); else what it is not."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    return None if isinstance(data, dict) and all(k in data for k in keys) else f"not a JSON file `sinkstudy {command}` wrote"
+
+
+# The folder every command saves its model in (OUT/model): named by the folder above it instead.
+SAVED_MODEL_DIR = "model"
+
+
+def model_label(model) -> str:
+    """A model argument as a default folder's name, one per input: a hub id or a real LLM's name as written
+    (slugified, its organisation kept); a local path by its folder's name (the folder above a command's saved
+    `model`, which every dose, merge and adaptation has) and a 6-hex digest of where it lies, so that two models
+    of one name (runs/dose/a/model, runs/dose/b/model) never share a default output."""
+    import hashlib
+    import os
+
+    from sinkstudy.checkpoint import looks_like_path
     from sinkstudy.io import slugify
 
-    parts = [slugify(Path(str(n).rstrip("/")).name or str(n)) for n in names if n]
-    return Path("runs") / command / "-".join(parts)
+    text = os.fspath(model).rstrip("/") or os.fspath(model)
+    path = Path(text).expanduser()
+    if not path.exists() and not looks_like_path(text):
+        return slugify(text)
+    name = path.parent.name if path.name == SAVED_MODEL_DIR and path.parent.name else path.name
+    return f"{slugify(name)}-{hashlib.sha256(os.fspath(path.resolve()).encode()).hexdigest()[:6]}"
+
+
+def default_out(command: str, model, *settings) -> Path:
+    """runs/<command>/<model>[-<setting>...]: where a command writes without --out; the model as `model_label` names it
+    (unique per input), each setting slugified."""
+    from sinkstudy.io import slugify
+
+    return Path("runs") / command / "-".join([model_label(model), *(slugify(str(x)) for x in settings if x)])
+
+
+# --------------------------------------------------------------------------- computing: threads and numeric mode
+
+def add_compute_options(p, *, study: bool = False) -> None:
+    """--threads and --numerics, on every command that computes. A study runs in the reproducible mode by default and
+    may name several modes (the study once per mode); a single command runs native by default, in one mode."""
+    from sinkstudy.numerics import ENV
+
+    g = p.add_argument_group("computing")
+    g.add_argument("--threads", type=argtypes.positive_int, default=None, metavar="N",
+                   help="compute threads of this process" + (" (with --jobs: of each worker; default 1 each)" if study else "")
+                        + ": default the cores no other sinkstudy process on this machine has claimed ($OMP_NUM_THREADS "
+                          "if set); the reproducible mode computes on one. Idle threads sleep (OMP_WAIT_POLICY=PASSIVE) "
+                          "instead of spinning on cores another job needs")
+    modes = ("reproducible: every CPU code path pinned (MKL, ATen, oneDNN, threads, libm, numpy), the same numbers on any "
+             "x86-64 CPU; native: each library's fastest path for this CPU; native-aten-default: native with ATen's "
+             "baseline kernels")
+    g.add_argument("--numerics", type=argtypes.numeric_modes, default=None, metavar="MODE[,MODE...]" if study else "MODE",
+                   help=f"{modes}. " + ("Several, comma-separated (native,native-aten-default): the study once per mode (the "
+                                        "others in OUT/numerics/MODE), the report with the spread, answers only where every "
+                                        f"mode agrees (default: ${ENV}, else reproducible; docs/numerics.md)" if study else
+                                        f"(default: ${ENV}, else native; several modes are for studies: docs/numerics.md)"))
+    p.set_defaults(numerics_default="reproducible" if study else "native", numeric_spread=study)
 
 
 # --------------------------------------------------------------------------- progress

@@ -68,9 +68,10 @@ class Evals:
 
 
 def _evals(raw, where: str) -> Evals:
-    from evals.lmeval import check_task_names
+    from evals.task_names import check_task_names
 
-    cfg = dict(mapping(raw, where))
+    # its keys named once, plainly, each unknown one with the key it most likely misspells
+    cfg = dict(mapping(raw, where, {f.name for f in dataclasses.fields(EvalProtocol)} | {"n_boot", "confidence"}))
     n_boot = integer(cfg.pop("n_boot", Evals.n_boot), f"{where}.n_boot", 100)
     confidence = _confidence(cfg.pop("confidence", Evals.confidence), f"{where}.confidence")
     try:
@@ -362,9 +363,22 @@ def _check_local_inputs(study: Study, where: str) -> None:
         guarded(lambda t: resolve_texts(t, get_metric(study.sink.metric).calibration), f"{where}: sink.texts", study.sink.texts)
 
 
+# The shipped configs: an `include:` of a config copied elsewhere (real_pairs_template.yaml's paper_merges.yaml) is
+# still found among them.
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _include_file(value: str, path: Path | None) -> tuple[Path | None, list[Path]]:
+    """(the file an `include:` names, or None; where it was looked for): as given (the working directory), beside the
+    config, among the shipped configs."""
+    given = Path(str(value)).expanduser()
+    places = [given] if given.is_absolute() else [given, *([path.parent / given] if path else []), SHIPPED_CONFIGS / given]
+    return next((f for f in places if f.is_file()), None), places
+
+
 def _expand_includes(items, path: Path | None, where: str) -> list:
     """`{include: FILE}` entries are replaced by FILE's `points` (the merge-sweep format:
-    name, method and the method's parameters in one mapping), relative to the config's directory."""
+    name, method and the method's parameters in one mapping); FILE as given, beside the config or shipped."""
     import yaml
 
     from sinkstudy.io import read_text
@@ -374,9 +388,10 @@ def _expand_includes(items, path: Path | None, where: str) -> list:
     out = []
     for item in items:
         if isinstance(item, dict) and set(item) == {"include"}:
-            f = relative_file(item["include"], path)
-            if not f.is_file():
-                fail(where, f"include {item['include']} does not exist")
+            f, places = _include_file(item["include"], path)
+            if f is None:
+                fail(where, f"include {item['include']} not found; looked for {', '.join(map(str, dict.fromkeys(places)))} "
+                            "(copy it beside the config, or give its path)")
             try:
                 loaded = yaml.safe_load(read_text(f, "include"))
             except yaml.YAMLError:

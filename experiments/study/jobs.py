@@ -8,7 +8,8 @@ finished. Afterwards the calling process runs the plan once more, reusing every 
 writes the summary and report.
 
 Workers are spawned (not forked: the parent may hold torch's thread pool) with `threads` intra-op
-threads each: the demo's tiny models run fastest on one thread per process (measured: a 4-layer
+threads each, claimed (`sinkstudy.threads`; the parent, which only waits, claims none): the demo's tiny
+models run fastest on one thread per process (measured: a 4-layer
 d=128 training step 2.6x faster on 1 thread than on 2 on the shared 2-core machine), so the cores
 are used by running steps side by side. Each worker's output (library warnings, progress bars)
 goes to `OUT/logs/worker-<pid>.log`; the console gets one progress line per finished step.
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from sinkstudy import SinkstudyError
+from sinkstudy import threads as compute
 
 
 def default_jobs(limit: int = 4) -> int:
@@ -33,12 +35,10 @@ def default_jobs(limit: int = 4) -> int:
 
 
 def _init_worker(log_dir: str, threads: int) -> None:
-    import torch
-
     from sinkstudy.numerics import configure_torch
 
-    torch.set_num_threads(threads)
     configure_torch()  # the parent's numeric mode (its environment is inherited; torch's part is per process)
+    compute.apply(threads)  # and claimed: a command started beside the study takes the cores left
     log = open(Path(log_dir) / f"worker-{os.getpid()}.log", "a", buffering=1, encoding="utf-8")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -68,13 +68,15 @@ def execute_plan(plan, *, jobs: int, force: bool = False, progress: bool = True,
     log_dir.mkdir(parents=True, exist_ok=True)
     log: list[dict] = []
     running: dict = {}
+    compute.claim(0)  # this process only waits while its workers compute
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
                                initargs=(str(log_dir), threads))
     try:
         while waiting or running:
             for step_id in [i for i in order if i in waiting and not waiting[i]][: jobs - len(running)]:
                 del waiting[step_id]
-                running[pool.submit(_run_one, study, step_id, force)] = step_id
+                with compute.for_children(threads):  # a worker starts on its first submit and loads its libraries then
+                    running[pool.submit(_run_one, study, step_id, force)] = step_id
             if not running:
                 raise SinkstudyError(f"steps wait on steps that are not in the plan: {', '.join(sorted(waiting))}")
             finished, _ = wait(running, return_when=FIRST_COMPLETED)

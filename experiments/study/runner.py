@@ -19,7 +19,7 @@ from experiments.study.clock import StepClock
 from experiments.study.engine import Engine
 from experiments.study.pipeline import StudyPlan, plan_study
 from sinkstudy import SinkstudyError
-from sinkstudy.io import output_lock, write_json_atomic
+from sinkstudy.io import check_replaceable, output_lock, remove_stale_temps, write_json_atomic
 
 
 def run_plan(plan, out, *, force: bool = False, progress: bool = True, guarded: tuple[str, ...] = (), config: dict | None = None,
@@ -38,8 +38,11 @@ def run_plan(plan, out, *, force: bool = False, progress: bool = True, guarded: 
             on_done(step_id, seconds, reused)
 
     engine = Engine(plan, out, config=config, seed=seed, force=force, progress=progress, guarded=guarded, on_done=done)
+    check_replaceable(out, force, not_mine=lambda where: _not_made_by(plan, where))
     fresh = not Path(out).exists()
     with output_lock(out) if engine.main else contextlib.nullcontext():
+        if engine.main:
+            remove_stale_temps(out, recursive=True)  # a killed run's, even where every step is now reused
         if before is not None:
             before(engine)
         try:
@@ -48,6 +51,18 @@ def run_plan(plan, out, *, force: bool = False, progress: bool = True, guarded: 
             _prune(Path(out), fresh)
             raise
     return engine
+
+
+def _not_made_by(plan, out: Path) -> str | None:
+    """None when `out` holds an earlier run of this plan's command: a record of one of its steps, or what one of them
+    writes (a killed run's partial output, e.g. an adaptation to resume); else what is missing."""
+    steps = list(plan)
+    if any((out / "steps" / f"{s.id}.json").is_file() for s in steps):
+        return None
+    inside = [Path(o) for s in steps for o in s.outputs if out.resolve() in Path(o).resolve().parents]
+    if any(o.exists() for o in inside):
+        return None
+    return f"no {out / 'steps' / (steps[0].id + '.json')} nor any other record of its steps"
 
 
 def _prune(out: Path, fresh: bool) -> None:

@@ -39,10 +39,18 @@ def mapping(value, where: str, allowed: set[str] | None = None) -> dict:
         return {}
     if not isinstance(value, dict):
         fail(where, f"must be a mapping, got {type(value).__name__}")
-    unknown = sorted(set(value) - allowed) if allowed is not None else []
+    unknown = sorted(set(value) - allowed, key=str) if allowed is not None else []
     if unknown:
-        fail(where, f"unknown key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(sorted(allowed))}")
+        fail(where, f"unknown key(s) {', '.join(did_you_mean(str(k), allowed) for k in unknown)}; allowed: {', '.join(sorted(allowed))}")
     return value
+
+
+def did_you_mean(name: str, known) -> str:
+    """`name`, with the known name it most likely misspells: "max_gen_tok (did you mean max_gen_toks?)"."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f"{name} (did you mean {close[0]}?)" if close else name
 
 
 def integer(value, where: str, minimum: int = 0, allow_none: bool = False):

@@ -53,25 +53,19 @@ def adopt(found: dict, outputs: tuple[Path, ...], *, copy: bool = True) -> tuple
     """Copy a found step's outputs to this step's `outputs` (same order; `copy=False`: only say where they
     would go); (its result with paths rewritten, {output: fingerprint})."""
     record = found["record"]
+    # The record names its outputs as its run wrote them (relative to that run's working directory, which need not
+    # be this one's); the entry lists the same outputs resolved, in the same order.
+    written = list(record.get("outputs") or {})
     moves, made = {}, {}
-    for src, dst in zip(found["outputs"], outputs):
+    for i, (src, dst) in enumerate(zip(found["outputs"], outputs)):
         dst = Path(dst)
         if copy and os.path.realpath(src) != os.path.realpath(dst):
             _copy(Path(src), dst)
         moves[src] = os.fspath(dst)
-        recorded = _recorded_output(record, src)
-        if recorded is not None:
-            moves[recorded] = os.fspath(dst)
-            made[os.fspath(dst)] = record["outputs"][recorded]
+        if i < len(written):
+            moves[written[i]] = os.fspath(dst)
+            made[os.fspath(dst)] = record["outputs"][written[i]]
     return _rewrite(record["result"], moves), made
-
-
-def _recorded_output(record: dict, resolved: str) -> str | None:
-    """The output path as the record wrote it (relative, or through a link) for the resolved `resolved`."""
-    for path in record.get("outputs") or {}:
-        if os.fspath(Path(path).resolve()) == resolved:
-            return path
-    return None
 
 
 def _copy(src: Path, dst: Path) -> None:

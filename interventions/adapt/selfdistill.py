@@ -101,9 +101,11 @@ def records(base, spec: dict) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def generate(model_or_path, settings: dict) -> list[dict]:
-    """Greedy replies of the model (chat template on) to the neutral prompts; replies cut at the budget left out."""
+def generate(model_or_path, settings: dict, *, progress: bool = True) -> list[dict]:
+    """Greedy replies of the model (chat template on) to the neutral prompts; replies cut at the budget left out.
+    A bar counts the replies (200 take about 11 min on 2 CPU cores for SmolLM2-135M)."""
     import torch
+    from tqdm import tqdm
 
     from evals.generate.loop import Prompt, greedy_generate
     from interventions.pairs import load_causal_lm
@@ -115,8 +117,9 @@ def generate(model_or_path, settings: dict) -> list[dict]:
     ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in prompts]
     ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
     eos = [tok.eos_token_id] + ([tok.convert_tokens_to_ids("<end_of_turn>")] if "<end_of_turn>" in tok.get_vocab() else [])
-    with torch.no_grad():
-        out = greedy_generate(model.eval(), [Prompt(x, settings["max_new_tokens"]) for x in ids], batch_size=16, eos_token_ids=eos)
+    with torch.no_grad(), tqdm(total=len(ids), desc="self-distilled replies", unit="reply", disable=not progress) as bar:
+        out = greedy_generate(model.eval(), [Prompt(x, settings["max_new_tokens"]) for x in ids], batch_size=16, eos_token_ids=eos,
+                              on_done=lambda i: bar.update(1))
     rows = []
     for prompt, toks in zip(prompts, out):
         ended = bool(toks) and toks[-1] in eos

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -69,8 +70,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "towers"
 
 
-def pretrained_tower(overrides: dict | None = None, *, progress: bool = False) -> Path:
-    """The cached tower for these settings, pretrained (and probed) first when missing."""
+def pretrained_tower(overrides: dict | None = None, *, progress: bool = True) -> Path:
+    """The cached tower for these settings, pretrained (and probed) first when missing, with a progress bar (a minute
+    or more on CPU: `--quiet` hides it)."""
     from sinkstudy.io import atomic_output_dir, output_lock
 
     settings = settings_of(overrides)
@@ -81,6 +83,7 @@ def pretrained_tower(overrides: dict | None = None, *, progress: bool = False) -
         if (out / "tower.json").is_file():
             return out
         model, processor, report = pretrain(settings, progress=progress)
+        logging.getLogger(__name__).info("probing the tower on held-out images")
         report["probe"] = probe(model, processor, settings)
         with atomic_output_dir(out, force=True) as tmp:
             model.save_pretrained(tmp)
@@ -194,6 +197,7 @@ def pretrain(settings: dict, *, progress: bool = False):
     """(CLIPVisionModel, image processor, report) trained on the train images with the heads above."""
     import time
 
+    from tqdm import tqdm
     from transformers import CLIPVisionModel
 
     with torch.random.fork_rng(devices=[]):
@@ -210,7 +214,7 @@ def pretrain(settings: dict, *, progress: bool = False):
         model.train()
         losses, t0 = [], time.perf_counter()
         n = len(data.pixels)
-        for step in range(steps):
+        for step in tqdm(range(steps), desc="tower pretraining", unit="step", disable=not progress):
             idx = torch.randint(n, (settings["batch_size"],), generator=g)
             loss = _loss(model, heads, data.pixels[idx], {k: v[idx] for k, v in data.targets.items()})
             opt.zero_grad(set_to_none=True)
@@ -219,8 +223,6 @@ def pretrain(settings: dict, *, progress: bool = False):
             opt.step()
             sched.step()
             losses.append(loss.item())
-            if progress and step % 100 == 0:
-                print(f"tower step {step}/{steps} loss {loss:.3f}", flush=True)
     model.eval()
     tail = losses[-max(1, steps // 20):]
     report = {"settings": settings, "images": n, "final_loss": sum(tail) / len(tail), "first_loss": losses[0],
