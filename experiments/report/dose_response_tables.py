@@ -64,8 +64,11 @@ def dose_response_blocks(summary: dict, out: Path) -> list[tuple]:
                 continue
             for pt in fit["points"]:
                 share = pt["template_share"]
-                rows.append([p, pt["model"], _level(pt["level"]), num(pt["sink_strength"], "+.3f"),
-                             with_ci(pt["delta_points"], pt["delta_points_ci"], "+.1f"),
+                seeds = pt.get("delta_points_per_seed") or []
+                delta = (with_ci(pt["delta_points"], pt["delta_points_ci"], "+.1f") if len(seeds) < 2 else
+                         f"{num(pt['delta_points'], '+.1f')} (mean of seeds " + ", ".join(
+                             f"{s} {num(d, '+.1f')}" for s, d in zip(pt["seeds"], seeds)) + ")")
+                rows.append([p, pt["model"], _level(pt["level"]), num(pt["sink_strength"], "+.3f"), delta,
                              "n/a" if share is None else f"{share:.2f}", "yes (confound)" if pt["text_cost"] else "no"])
             pooled = (dr.get("over_seeds") or {}).get(t)
             if pooled:

@@ -311,8 +311,11 @@ def dose_response(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
         xs = [pt["sink_strength"] for pt in dr["points"]]
         for pt in dr["points"]:
             x, y = pt["sink_strength"], pt["delta_points"]
-            lo, hi = pt["delta_points_ci"]
+            lo, hi = pt["delta_points_ci"] or (None, None)  # a mean over seeds carries no CI: its seeds are drawn instead
             err = None if missing(lo) or missing(hi) else [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+            per_seed = pt.get("delta_points_per_seed") or []
+            if len(per_seed) > 1:
+                ax.plot([x] * len(per_seed), per_seed, "x", color=COLOUR, ms=5)
             ax.errorbar([x], [y], yerr=err, fmt="o", capsize=3, color=COLOUR, mfc="none" if pt["text_cost"] else COLOUR,
                         mec="black" if pt["model"] == "base" else COLOUR, ms=7)
             ax.annotate(pt["model"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
@@ -331,5 +334,6 @@ def dose_response(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
         panels.append({"pair": p, "points": [[pt["sink_strength"], pt["delta_points"]] for pt in dr["points"]], "line": line,
                        "title": title})
     fig.suptitle("Dose-response: Δ = VLM LM − the base it was adapted from, against that base's S; the paper's direction: "
-                 "slope > 0\n(ringed: the undosed base; hollow: a dose that itself costs text skill; dashed: least squares)", fontsize=8)
+                 "slope > 0\n(ringed: the undosed base; hollow: a dose that itself costs text skill; x: each training seed of a point "
+                 "with several, the dot their mean; dashed: least squares)", fontsize=8)
     return _save(fig, out, f"dose_response_{task}.png", panels=panels)

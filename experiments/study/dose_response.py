@@ -5,7 +5,8 @@ to "a stronger sink, less loss" read from it.
 
 Convention: the slope is in points of Δ per unit of S; a positive slope means a stronger sink loses less (the
 paper's direction). Its CI resamples prompts jointly (one draw of prompt indices for every point's paired
-before/after scores, then a refit) and, over a study repeated over training seeds, the seeds too.
+before/after scores, then a refit) and, per point, its training seeds (a dose adapted with several seeds, the undosed
+base's control and its seed replicates, or a study repeated over seeds).
 
 The answer is "agrees" (the slope's CI lies above 0), "disagrees" (below 0) or "not established", which it must be
 when fewer than MIN_CONCLUSIVE_N prompts or fewer than 3 points (of distinct S) are compared, or when most adapted
@@ -36,36 +37,43 @@ def _slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.where(sxx > 0, (xc * (y - y.mean(axis=-1, keepdims=True))).sum(axis=-1) / np.where(sxx > 0, sxx, 1), np.nan)
 
 
-def fit(s, before: tuple, after: tuple, *, n_boot: int, confidence: float, seed: int = 0) -> dict[str, Any]:
+def fit(s, before: tuple, after: tuple, *, n_boot: int, confidence: float, seed: int = 0, present=None) -> dict[str, Any]:
     """The slope of Δ on S with its bootstrap CI. `s`: (K seeds, P points) Sink Strengths; `before`, `after`: each a
     (num, den) pair of (K, P, N prompts) per-prompt scores (a prompt's score = num / den; `evals.stats.paired`), the
-    same N prompts for every seed and point. Δ[k, p] = 100 (score after − score before). The point fit is
-    scipy's linregress over all K × P points; each replicate draws N prompt indices once for every point and, with
-    K > 1, K seeds with replacement, then refits."""
+    same N prompts for every seed and point; `present` (K, P): which points were trained with which seed (None: every
+    one with every seed). Δ[k, p] = 100 (score after − score before); a point's Δ is the mean over its seeds. The point
+    fit is scipy's linregress over the P points; each replicate draws N prompt indices once for every point and, per
+    point, its seeds with replacement, then refits."""
     from scipy.stats import linregress
 
     from evals.stats import POINTS, percentile_ci
 
-    s = np.asarray(s, dtype=float)
     bn, bd, an, ad = (np.asarray(a, dtype=float) for a in (*before, *after))
     k, p, n = bn.shape
+    present = np.ones((k, p), dtype=bool) if present is None else np.asarray(present, dtype=bool)
+    count = present.sum(0)
+    bd, ad = np.where(present[..., None], bd, 1.0), np.where(present[..., None], ad, 1.0)  # absent: 0 / 1, never read
+    s = (np.where(present, np.asarray(s, dtype=float), 0.0)).sum(0) / count
     delta = POINTS * (an.sum(-1) / ad.sum(-1) - bn.sum(-1) / bd.sum(-1))  # (K, P)
-    x, y = s.ravel(), delta.ravel()
-    line = linregress(x, y) if np.ptp(x) > 0 else None
+    y = np.where(present, delta, 0.0).sum(0) / count
+    line = linregress(s, y) if np.ptp(s) > 0 else None
     rng = np.random.default_rng(seed)
+    seeds_of = [np.flatnonzero(present[:, j]) for j in range(p)]
     dist = []
     for start in range(0, n_boot, _CHUNK):
         b = min(_CHUNK, n_boot - start)
         idx = rng.integers(0, n, size=(b, n))
         score = lambda num, den: np.moveaxis(num[..., idx].sum(-1) / den[..., idx].sum(-1), -1, 0)  # noqa: E731  (b, K, P)
         d = POINTS * (score(an, ad) - score(bn, bd))
-        seeds = rng.integers(0, k, size=(b, k)) if k > 1 else np.zeros((b, 1), dtype=int)
-        d = np.take_along_axis(d, seeds[:, :, None], axis=1).reshape(b, -1)
-        dist.append(_slopes(s[seeds].reshape(b, -1), d))
+        rows = np.arange(b)[:, None]
+        points = [d[rows, own[rng.integers(0, len(own), size=(b, len(own)))], j].mean(-1) for j, own in enumerate(seeds_of)]
+        dist.append(_slopes(np.broadcast_to(s, (b, p)), np.stack(points, axis=-1)))
     dist = np.concatenate(dist)
     return {"slope": float(line.slope) if line else None, "intercept": float(line.intercept) if line else None,
             "slope_ci": list(percentile_ci(dist, confidence)) if line else [None, None],
-            "deltas": delta.tolist(), "n_points": p, "n_seeds": k, "n_prompts": n, "confidence": confidence, "n_boot": n_boot}
+            "deltas": [[float(x) if ok else None for x, ok in zip(row, mask)] for row, mask in zip(delta, present)],
+            "n_points": p, "n_seeds": int(count.max()), "seeds_per_point": count.tolist(), "n_prompts": n,
+            "confidence": confidence, "n_boot": n_boot}
 
 
 def answer(slope: dict, points: list[dict]) -> dict[str, Any]:
@@ -108,35 +116,65 @@ def _share(model: dict, task: str) -> float | None:
     return ((model.get("template_share") or {}).get(task) or {}).get("share")
 
 
+def _replicates(entry: dict) -> list[list[tuple[int | None, str, str]]]:
+    """Per point (the undosed base, then each adapted dose) its adaptations as (training seed, before label, after
+    label): the control and its seed replicates (arms of the control's treatment), each dose and its further seeds."""
+    arms = (entry.get("protection") or {}).get("arms") or {}
+    control = arms.get("control") or {}
+    own = control.get("training_seed")
+    undosed = [(own, "base", "vlm")] + [(a.get("training_seed"), "base", a["label"]) for name, a in arms.items()
+                                        if name != "control" and a.get("replicate_of") == "control"]
+    doses = entry["dose"]["doses"]
+    return [undosed] + [[(own, d, f"{d}-vl")] + [(int(seed), d, f"{d}-s{seed}-vl") for seed in e.get("vl_seeds") or {}]
+                        for d, e in doses.items() if "vl" in e]
+
+
 def dose_response(entry: dict, runs: dict, tasks: list[str], kw: dict) -> dict[str, Any] | None:
-    """Per task, the dose-response of one pair's summary `entry` (its `models`, `degradation` and `dose` blocks) with
-    its eval runs by model label (`runs`); None unless at least two doses were adapted. Each point keeps its per-prompt
-    scores (`per_prompt`) so that a study over several seeds can refit over all of them (`over_seeds`)."""
-    from evals.stats import paired
+    """Per task, the dose-response of one pair's summary `entry` (its `models`, `degradation`, `dose` and `protection`
+    blocks) with its eval runs by model label (`runs`); None unless at least two doses were adapted. A point's Δ is the
+    mean over its training seeds (a dose's `seeds`; the control's seed replicates for the undosed base). Each point
+    keeps its per-prompt scores per seed (`per_prompt`) so that a study over several seeds can refit over all of them
+    (`over_seeds`)."""
+    from evals.stats import compare, paired
 
     doses = entry["dose"]["doses"]
-    adapted = [d for d, e in doses.items() if "vl" in e]
-    if len(adapted) < 2:
+    reps = _replicates(entry)
+    if len(reps) < 3:
         return None
-    labels = [("base", "vlm", None), *((d, f"{d}-vl", doses[d]) for d in adapted)]
+    seeds = sorted({seed for point in reps for seed, _, _ in point}, key=lambda x: (x is None, x or 0))
     out: dict[str, Any] = {"convention": CONVENTION, "tasks": {}}
     for t in tasks:
         metric = entry["degradation"][t]["metric"]
-        before_runs, after_runs = [runs[b] for b, _, _ in labels], [runs[a] for _, a, _ in labels]
-        docs = sorted(set.intersection(*(set(r.per_doc(t, metric)) for r in before_runs + after_runs)))
-        arrays = paired(*before_runs, *after_runs, task=t, metric=metric)
-        nums, dens = np.array([a[0] for a in arrays]), np.array([a[1] for a in arrays])
-        half = len(labels)
+        flat = [r for point in reps for r in point]
+        labels = sorted({label for _, b, a in flat for label in (b, a)})
+        docs = sorted(set.intersection(*(set(runs[label].per_doc(t, metric)) for label in labels)))
+        arrays = dict(zip(labels, paired(*(runs[label] for label in labels), task=t, metric=metric)))
+        shape = (len(seeds), len(reps), len(docs))
+        arr = {key: np.zeros(shape) for key in ("before", "before_den", "after", "after_den")}
+        present = np.zeros(shape[:2], dtype=bool)
         points = []
-        for (b, a, dose), change in zip(labels, [entry["degradation"][t], *(doses[d]["vl"]["degradation"][t] for d in adapted)]):
+        for j, point in enumerate(reps):
+            for seed, b, a in point:
+                k = seeds.index(seed)
+                present[k, j] = True
+                (arr["before"][k, j], arr["before_den"][k, j]), (arr["after"][k, j], arr["after_den"][k, j]) = arrays[b], arrays[a]
+            _, b, _ = point[0]
+            dose = doses.get(b)
+            change = entry["degradation"][t] if b == "base" else dose["vl"]["degradation"][t]
+            shares = [_share(entry["models"][x], t) for _, _, x in point]
+            per_seed = [change["delta_points"]] + [compare(runs[b_], runs[a_], t, **kw).delta_points for _, b_, a_ in point[1:]]
+            several = len(point) > 1  # Δ: the mean over the point's seeds (its CI: the one seed's, where only one)
             points.append({"model": b, "level": dose["level"] if dose else None, "sink_strength": entry["models"][b]["sink_strength"],
-                           "delta_points": change["delta_points"], "delta_points_ci": change["delta_points_ci"], "n": change["n"],
-                           "template_share": _share(entry["models"][a], t), "text_cost": bool(dose and t in dose["text_cost"])})
-        s = [[pt["sink_strength"] for pt in points]]
-        slope = fit(s, (nums[None, :half], dens[None, :half]), (nums[None, half:], dens[None, half:]), **kw)
+                           "delta_points": float(np.mean(per_seed)) if several else change["delta_points"],
+                           "delta_points_ci": None if several else change["delta_points_ci"], "n": change["n"],
+                           "seeds": [seed for seed, _, _ in point], "delta_points_per_seed": per_seed,
+                           "template_share": max((x for x in shares if x is not None), default=None),
+                           "text_cost": bool(dose and t in dose["text_cost"])})
+        s = np.broadcast_to([pt["sink_strength"] for pt in points], shape[:2])
+        slope = fit(s, (arr["before"], arr["before_den"]), (arr["after"], arr["after_den"]), present=present, **kw)
         out["tasks"][t] = {"metric": metric, "points": points, **slope, **answer(slope, points),
-                           "per_prompt": {"doc_ids": docs, "before": nums[:half].tolist(), "before_den": dens[:half].tolist(),
-                                          "after": nums[half:].tolist(), "after_den": dens[half:].tolist()}}
+                           "per_prompt": {"doc_ids": docs, "seeds": seeds, "present": present.tolist(),
+                                          **{key: value.tolist() for key, value in arr.items()}}}
     return out
 
 
@@ -157,9 +195,11 @@ def over_seeds(summary: dict) -> None:
             if not all(each) or any([pt["model"] for pt in e["points"]] != [pt["model"] for pt in first["points"]]
                                     or e["per_prompt"]["doc_ids"] != first["per_prompt"]["doc_ids"] for e in each):
                 continue  # seeds that dosed or graded differently cannot be pooled point for point
-            arr = {key: np.array([e["per_prompt"][key] for e in each]) for key in ("before", "before_den", "after", "after_den")}
-            slope = fit([[pt["sink_strength"] for pt in e["points"]] for e in each], (arr["before"], arr["before_den"]),
-                        (arr["after"], arr["after_den"]), **kw)
+            arr = {key: np.concatenate([np.array(e["per_prompt"][key]) for e in each])
+                   for key in ("before", "before_den", "after", "after_den", "present")}
+            s = np.concatenate([np.broadcast_to([pt["sink_strength"] for pt in e["points"]], np.shape(e["per_prompt"]["present"]))
+                                for e in each])
+            slope = fit(s, (arr["before"], arr["before_den"]), (arr["after"], arr["after_den"]), present=arr["present"], **kw)
             points = [pt for e in each for pt in e["points"]]
             pooled[t] = {**slope, **answer(slope, points), "per_seed": {str(s): e["slope"] for s, e in
                                                                          zip(summary["seeds"]["seeds"], each)}}

@@ -20,12 +20,11 @@ from typing import Any
 from experiments.study.config import model_dir
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref
+from sinkstudy import SinkstudyError
 
 
 def plan_doses(pp) -> None:
     """Every dose's steps on the pair of `pp` (experiments.study.pipeline.PairPlan)."""
-    from experiments.study.adapt_section import Arm
-    from experiments.study.arms import VLSkill, arm_step
     from experiments.study.pair_steps import Intervene
 
     study, pair, p = pp.study, pp.pair, pp.pair.name
@@ -38,16 +37,28 @@ def plan_doses(pp) -> None:
         if study.adapt is None:
             continue
         control = study.arms_of(p)[0]
-        args = arm_step(study, pair, Arm(dose.name, recipe=control.recipe), Ref(str(base_out), made))  # the control's recipe,
-        # vision side and seed
-        args = dataclasses.replace(args, recipe=undosed_text(args.recipe, pair.base))
-        adapted = pp.add(Step(f"{p}/adapt/{dose.name}", args, outputs=(args.model_dir, args.run_dir), owner=owner))
-        if study.adapt.vl_eval is not None:
-            probe = study.adapt.vl_eval
-            pp.add(Step(f"{p}/vlskill/{dose.name}", VLSkill(Ref(str(args.model_dir), adapted), probe),
-                        owner=owner))
-        pp.adapted(f"{dose.name}-vl", args.model_dir, model_dir(study.out, p, dose.name, "vlm", "lm"), str(base_out),
-                   extract_id=f"{p}/adapt/{dose.name}-extract", method="sink_dose+vl", owner=owner)
+        own_seed = study.adapt.recipe["seed"] if control.seed is None else control.seed
+        if own_seed in dose.seeds:
+            raise SinkstudyError(f"pair {p} dose {dose.name}: seed {own_seed} is the control's, adapted anyway; list only further seeds")
+        for seed in (None, *dose.seeds):
+            _adapt_dose(pp, dose, Ref(str(base_out), made), control, seed, owner)
+
+
+def _adapt_dose(pp, dose, base: Ref, control, seed: int | None, owner: str) -> None:
+    """The dosed base adapted with the control's recipe, vision side and seed (or training seed `seed`), its VL skill,
+    language model and measurements, as `<dose>-vl` (`<dose>-s<seed>-vl`)."""
+    from experiments.study.adapt_section import Arm
+    from experiments.study.arms import VLSkill, arm_step
+
+    study, pair, p = pp.study, pp.pair, pp.pair.name
+    name = dose.name if seed is None else f"{dose.name}-s{seed}"
+    args = arm_step(study, pair, Arm(name, recipe=control.recipe, seed=control.seed if seed is None else seed), base)
+    args = dataclasses.replace(args, recipe=undosed_text(args.recipe, pair.base))
+    adapted = pp.add(Step(f"{p}/adapt/{name}", args, outputs=(args.model_dir, args.run_dir), owner=owner))
+    if study.adapt.vl_eval is not None:
+        pp.add(Step(f"{p}/vlskill/{name}", VLSkill(Ref(str(args.model_dir), adapted), study.adapt.vl_eval), owner=owner))
+    pp.adapted(f"{name}-vl", args.model_dir, model_dir(study.out, p, name, "vlm", "lm"), base.path,
+               extract_id=f"{p}/adapt/{name}-extract", method="sink_dose+vl", owner=owner)
 
 
 def undosed_text(recipe: dict, base: str) -> dict:
@@ -60,7 +71,7 @@ def undosed_text(recipe: dict, base: str) -> dict:
 
 def labels(study) -> set[str]:
     """The model labels the doses add to a pair (not interventions on its VLM LM)."""
-    return {n for d in study.dose for n in (d.name, f"{d.name}-vl")}
+    return {n for d in study.dose for n in (d.name, f"{d.name}-vl", *(f"{d.name}-s{seed}-vl" for seed in d.seeds))}
 
 
 def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dict) -> dict[str, Any]:
@@ -81,10 +92,18 @@ def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dic
                  "sink_strength": results[f"{pair}/sink/{d}"]["value"], "vs_base": {t: c.as_dict() for t, c in vs_base.items()},
                  "text_cost": [t for t, c in vs_base.items() if comparison_side(c) < 0]}
         if f"{d}-vl" in runs:
-            skill = results.get(f"{pair}/vlskill/{d}")
-            entry["vl"] = {"sink_strength": results[f"{pair}/sink/{d}-vl"]["value"], "vl_skill": skill,
-                           "degradation": {t: compare(runs[d], runs[f"{d}-vl"], t, **kw).as_dict() for t in tasks}}
+            entry["vl"] = _vl(pair, d, d, results, runs, tasks, kw)
+            entry["vl_seeds"] = {str(seed): _vl(pair, d, f"{d}-s{seed}", results, runs, tasks, kw) for seed in dose.seeds}
         out[d] = entry
     return {"doses": out, "convention": "vs_base: Δ = dosed base − base in points (before any VL training; text_cost: the tasks "
                                         "where its CI lies below 0, a confound of the dose-response); vl.degradation: Δ = the "
-                                        "dosed base's VLM LM − the dosed base in points"}
+                                        "dosed base's VLM LM − the dosed base in points; vl_seeds: the same for each further "
+                                        "training seed of the dose"}
+
+
+def _vl(pair: str, dose: str, name: str, results: dict, runs: dict, tasks: list[str], kw: dict) -> dict[str, Any]:
+    """One adaptation of a dosed base: its LM's S, its VL skill and Δ = that LM − the dosed base, per task."""
+    from evals.stats import compare
+
+    return {"sink_strength": results[f"{pair}/sink/{name}-vl"]["value"], "vl_skill": results.get(f"{pair}/vlskill/{name}"),
+            "degradation": {t: compare(runs[dose], runs[f"{name}-vl"], t, **kw).as_dict() for t in tasks}}
