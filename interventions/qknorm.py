@@ -25,11 +25,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
 from sinkstudy import SinkstudyError
 
-INIT_MODES = ("identity-gain", "scale-preserving", "blend")
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2")
-TRAINABLE_MODES = ("gains", "attention", "all")
 SIDECAR = "sinkstudy_qknorm.json"
 GAINS_FILE = "qknorm.safetensors"
 # Sibling conversion is exact only for these (read in transformers 5.23: same decoder layer,

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 from interventions import sink_dose
 from interventions.merge import _SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options, validate_merge_args
 from interventions.outputs import RESULT_JSON, MergeError
+from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
 from interventions.spectral import SPECTRAL_METHODS, validate_spectral_args
 
 POSTHOC = ("mergekit", "spectral", "mitigation", "dose")  # families that change the VLM's language model after the fact
@@ -143,15 +144,11 @@ SINK_DOSE = Method(sink_dose.NAME, "dose", sink_dose.DEFAULTS, sink_dose.check, 
                    description=sink_dose.DESCRIPTION)
 
 
-QKNORM_INITS = ("identity-gain", "scale-preserving", "blend")  # interventions.qknorm.INIT_MODES (that module imports torch)
-QKNORM_TRAINABLE = ("gains", "attention", "all")  # interventions.qknorm.TRAINABLE_MODES
-
-
 def _check_qknorm(p: dict) -> None:
-    if p["init"] not in QKNORM_INITS:
-        raise MergeError(f"qknorm init must be one of {', '.join(QKNORM_INITS)}, got {p['init']!r}")
-    if p["trainable"] not in QKNORM_TRAINABLE:
-        raise MergeError(f"qknorm trainable must be one of {', '.join(QKNORM_TRAINABLE)}, got {p['trainable']!r}")
+    if p["init"] not in INIT_MODES:
+        raise MergeError(f"qknorm init must be one of {', '.join(INIT_MODES)}, got {p['init']!r}")
+    if p["trainable"] not in TRAINABLE_MODES:
+        raise MergeError(f"qknorm trainable must be one of {', '.join(TRAINABLE_MODES)}, got {p['trainable']!r}")
     for key, low in (("train_steps", 0), ("batch_size", 1), ("seq_len", 2)):
         if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
             raise MergeError(f"qknorm {key} must be an integer >= {low}, got {p[key]!r}")
@@ -173,12 +170,12 @@ QKNORM = Method("qknorm", INJECTION,
 def _check_texts(texts) -> None:
     if texts is None:
         return
-    from evals.sink.calibration import resolve_texts
+    from evals.sink.calibration import DEFAULT_SET, resolve_texts
     from sinkstudy.io import read_text
 
     if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
         read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
-    resolve_texts(texts, "ifeval15")  # a missing file or an unknown set name fails here
+    resolve_texts(texts, DEFAULT_SET)  # a missing file or an unknown set name fails here
 
 
 def methods() -> dict[str, Method]:

@@ -80,13 +80,13 @@ def check(params: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(cfg["device"], str) or cfg["device"].split(":")[0] not in ("cpu", "cuda"):
         raise DoseError(f"{NAME} device must be cpu or cuda[:N], got {cfg['device']!r}")
     if cfg["texts"] is not None:
-        from evals.sink.calibration import resolve_texts
+        from evals.sink.calibration import DEFAULT_SET, resolve_texts
         from sinkstudy.io import read_text
 
         texts = cfg["texts"]
         if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
             read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
-        resolve_texts(texts, "ifeval15")  # a missing file or an unknown set name fails here
+        resolve_texts(texts, DEFAULT_SET)  # a missing file or an unknown set name fails here
         cfg["texts"] = os.fspath(texts) if isinstance(texts, os.PathLike) else texts
     return cfg
 

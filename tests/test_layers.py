@@ -139,3 +139,11 @@ def test_no_file_in_experiments_outgrows_one_concept():
     long = {str(f.relative_to(ROOT)): n for f in (ROOT / "experiments").rglob("*.py")
             if (n := len(f.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def test_each_default_is_written_once():
+    """The calibration set read where none is named and the QK-norm inits: one constant each, read from its home."""
+    homes = {'"ifeval15"': "evals/sink/calibration.py", '"identity-gain", "scale-preserving"': "interventions/qknorm_modes.py"}
+    for text, home in homes.items():
+        where = sorted(str(f.relative_to(ROOT)) for f in _modules().values() if text in f.read_text(encoding="utf-8"))
+        assert where == [home], (text, where)

@@ -18,6 +18,7 @@ from pathlib import Path
 from experiments.cli import options
 from experiments.cli.closing import Summary, cmd
 from experiments.report.fmt import brief as _f
+from interventions.qknorm_modes import INIT_MODES
 
 
 def register(subparsers) -> None:
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
     options.add_train_data_option(t, help="training data")
     options.add_recipe_option(t, help="adaptation recipe (default: the paper's two stages)")
     options.add_train_steps_option(t)
-    t.add_argument("--qknorm", metavar="INIT", help="inject QK-RMSNorm into the base first (identity-gain, scale-preserving, blend)")
+    t.add_argument("--qknorm", metavar="INIT", help=f"inject QK-RMSNorm into the base first ({', '.join(INIT_MODES)})")
     t.add_argument("--protect", action="append", default=[], metavar="NAME",
                    help="a training-time protection (repeatable; `--protect list` lists them; docs/protect.md)")
     t.add_argument("--protect-param", action="append", default=[], metavar="[NAME.]KEY=VALUE",
@@ -88,8 +89,8 @@ def build_request(args):
         vision = VisionSpec("scenes", seed=config.seed)
     else:
         vision = None
-    if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
-        raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
+    if args.qknorm and args.qknorm not in INIT_MODES:
+        raise SinkstudyError(f"--qknorm {args.qknorm}: choose {', '.join(INIT_MODES)}")
     args.out = args.out or str(options.default_out("adapt", args.base, *args.protect))
     return vision, config
 

@@ -12,6 +12,7 @@ MODEL_DIR = "model"  # OUT/model: the dosed checkpoint and its intervention.json
 
 def register(subparsers) -> None:
     from experiments.cli import argtypes, options
+    from evals.sink.calibration import DEFAULT_SET
     from interventions.sink_dose import HEADS
 
     p = subparsers.add_parser("dose", help="move a model's Sink Strength to a level (a weight-only edit of its query heads)",
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=argtypes.positive_int, default=None, help="how many final layers (default: those S reads, 10)")
     p.add_argument("--tolerance", type=argtypes.finite_float, default=None, help="how close to the level S must come (default 0.02)")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
-                   help="texts S is measured on: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
+                   help=f"texts S is measured on: a shipped set (default {DEFAULT_SET}) or a .json/.jsonl/.txt file")
     options.add_model_options(p, dtype="float32: the dtype S is measured in while the dose is searched; the dosed model keeps "
                                        "its own", tokenizer=False)
     options.add_output_options(p, out="runs/dose/<model>-<level>")

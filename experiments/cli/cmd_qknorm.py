@@ -18,10 +18,12 @@ from pathlib import Path
 
 from experiments.cli.closing import Summary, cmd, existing
 from experiments.report.fmt import brief as _f
+from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
 
 def register(subparsers) -> None:
     from experiments.cli import argtypes, options
-    from interventions.registry import QKNORM, QKNORM_INITS, QKNORM_TRAINABLE
+    from evals.sink.calibration import DEFAULT_SET
+    from interventions.registry import QKNORM
 
     d = QKNORM.defaults
     p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original",
@@ -32,15 +34,15 @@ def register(subparsers) -> None:
                               "side (OUT/report.md). docs/qknorm.md.")
     p.add_argument("base", metavar="BASE", help=f"base LLM: {options.model_forms()}; Llama, Mistral, Qwen2, Gemma or Gemma2")
     p.add_argument("--init", default=d["init"],
-                   help=f"gain initialisation: {', '.join(QKNORM_INITS)}; with --recipe a comma list (one arm each) (default {d['init']})")
+                   help=f"gain initialisation: {', '.join(INIT_MODES)}; with --recipe a comma list (one arm each) (default {d['init']})")
     p.add_argument("--alpha", type=argtypes.finite_float, default=d["alpha"],
                    help=f"blend weight for --init blend: (1-a) x + a norm(x) (default {d['alpha']})")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
-                   help="calibration texts for gains, KL and Sink Strength: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
+                   help=f"calibration texts for gains, KL and Sink Strength: a shipped set (default {DEFAULT_SET}) or a .json/.jsonl/.txt file")
     p.add_argument("--native-ok", action="store_true", help="measure a native QK-norm backbone (same recipe) instead of refusing it")
     t = p.add_argument_group("training (recovery training on text, or with --recipe the VL adaptation)")
     options.add_train_steps_option(t)
-    t.add_argument("--trainable", default=d["trainable"], choices=QKNORM_TRAINABLE,
+    t.add_argument("--trainable", default=d["trainable"], choices=TRAINABLE_MODES,
                    help=f"what recovery training updates (default {d['trainable']})")
     t.add_argument("--train-texts", default=None, metavar="FILE",
                    help="recovery training text (.json/.jsonl/.txt); default: the demo corpus (synthetic chats)")
@@ -112,7 +114,7 @@ def _validate(args):
         raise SinkstudyError("--train-data is the adaptation's data (with --recipe); recovery training reads --train-texts")
     inits = [i.strip() for i in args.init.split(",") if i.strip()]
     if not inits or (len(inits) > 1 and not args.recipe):
-        raise SinkstudyError(f"--init {args.init}: choose {'a comma list' if args.recipe else 'one'} of identity-gain, scale-preserving, blend")
+        raise SinkstudyError(f"--init {args.init}: choose {'a comma list' if args.recipe else 'one'} of {', '.join(INIT_MODES)}")
     for init in inits:
         QKNORM.resolve({"init": init, "alpha": args.alpha, "trainable": args.trainable, "lr": args.train_lr,
                         "batch_size": args.train_batch_size, "seq_len": args.train_seq_len})

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from evals.protocol import EvalProtocol
+from evals.sink.calibration import DEFAULT_SET
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, keyed, location
 from interventions.registry import QKNORM
@@ -312,7 +313,7 @@ class InjectQKNorm(StepArgs):
     init: str | None = QKNORM.defaults["init"]  # the registry's defaults (interventions.registry.QKNORM), written once
     alpha: float = QKNORM.defaults["alpha"]
     texts: Ref | str | None = None  # calibration texts (gains, KL, S); None: `default_texts`
-    default_texts: str = "ifeval15"
+    default_texts: str = DEFAULT_SET
     tokenizer: Ref | None = None  # None: the base's own
     train_steps: int = QKNORM.defaults["train_steps"]
     trainable: str = QKNORM.defaults["trainable"]

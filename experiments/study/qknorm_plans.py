@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.protocol import EvalProtocol
+from evals.sink.calibration import DEFAULT_SET
 from experiments.study.arms import Adapt
 from experiments.study.graph import Plan, Step
 from experiments.study.kinds import Ref
@@ -28,7 +29,6 @@ from experiments.study.pair_steps import ExtractAdapted, InjectQKNorm, Loading, 
 from sinkstudy import SinkstudyError
 
 GROUP = "qknorm"
-DEFAULT_TEXTS = "ifeval15"  # calibration texts of the gains, the KL and S
 DEMO_TRAIN_RECORDS = 2000  # the default recovery text: the demo corpus's first records
 
 
@@ -140,7 +140,7 @@ def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: b
         s: dict[str, Any] = {"inject": init, "own_base": start if init is None else base}
         if init is not None:
             where = out / "starts" / name
-            s["start"] = plan.add(Step(f"{GROUP}/inject/{name}", InjectQKNorm(Ref(str(base)), init, alpha, texts, DEFAULT_TEXTS,
+            s["start"] = plan.add(Step(f"{GROUP}/inject/{name}", InjectQKNorm(Ref(str(base)), init, alpha, texts, DEFAULT_SET,
                                                                                  seed=seed, loading=loading, out=where),
                                        outputs=(where,))).id
             start_ref = Ref(str(where), s["start"])
@@ -266,7 +266,7 @@ def run_recovery(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoco
     r = recovery_plan(base, out, args, protocol, **plan_kw)
     engine = run_plan(r.plan, out, force=force, progress=progress, seed=args.seed, guarded=("inject",))
     report = recovery_report(engine.results, r, args, base=base, training_text=training_text)
-    texts = args.texts.path if isinstance(args.texts, Ref) else args.texts or DEFAULT_TEXTS
+    texts = args.texts.path if isinstance(args.texts, Ref) else args.texts or DEFAULT_SET
     report["provenance"] = provenance(seeds={"seed": args.seed}, calibration=texts,
                                       model_fingerprints={"original": model_fingerprint(base), report["arm"]: engine.results[r.inject]["fingerprint"]})
     write_json_atomic(out / "report.json", report)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.protocol import EvalProtocol
+from evals.sink.calibration import DEFAULT_SET
 from sinkstudy import SinkstudyError
 
 SCHEDULES = ("constant", "cosine", "linear")
@@ -69,7 +70,7 @@ class TrajectoryConfig:
     """Sink Strength (and optionally a strict eval) of the language model every `every` steps."""
 
     every: int | None = None  # None: only before and after each stage
-    calibration: str = "ifeval15"
+    calibration: str = DEFAULT_SET
     metric: str = "logodds"
     eval_tasks: list[str] = field(default_factory=list)  # e.g. ["sinkstudy_ifeval"]; empty: sink only
     eval_limit: int | None = 20

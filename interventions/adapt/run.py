@@ -314,9 +314,9 @@ def _inject(lm, tok, qknorm: dict, config: AdaptConfig):
     unknown = set(qknorm) - {"init", "alpha"}
     if unknown:
         raise SinkstudyError(f"qknorm: unknown option(s) {', '.join(sorted(unknown))}; allowed: init, alpha")
-    from evals.sink.calibration import resolve_texts
+    from evals.sink.calibration import DEFAULT_SET, resolve_texts
 
-    texts = [t.text for t in resolve_texts(config.trajectory.calibration, "ifeval15")[0]]
+    texts = [t.text for t in resolve_texts(config.trajectory.calibration, DEFAULT_SET)[0]]
     return inject_qk_norm(lm, init=qknorm.get("init", "identity-gain"), calibration_texts=texts, tokenizer=tok,
                           alpha=qknorm.get("alpha", 0.5), progress=False)
 

@@ -25,12 +25,12 @@ class SinkProbe:
     """Measure one trajectory point of a (training) model without copying its weights."""
 
     def __init__(self, tokenizer, trajectory, *, seed: int = 0):
-        from evals.sink.calibration import resolve_texts
+        from evals.sink.calibration import DEFAULT_SET, resolve_texts
         from evals.sink.metrics import get_metric
 
         self.tokenizer, self.cfg, self.seed = tokenizer, trajectory, seed
         get_metric(trajectory.metric)  # one-line error for an unknown metric, before training
-        self.texts, self.source = resolve_texts(trajectory.calibration, "ifeval15")
+        self.texts, self.source = resolve_texts(trajectory.calibration, DEFAULT_SET)
 
     def __call__(self, model) -> dict[str, Any]:
         import torch

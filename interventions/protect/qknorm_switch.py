@@ -100,7 +100,7 @@ class _Scale(torch.nn.Module):
 @torch.no_grad()
 def fitted_scales(model, tokenizer, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the (heads, head_dim) least-squares linear stand-ins for q_norm and k_norm (module doc)."""
-    from evals.sink.calibration import encode_texts, resolve_texts
+    from evals.sink.calibration import DEFAULT_SET, encode_texts, resolve_texts
 
     attns = [layer.self_attn for layer in model.model.layers]
     sums = [[torch.zeros(2, 1, 1, dtype=torch.float64) for _ in range(2)] for _ in attns]
@@ -117,7 +117,7 @@ def fitted_scales(model, tokenizer, texts: list[str]) -> list[tuple[torch.Tensor
     for i, attn in enumerate(attns):
         handles.append(attn.q_norm.register_forward_hook(collect(i, 0, attn.q_norm)))
         handles.append(attn.k_norm.register_forward_hook(collect(i, 1, attn.k_norm)))
-    items, _ = resolve_texts(list(texts), "ifeval15")
+    items, _ = resolve_texts(list(texts), DEFAULT_SET)
     ids = encode_texts(tokenizer, items, apply_chat_template=bool(getattr(tokenizer, "chat_template", None)), max_length=512)
     device = next(model.parameters()).device
     try:
