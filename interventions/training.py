@@ -45,14 +45,14 @@ def train_causal_lm(
     loss curve and counts; the model is left in eval mode with its
     requires_grad flags as before.
     """
-    from interventions.adapt import data
+    from interventions.adapt import encoding, sources
     from interventions.adapt.config import from_dict
     from interventions.adapt.trainer import train_stage
 
     if steps < 1:
         raise SinkstudyError(f"steps must be >= 1, got {steps}")
     records = [{"text": t} for t in texts]
-    encoder = data.Encoder(tokenizer, max_length=seq_len, loss_on="all")
+    encoder = encoding.Encoder(tokenizer, max_length=seq_len, loss_on="all")
     usable = [r for r in records if len(encoder(r)["input_ids"]) >= 2]
     if not usable:
         raise SinkstudyError("no training text: every text tokenised to fewer than 2 tokens")
@@ -62,10 +62,10 @@ def train_causal_lm(
         "warmup_ratio": min(warmup / steps, 0.999), "batch_size": batch_size, "micro_batch_size": batch_size,
         "steps": steps, "weight_decay": weight_decay, "loss_on": "all"}]})
     stage = config.stages[0]
-    dataset = data.EncodedDataset([data.Records(usable, "texts", None, "")], encoder)
+    dataset = encoding.EncodedDataset([sources.Records(usable, "texts", None, "")], encoder)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with tempfile.TemporaryDirectory(prefix="sinkstudy-train-") as work:
-        stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data.collate(f, pad_id), work_dir=Path(work),
+        stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: encoding.collate(f, pad_id), work_dir=Path(work),
                             tokenizer=tokenizer, trainable=trainable, callbacks=callbacks, progress=progress, desc=desc,
                             device=device)
     return {"steps": stats["steps"], "losses": stats["losses"], "final_loss": stats["final_loss"],

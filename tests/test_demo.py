@@ -61,7 +61,7 @@ def test_demo_vl_recipe_learns_to_read_digits(tmp_path, tokenizer):
     from experiments.demo.vl import recipe, vision
     from interventions.adapt.probe import digit_skill
     from interventions.adapt import adapt
-    from interventions.adapt.data import digits_records
+    from interventions.adapt.sources import digits_records
     from sinkstudy.tiny import tiny_causal_lm
 
     tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "base")
@@ -81,7 +81,8 @@ def test_saved_demo_vlm_processor_feeds_the_model_as_training_did(tmp_path, toke
 
     from experiments.demo.vl import adapt_vl
     from interventions.adapt.build import load_vlm
-    from interventions.adapt.data import IMAGE, Encoder, digits_records
+    from interventions.adapt.sources import IMAGE, digits_records
+    from interventions.adapt.encoding import Encoder
     from sinkstudy.tiny import tiny_causal_lm
 
     tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "base")
@@ -113,7 +114,7 @@ def test_demo_backbones_vary_the_knobs_linked_to_sinks():
     """The demo's backbones are >= 6 config entries that vary every knob the literature links to sinks
     (native QK-norm on/off, lr, weight decay, data mix, depth), all on the same corpus."""
     from experiments.cli.cmd_study import DEMO_CONFIG
-    from experiments.study.config import load_study
+    from experiments.demo.study import load_study
 
     backbones = load_study(DEMO_CONFIG).build.backbones
     assert len(backbones) >= 6
@@ -195,7 +196,7 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     from experiments.cli.cmd_study import DEMO_CONFIG
     from experiments.demo.build import quick_overrides
     from experiments.study.runner import run_study
-    from experiments.study.config import load_study
+    from experiments.demo.study import load_study
 
     # The shipped demo with two of --quick's three backbones: the recipe-built qwen3 and a plain qwen2 (the QK-norm
     # VL arm's class), every intervention; --quick shrinks it as it shrinks the shipped one.
@@ -269,7 +270,8 @@ def test_probe_scores_each_answer_as_a_whole_forward_pass_does(tokenizer, family
 
     from evals.vqa import answer_logprobs
     from interventions.adapt.build import VisionSpec, build_vlm
-    from interventions.adapt.data import Encoder, collate, digits_records
+    from interventions.adapt.sources import digits_records
+    from interventions.adapt.encoding import Encoder, collate
     from sinkstudy.tiny import tiny_causal_lm
 
     torch.manual_seed(0)

@@ -142,7 +142,7 @@ def test_run_eval_backends_have_their_own_cache_keys_and_the_same_samples(tokeni
 
 
 def test_bench_divergence_names_the_first_differing_token_and_its_batch1_logit_gap(tokenizer):
-    from evals.generate.bench import divergence
+    from benchmarks.generate import divergence
 
     model = tiny_causal_lm("qwen2", seed=0)
     ids = tokenizer("the cat sat on").input_ids
@@ -157,7 +157,7 @@ def test_bench_divergence_names_the_first_differing_token_and_its_batch1_logit_g
 
 @pytest.mark.slow
 def test_bench_runs_end_to_end_on_a_tiny_checkpoint(tokenizer, tmp_path, capsys):
-    from evals.generate.bench import main
+    from benchmarks.generate import main
 
     tiny_causal_lm("llama", seed=3).save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")

@@ -300,7 +300,7 @@ def test_preservation_term_through_the_engine_starts_at_zero(tmp_path, tokenizer
 # --------------------------------------------------------------------------- text_replay
 
 def test_mixed_dataset_puts_the_share_in_every_prefix_and_each_main_item_once():
-    from interventions.adapt.data import MixedDataset
+    from interventions.adapt.encoding import MixedDataset
 
     main, extra = list(range(50)), [f"t{i}" for i in range(7)]
     for share in (0.25, 0.3, 1 / 3):

@@ -14,7 +14,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 def test_reseed_replaces_every_training_seed_and_keeps_the_data():
     from experiments.study.seeds import reseed
-    from experiments.study.config import validate
+    from experiments.demo.study import validate
 
     raw = yaml.safe_load((ROOT / "experiments" / "configs" / "demo.yaml").read_text())
     raw["seeds"] = [0, 4]
@@ -31,7 +31,8 @@ def test_reseed_replaces_every_training_seed_and_keeps_the_data():
 
 @pytest.mark.parametrize("seeds, needle", [([1], "at least two"), ([0, 0], "distinct"), ([0, -1], ">= 0"), ("0,1", "a list")])
 def test_bad_seeds_fail_in_one_line(seeds, needle, tmp_path):
-    from experiments.study.config import StudyConfigError, validate
+    from experiments.demo.study import validate
+    from experiments.study.config import StudyConfigError
 
     raw = yaml.safe_load((ROOT / "experiments" / "configs" / "demo.yaml").read_text())
     with pytest.raises(StudyConfigError, match=needle) as err:

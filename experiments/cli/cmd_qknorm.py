@@ -143,14 +143,15 @@ def main(args) -> Summary | int:
         print(format_arms(report))
     else:
         from experiments.report.qknorm_tables import format_injection
-        from experiments.study.qknorm_plans import DEMO_TRAIN_RECORDS, native, recovery_text, run_recovery
+        from experiments.demo.steps import RECOVERY_RECORDS, recovery_chats
+        from experiments.study.qknorm_plans import GROUP, native, recovery_text, run_recovery
 
         steps = recovery_steps(args)
-        before, text = recovery_text(steps, args.train_texts, out, args.seed)
+        before, text = recovery_text(steps, args.train_texts, lambda: recovery_chats(f"{GROUP}/text", out / "recovery.jsonl", args.seed))
         args_ = _inject_args(args, native(args.base, args.native_ok), steps, text, loading)
         report = run_recovery(args.base, out, args_, protocol, before=before, tokenizer=args.tokenizer, force=args.force,
                               progress=not args.quiet,
-                              training_text=args.train_texts or f"demo corpus ({DEMO_TRAIN_RECORDS} records)", **eval_cache(args))
+                              training_text=args.train_texts or f"demo corpus ({RECOVERY_RECORDS} records)", **eval_cache(args))
         print(format_injection(report))
     print(f"wrote {args.out}")
     return _summary(args, report)

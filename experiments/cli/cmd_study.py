@@ -179,7 +179,7 @@ def cmd_run(args) -> Summary | int:
     from sinkstudy.numerics import ENV
     from experiments.study.graph import format_records
     from experiments.study.runner import plan_records, run_step
-    from experiments.study.config import load_study
+    from experiments.demo.study import load_study
 
     load_plugin_options(args)  # before the config: its interventions and arms may name a plug-in's
     from sinkstudy.inputs import planning_only
@@ -221,7 +221,7 @@ def cmd_demo(args) -> Summary | int:
 
     from experiments.demo.build import quick_overrides
     from experiments.study.jobs import default_jobs
-    from experiments.study.config import load_study
+    from experiments.demo.study import load_study
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -239,7 +239,7 @@ def cmd_demo(args) -> Summary | int:
 
 def cmd_paper(args) -> Summary | int:
     from experiments.study.paper import check_can_run, format_plan, plan
-    from experiments.study.config import load_study
+    from experiments.demo.study import load_study
 
     study = load_study(args.config or PAPER_CONFIG, out=args.out, overrides=_overrides(args))
     if args.dry_run:

@@ -371,16 +371,16 @@ def heldout_chat_loss(model, tokenizer, texts: Sequence[str], seq_len: int = 160
     """Mean next-token loss (nats per predicted token) on `texts`, pads excluded."""
     import torch
 
-    from interventions.adapt import data
+    from interventions.adapt import encoding
 
-    encoder = data.Encoder(tokenizer, max_length=seq_len, loss_on="all")
+    encoder = encoding.Encoder(tokenizer, max_length=seq_len, loss_on="all")
     features = [encoder({"text": t}) for t in texts]
     features = [f for f in features if len(f["input_ids"]) >= 2]
     total = count = 0.0
     model.eval()
     with torch.no_grad():
         for i in range(0, len(features), batch_size):
-            batch = data.collate(features[i:i + batch_size], tokenizer.pad_token_id)
+            batch = encoding.collate(features[i:i + batch_size], tokenizer.pad_token_id)
             n = int((batch["labels"][:, 1:] != -100).sum())
             total += float(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss) * n
             count += n

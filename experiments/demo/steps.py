@@ -52,6 +52,14 @@ class Chats(StepArgs):
         return {"path": str(self.out), "records": self.records}
 
 
+RECOVERY_RECORDS = 2000  # `sinkstudy qknorm`'s default recovery text: the demo corpus's first records
+
+
+def recovery_chats(step_id: str, out: Path, seed: int) -> Step:
+    """The step writing `RECOVERY_RECORDS` chats of the demo corpus to `out`: QK-norm recovery training's default text."""
+    return Step(step_id, Chats(RECOVERY_RECORDS, seed, out=out), outputs=(out,))
+
+
 @dataclass(frozen=True)
 class Tokenizer(StepArgs):
     """A byte-level BPE tokenizer trained on the corpus."""
@@ -132,22 +140,6 @@ class VL(StepArgs):
         return vl_step(Path(self.base.local()), self.out, dict(self.vl), ctx.progress, corpus=Path(self.corpus.path))
 
 
-@dataclass(frozen=True)
-class VLOpenings(StepArgs):
-    """The openings of the demo VL recipe's image answers (`evals.template_share`): what every model's eval answers
-    are checked against for the template share (the stages' text share is no VL template)."""
-
-    kind: ClassVar[str] = "demo-vl-openings"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", "evals.template_share", "interventions.adapt.data")
-    vl: Mapping[str, Any]
-
-    def run(self, ctx) -> dict:
-        from evals.template_share import openings
-        from experiments.demo.vl import training_records
-
-        return openings(m["content"] for r in training_records(dict(self.vl)) for m in r["messages"] if m["role"] == "assistant").as_dict()
-
-
 def build_steps(build, out: Path, m) -> list[Step]:
     """Every build step of `build` (experiments.demo.build.Build) under `out`; `m`: how the study measures
     (`experiments.study.pair_steps.Measurement`: its sink settings)."""
@@ -175,8 +167,12 @@ def build_steps(build, out: Path, m) -> list[Step]:
 
 
 def openings_step(build) -> Step:
-    """`build/openings`: the openings of the build's VL training answers (`VLOpenings`)."""
-    return Step("build/openings", VLOpenings(build.vl), owner="build.vl")
+    """`build/openings`: the openings of the build's VL training answers (the study's one template-share kind,
+    `experiments.study.template.TrainingOpenings`, on the digits the VL recipe trains on)."""
+    from experiments.demo.vl import training_data
+    from experiments.study.template import TrainingOpenings
+
+    return Step("build/openings", TrainingOpenings((training_data(build.vl),), build.vl["seed"]), owner="build.vl")
 
 
 def vl_adaptation(build, step_id: str, base: Ref, vlm: Path, out: Path, *, owner: str) -> Step:

@@ -55,12 +55,17 @@ def vision(cfg: dict):
     return VisionSpec("tiny", tiny=dict(cfg["vision"]), seed=cfg["seed"])
 
 
-def training_records(cfg: dict) -> list[dict]:
-    """The digits not held out, as chats with the demo corpus's varied questions and captions."""
-    from experiments.demo.corpus import digit_caption
-    from interventions.adapt.data import digits_records
+def training_data(cfg: dict) -> dict:
+    """The data spec of the digits not held out, asked and answered in varied styles."""
+    return {"digits": {"split": "train", "heldout": cfg["heldout_images"], "seed": cfg["seed"], "captions": "varied"}}
 
-    return digits_records("train", n_heldout=cfg["heldout_images"], seed=cfg["seed"], captions=digit_caption)
+
+def training_records(cfg: dict) -> list[dict]:
+    """The records of `training_data`: the VL stages' image chats."""
+    from interventions.adapt.sources import load_records
+
+    records = load_records(training_data(cfg))
+    return [records.rows[i] for i in range(len(records))]
 
 
 def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, work_dir: Path, progress: bool = True,

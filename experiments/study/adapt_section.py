@@ -83,7 +83,7 @@ class AdaptSection:
 def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: Path | None = None) -> AdaptSection:
     from interventions.adapt.build import VisionSpec
     from interventions.adapt.config import from_dict, load_config, text_only_twin
-    from interventions.adapt.data import check_spec
+    from interventions.adapt.sources import check_spec
 
     cfg = mapping(raw, where, ADAPT_KEYS)
     recipe_raw = cfg.get("recipe")
@@ -178,7 +178,7 @@ def _qknorm(raw, where: str) -> dict | None:
 
 def _text_only(raw, where: str, out: Path | None) -> dict | None:
     """A text_only arm's data: one spec (string or mapping), checked like the stages' data."""
-    from interventions.adapt.data import check_spec
+    from interventions.adapt.sources import check_spec
 
     if raw is None:
         return None

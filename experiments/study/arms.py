@@ -136,7 +136,7 @@ class VLSkill(StepArgs):
     or mitigated LM scored with the tower and projector of the VLM it came from)."""
 
     kind: ClassVar[str] = "vl-skill"
-    code: ClassVar[tuple[str, ...]] = ("evals.vqa", "evals.vl", "interventions.adapt.probe", "interventions.adapt.data",
+    code: ClassVar[tuple[str, ...]] = ("evals.vqa", "evals.vl", "interventions.adapt.probe", "interventions.adapt.sources", "interventions.adapt.encoding",
                                        "interventions.adapt.build")
     model: Ref
     probe: Mapping[str, Any]  # the study's vl_eval: {probe: digits, heldout, seed} or {probe: vqa, ...}

@@ -14,7 +14,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evals.protocol import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, EvalProtocol
 from experiments.study.adapt_section import CONTROL_ARM, AdaptSection, Arm, parse_adapt  # noqa: F401  (part of this module's API)
@@ -23,6 +23,7 @@ from experiments.study.schema import (StudyConfigError, boolean, checked, deep_m
 from sinkstudy import SinkstudyError
 
 MODEL_ROLES = ("base", "vlm", "root")
+BuildReader = Callable[[Any, str], Any]  # (a build section as written, where it is) -> what hands the plan its steps
 PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "source"}
 
 
@@ -149,7 +150,7 @@ class Study:
     out: Path
     seed: int
     keep_models: bool
-    build: Any  # the demo's build section (experiments.demo.build.Build): the steps that make its pairs; None
+    build: Any  # a build section (the demo's `experiments.demo.build.Build`): the steps that make its pairs; None
     pairs: list[Pair]
     sink: Sink
     evals: Evals
@@ -161,6 +162,7 @@ class Study:
     adapt: AdaptSection | None = None
     seeds: list[int] | None = None  # training seeds to repeat the study over (experiments.study.seeds); None: once
     dose: list = field(default_factory=list)  # the bases' sink doses (experiments.study.doses.Dose)
+    build_reader: Any = None  # what read `build` (`validate`'s reader): a study repeated over seeds reads it again per seed
 
     def expand(self, value: str) -> str:
         return value.replace("{out}", os.fspath(self.out))
@@ -170,7 +172,7 @@ class Study:
         return [] if self.adapt is None else [a for a in self.adapt.arms if a.pairs is None or pair in a.pairs]
 
 
-TOP_KEYS = {f.name for f in fields(Study)} - {"path", "raw"}
+TOP_KEYS = {f.name for f in fields(Study)} - {"path", "raw", "build_reader"}
 PAIR_KEYS = {f.name for f in fields(Pair)} | {f"{r}_revision" for r in MODEL_ROLES}  # <role>_revision: a form of `revision`
 INTERVENTION_KEYS = {f.name for f in fields(Intervention)}
 
@@ -180,8 +182,10 @@ def model_dir(out: str | os.PathLike, *parts: str) -> Path:
     return Path(out) / "models" / "-".join(parts)
 
 
-def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None, overrides: dict | None = None) -> Study:
-    """Read and validate a study YAML; `out` replaces its output dir, `overrides` are merged on top."""
+def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None, overrides: dict | None = None,
+               build: BuildReader | None = None) -> Study:
+    """Read and validate a study YAML; `out` replaces its output dir, `overrides` are merged on top; `build` reads
+    its build section (`validate`)."""
     import yaml
 
     from sinkstudy.io import read_text
@@ -201,7 +205,7 @@ def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
         if tasks is not None and isinstance(files, dict):  # other tasks instead: their data files go with them
             names = {t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)}
             raw["evals"]["data_files"] = {t: f for t, f in files.items() if t in names}
-    return validate(raw, path=path, out=out)
+    return validate(raw, path=path, out=out, build=build)
 
 
 def _seeds(raw, where: str) -> list[int] | None:
@@ -216,7 +220,9 @@ def _seeds(raw, where: str) -> list[int] | None:
     return seeds
 
 
-def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | None = None) -> Study:
+def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | None = None, build: BuildReader | None = None) -> Study:
+    """`raw` as a typed `Study`. A `build:` section (the steps that make the pairs) is read by `build`, handed over
+    by what knows that section's kind (`experiments.demo.build.read_build` for the demo's): the study never imports it."""
     where = os.fspath(path) if path else "study config"
     cfg = mapping(raw, where, TOP_KEYS)
     name = slug(cfg.get("name"), f"{where}: name")
@@ -225,11 +231,11 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     keep_models = boolean(cfg.get("keep_models", True), f"{where}: keep_models")
 
     plugins = _load_plugins(cfg.get("plugins"), path, f"{where}: plugins")
-    build = cfg.get("build")
+    reader, build = build, cfg.get("build")
     if build is not None:
-        from experiments.demo.build import validate_build
-
-        build = validate_build(build, f"{where}: build")
+        if reader is None:
+            fail(f"{where}: build", "no reader for a build section was given (sinkstudy run / demo read the demo's)")
+        build = reader(build, f"{where}: build")
         for i, b in enumerate(build.backbones):
             slug(b["name"], f"{where}: build.backbones[{i}].name")
 
@@ -258,7 +264,7 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
         taken = {iv.name for iv in interventions} | {a.name for a in (adapt.arms if adapt else [])}
         dose = parse_doses(cfg["dose"], f"{where}: dose", sink.texts, taken, [p.name for p in pairs])
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
-                  protocol, report, plugins, adapt, seeds, dose)
+                  protocol, report, plugins, adapt, seeds, dose, reader)
     for p in study.pairs:
         for role in MODEL_ROLES:
             if isinstance(getattr(p, role), str):

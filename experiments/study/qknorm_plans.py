@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evals.protocol import EvalProtocol
 from evals.sink.calibration import DEFAULT_SET
@@ -29,7 +29,6 @@ from experiments.study.pair_steps import ExtractAdapted, InjectQKNorm, Loading, 
 from sinkstudy import SinkstudyError
 
 GROUP = "qknorm"
-DEMO_TRAIN_RECORDS = 2000  # the default recovery text: the demo corpus's first records
 
 
 def native(base: str, native_ok: bool) -> bool:
@@ -225,17 +224,15 @@ def trajectories(a: Arms) -> dict[str, list[dict]]:
     return {name: points for name, points in found.items() if points}
 
 
-def recovery_text(steps: int, train_texts: str | None, out: Path, seed: int) -> tuple[list[Step], Ref | None]:
-    """(the steps that make the recovery text, its Ref): `train_texts`, else the demo corpus's first chats (made in
-    OUT); none without recovery steps."""
+def recovery_text(steps: int, train_texts: str | None, default: Callable[[], Step]) -> tuple[list[Step], Ref | None]:
+    """(the steps that make the recovery text, its Ref): `train_texts`, else what the step `default()` writes (its one
+    output); none without recovery steps."""
     if not steps:
         return [], None
     if train_texts:
         return [], Ref(str(train_texts))
-    from experiments.demo.steps import Chats
-
-    chats = out / "recovery.jsonl"
-    return [Step(f"{GROUP}/text", Chats(DEMO_TRAIN_RECORDS, seed, out=chats), outputs=(chats,))], Ref(str(chats), f"{GROUP}/text")
+    step = default()
+    return [step], Ref(str(step.outputs[0]), step.id)
 
 
 def arms_recipe(config, data: dict[str, list], steps: dict[str, int], *, vision: str | None = None,

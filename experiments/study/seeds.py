@@ -49,7 +49,7 @@ def run_seeds(study, run_one: Callable) -> dict:
         return run_one(study)
     runs = {}
     for seed in study.seeds:
-        sub = validate(reseed(study.raw, seed), path=study.path, out=seed_dir(study.out, study.seeds, seed))
+        sub = validate(reseed(study.raw, seed), path=study.path, out=seed_dir(study.out, study.seeds, seed), build=study.build_reader)
         sub.plugins = study.plugins
         runs[seed] = run_one(sub)
     first = Path(study.out)

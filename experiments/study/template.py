@@ -1,7 +1,8 @@
 """Template share in a study: the openings of the VL recipe's training answers, read once per recipe by a step
-(`TrainingOpenings`), against which every evaluated model's eval answers are checked in the summary
-(`shares`; the definition: `evals.template_share`). A model whose answers open like the VL training
-answers lost its text skill by collapse to a template, not by erosion; the share tells the two apart."""
+(`TrainingOpenings`, the one template-share kind: an `adapt:` recipe's data and the demo build's digits alike),
+against which every evaluated model's eval answers are checked in the summary (`shares`; the definition:
+`evals.template_share`). A model whose answers open like the VL training answers lost its text skill by collapse
+to a template, not by erosion; the share tells the two apart."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from experiments.study.kinds import StepArgs
 def training_data(recipe: dict) -> tuple:
     """The data specs of every stage of `recipe` (an AdaptConfig as a dict) that can hold image records: every spec
     but the base's self-distilled replies (text by construction, and made from a model)."""
-    from interventions.adapt.data import parse_spec
+    from interventions.adapt.sources import parse_spec
 
     specs = []
     for stage in recipe["stages"]:
@@ -30,18 +31,18 @@ class TrainingOpenings(StepArgs):
     (a text share, replayed chats) are no VL template. Keyed by the specs' content (`spec_identity`) and seed."""
 
     kind: ClassVar[str] = "template-openings"
-    code: ClassVar[tuple[str, ...]] = ("evals.template_share", "evals.vl", "interventions.adapt.data", "interventions.adapt.generated")
+    code: ClassVar[tuple[str, ...]] = ("evals.template_share", "evals.vl", "interventions.adapt.sources", "interventions.adapt.generated")
     specs: tuple
     seed: int = 0
 
     def identity(self, ctx) -> dict:
-        from interventions.adapt.data import spec_identity
+        from interventions.adapt.sources import spec_identity
 
         return {"specs": [spec_identity(s) for s in self.specs], "seed": self.seed}
 
     def run(self, ctx) -> dict:
         from evals.template_share import openings
-        from interventions.adapt.data import load_records
+        from interventions.adapt.sources import load_records
 
         answers = []
         for spec in self.specs:

@@ -36,7 +36,7 @@ class StageConfig:
     """One training stage. `batch_size` is the effective batch (micro batch x accumulation x devices)."""
 
     name: str
-    data: list = field(default_factory=list)  # data specs (see interventions.adapt.data.load_records)
+    data: list = field(default_factory=list)  # data specs (see interventions.adapt.sources.load_records)
     trainable: list[str] = field(default_factory=lambda: ["projector"])
     lr: float = 1e-4
     schedule: str = "constant"

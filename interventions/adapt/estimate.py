@@ -112,7 +112,7 @@ def estimate(base, vision: VisionSpec | None, config: AdaptConfig, *, gpu: str =
 
 def _count_examples(stage) -> int | None:
     """Records of the stage's data when counting is cheap (JSON files, digits, in-memory); else None."""
-    from interventions.adapt.data import load_records, parse_spec
+    from interventions.adapt.sources import load_records, parse_spec
 
     total = 0
     for spec in stage.data:

@@ -1,6 +1,6 @@
 """Seeded VL instruction data in LLaVA-1.5's kinds, generated offline from the visual world (`evals.vl`).
 
-A data spec `{"generated": KIND, "n": N, "split": "train" | "heldout", "seed": S}` (`interventions.adapt.data`)
+A data spec `{"generated": KIND, "n": N, "split": "train" | "heldout", "seed": S}` (`interventions.adapt.sources`)
 gives N records of one kind, each a pure function of (kind, split, seed, index), made on access:
 
     easyvqa       easy-VQA's own questions (its train split; "heldout": its test split) + the format instruction

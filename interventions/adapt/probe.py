@@ -24,7 +24,8 @@ def digit_skill(vlm_dir: Path, heldout: int, seed: int, *, loaded=None) -> dict:
     `loaded`: the (VLM, processor) already in memory."""
     from evals.vqa import choice_accuracy
     from interventions.adapt.build import load_vlm
-    from interventions.adapt.data import Encoder, collate, digits_records
+    from interventions.adapt.sources import digits_records
+    from interventions.adapt.encoding import Encoder, collate
 
     vlm, processor = loaded or load_vlm(vlm_dir)
     tok = processor.tokenizer

@@ -49,7 +49,7 @@ def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks:
                  qknorm: dict | None = None) -> dict:
     from sinkstudy.provenance import code_version, model_fingerprint
 
-    from interventions.adapt.data import spec_identity
+    from interventions.adapt.sources import spec_identity
 
     cfg = config.to_dict()
     for stage in cfg["stages"]:
@@ -90,8 +90,8 @@ def check_run_dir(out: Path, request: dict, *, resume: bool, force: bool) -> str
 
 def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig, hooks: Sequence[TrainingHook] = ()) -> None:
     """Every input a run reads, checked from configs and file existence (before any work)."""
-    from interventions.adapt import data as data_mod
     from interventions.adapt.build import DONOR_TYPES, load_processor, tower_config
+    from interventions.adapt.sources import check_spec
     from interventions.pairs.resolve import load_config
 
     names = [s.name for s in config.stages]
@@ -104,7 +104,7 @@ def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig, hooks: Se
         if not stage.data:
             raise SinkstudyError(f"stage {stage.name}: no data; give e.g. --data {stage.name}=digits")
         for spec in stage.data:
-            data_mod.check_spec(spec)
+            check_spec(spec)
         vision_groups = sorted({"projector", "tower"} & set(stage.trainable))
         if vision is None and vision_groups:
             raise SinkstudyError(f"stage {stage.name} trains {', '.join(vision_groups)}, but a text-only run has no vision side")
@@ -179,7 +179,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
          shared) -> dict:
     import torch
 
-    from interventions.adapt import data as data_mod
+    from interventions.adapt import encoding, sources
     from interventions.adapt.build import build_vlm, check_round_trip
     from interventions.adapt.trainer import train_stage
     from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback, plot_trajectories, read_points
@@ -213,9 +213,9 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
     cache, request = shared
     for k, stage in enumerate(config.stages):
         work = out / "work" / stage.name
-        sources = [data_mod.load_records(spec, seed=config.seed, base=base) for spec in stage.data]
-        encoder = data_mod.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
-        dataset = data_mod.EncodedDataset(sources, encoder)
+        records = [sources.load_records(spec, seed=config.seed, base=base) for spec in stage.data]
+        encoder = encoding.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
+        dataset = encoding.EncodedDataset(records, encoder)
         key = stagecache.stage_key(request, hooks, k) if cache else None
         finished = not fresh and (work / "done.json").is_file()
         entry = stagecache.lookup(cache, key) if key and not finished else None
@@ -235,7 +235,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
         else:
             callbacks = [TrajectoryCallback(probe, traj_path, stage=stage.name, offset=offset, every=config.trajectory.every)] if main else []
             callbacks += extra_callbacks
-            stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
+            stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: encoding.collate(f, pad_id), work_dir=work,
                                 tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps,
                                 calibration=probe.texts if sink_maps is not None else None, resume=not fresh, base=base,
                                 progress=progress and main, desc=f"adapt {stage.name}", device=device)
@@ -247,7 +247,7 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
                 if key:
                     names = {s.name for s in config.stages[: k + 1]}
                     stagecache.store(cache, key, work, [p for p in read_points(traj_path) if p["stage"] in names])
-        stages.append({**stats, "records": len(dataset), "data": [data_mod.spec_identity(s) for s in stage.data]})
+        stages.append({**stats, "records": len(dataset), "data": [sources.spec_identity(s) for s in stage.data]})
         offset += stats["steps"]
     if not main:
         return {}

@@ -4,7 +4,7 @@ Text mixed into VL training (LLaVA-665K's ShareGPT part, `text_replay`, the text
 the base's text skill without teaching it anything new: replies written by the base itself, to prompts
 drawn from no eval set (`neutral_prompts`: everyday topics in plain request forms, no format constraints),
 teach it only what it already says. A data spec `{"selfdistill": "base", "prompts": N, "max_new_tokens": M}`
-(`interventions.adapt.data`; "base" is the run's base, or name any model) gives one chat per prompt. A
+(`interventions.adapt.sources`; "base" is the run's base, or name any model) gives one chat per prompt. A
 reply that reaches M tokens without ending is cut back to its last whole sentence (`cut_at_sentence`), so its
 end-of-turn follows a finished sentence, not a broken one; a cut reply with no whole sentence is left out.
 Measured on SmolLM2-135M-Instruct: at 512 tokens only 60 of 200 replies end by themselves (at 192, 13), so

@@ -1,6 +1,6 @@
 """Benchmark: streamed language-model extraction vs the full-VLM load, peak memory and time on CPU.
 
-    python -m interventions.pairs.bench [--layers 16] [--workdir DIR] [--max-shard-size-mb 1024]
+    python -m benchmarks.extract [--layers 16] [--workdir DIR] [--max-shard-size-mb 1024]
 
 Builds a random-weight, Qwen2.5-VL-shaped VLM of >= 1B parameters in bfloat16, saved in several shards,
 then extracts its language model twice, each time in a fresh subprocess: the streamed path
@@ -92,14 +92,14 @@ def lm_bytes(out: Path) -> int:
 
 
 def _subprocess(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "interventions.pairs.bench", *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.extract", *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark step failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m interventions.pairs.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.extract", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=16, help="text layers (16: 1.2B-parameter language model)")
     parser.add_argument("--max-shard-size-mb", type=int, default=1024, help="shard size of the VLM and the outputs")
     parser.add_argument("--workdir", help="where to build the model (default: a temp dir; needs ~8 GB free)")

@@ -1,7 +1,7 @@
 """Benchmark: eval generation throughput of the hf-continuous backend against lm-eval's HF backend with
 its defaults and plain HF `model.generate` at the same batch size, all measured in one run.
 
-    python -m evals.generate.bench --model MODEL [--tasks T1,T2] [--limit N] [--batch-size 16]
+    python -m benchmarks.generate --model MODEL [--tasks T1,T2] [--limit N] [--batch-size 16]
                                    [--max-gen-toks N] [--threads N] [--quick]
 
 The same prompts (lm-eval's own requests for the tasks: chat template applied, each task's `until`
@@ -203,7 +203,7 @@ def _load_average() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.generate.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="checkpoint dir, .gguf file or registered name")
     parser.add_argument("--tasks", default=SHIPPED, help=f"lm-eval tasks (default {SHIPPED})")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts per task (default: all)")

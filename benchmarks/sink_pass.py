@@ -1,7 +1,7 @@
 """Benchmark: the fast sink pass against HF's eager `output_attentions=True` forward (the peer) and a
 plain SDPA forward (the floor): time and peak memory on CPU, as ratios measured in the same run.
 
-    python -m evals.sink.bench [--lengths 512 1024 2048 4096] [--threads 1] [--repeat 2] [--quick]
+    python -m benchmarks.sink_pass [--lengths 512 1024 2048 4096] [--threads 1] [--repeat 2] [--quick]
 
 Three configurations per sequence length T, all the decoder (`model.base_model`) on the same ids:
   fast   `capture_layer_stats(method="fast")`: every layer's sink statistics, SDPA for the outputs
@@ -97,7 +97,7 @@ def format_table(rows: dict[int, dict[str, dict]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.sink.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sink_pass", description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=None, help=f"sequence lengths (default {' '.join(map(str, LENGTHS))})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per case (1 = stable on shared CPUs)")
     parser.add_argument("--repeat", type=int, default=None, help="timed calls per case, best kept (default 2; --quick 1)")
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     total, done = len(lengths) * len(METHODS), 0
     for length in lengths:
         for method, what in METHODS.items():
-            out = subprocess.run([sys.executable, "-m", "evals.sink.bench", "--case", method, str(length),
+            out = subprocess.run([sys.executable, "-m", "benchmarks.sink_pass", "--case", method, str(length),
                                   "--threads", str(args.threads), "--repeat", str(repeat)],
                                  capture_output=True, text=True, env=env)
             if out.returncode != 0:
