@@ -115,7 +115,7 @@ def run_lm_eval(model, tokenizer, tasks: str, limit, max_gen_toks, backend: str,
     measured = Measured()
     with _probe(measured), _count_steps(model, measured):
         measured.run = run_eval(model, tokenizer, tasks=tasks, limit=limit, max_gen_toks=max_gen_toks, batch_size=batch_size,
-                                backend=backend, use_cache=False, progress=False)
+                                backend=backend, progress=False)
     return measured
 
 

@@ -48,7 +48,7 @@ def data_sources(run) -> dict[str, str]:
 def resolve_run(path: str) -> Path:
     """An eval run directory: PATH itself, or the run a merge / mitigate output holds (PATH/eval);
     one line naming what is missing otherwise."""
-    from evals.lmeval import RESULTS_FILE
+    from evals.eval_run import RESULTS_FILE
     from sinkstudy import SinkstudyError
 
     p = Path(path)

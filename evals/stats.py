@@ -202,7 +202,7 @@ def _is_run(x) -> bool:
 
 
 def _default_metric(run, task: str) -> str:
-    from evals.lmeval import HEADLINE_METRICS
+    from evals.eval_run import HEADLINE_METRICS
 
     metrics = run.metrics(task)
     if not metrics:

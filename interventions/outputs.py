@@ -1,19 +1,21 @@
 """What every weight intervention's output checkpoint shares (mergekit and spectral merges, mitigations, the
 sink dose): the checks before anything is written (pair layout, disk space, finite weights), the VLM's
-language model extracted once into the cache (`resolve_lm`), and the files beside the weights
+language model extracted for the length of one intervention (`language_model_of`), and the files beside the weights
 (`intervention.json` and the model card, `write_result`; config and tokenizer side files)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 from sinkstudy import SinkstudyError
 from sinkstudy.checkpoint import WeightFiles, local_checkpoint, weight_files
-from sinkstudy.io import cache_root
+from sinkstudy.io import scratch_dir
 
 LOG = logging.getLogger(__name__)
 
@@ -72,33 +74,26 @@ def is_vlm_checkpoint(path: str | os.PathLike) -> bool:
     cfg = json.loads(cfg_file.read_text())
     return "vision_config" in cfg or any("ConditionalGeneration" in a for a in cfg.get("architectures") or [])
 
-# Bump when resolve_lm's output changes for the same inputs (2: streamed, in the VLM's stored dtype).
-_LM_CACHE_FORMAT = 2
-
-def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
-    once by the pair loader (base's class, vocabulary and tokenizer), streamed disk to disk in the
-    VLM's stored dtype (about one shard in memory, never the vision tower), into a cache keyed by
-    both models' fingerprints and the pair loader's code version."""
-    import hashlib
-
-    from sinkstudy.provenance import code_version, model_fingerprint
+@contextlib.contextmanager
+def language_model_of(base: str | os.PathLike, vlm: str | os.PathLike, out_dir: str | os.PathLike) -> Iterator[Path]:
+    """The VLM's language model as a causal-LM checkpoint while one intervention writes `out_dir`: `vlm` itself when it
+    is one, else extracted by the pair loader (the base's class, vocabulary and tokenizer), streamed disk to disk in the
+    VLM's stored dtype (about one shard in memory, never the vision tower) into a temporary folder beside `out_dir`,
+    removed after. Nothing is kept: a command extracts once, as a step of its plan
+    (`experiments.study.pair_steps.Extract`), and hands the extracted model to every intervention."""
+    from interventions.pairs import load_tokenizer, plan_extraction, write_language_model
 
     vlm = local_checkpoint(vlm)
     if not is_vlm_checkpoint(vlm):
-        return vlm
-    extracted = Path(cache_dir) if cache_dir else cache_root() / "vlm_lm"
-    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs"),
-                    f"format:{_LM_CACHE_FORMAT}"])
-    target = extracted / hashlib.sha256(key.encode()).hexdigest()[:32]
-    if not (target / "config.json").is_file():
-        from interventions.pairs import load_tokenizer, plan_extraction, write_language_model
-
-        LOG.info("extracting the language model of %s into %s", vlm, target)
+        yield Path(vlm)
+        return
+    with scratch_dir(out_dir, "vlm-lm") as tmp:
+        LOG.info("extracting the language model of %s for this intervention", vlm)
         plan = plan_extraction(vlm, base)
-        write_language_model(plan, target, tokenizer=load_tokenizer(base), force=True,
-                             extra={"source": str(vlm), "extraction": plan.report.to_dict()})
-    return target
+        target = tmp / "lm"
+        write_language_model(plan, target, tokenizer=load_tokenizer(base), extra={"source": str(vlm), "extraction": plan.report.to_dict()})
+        yield target
+
 
 def check_pair(base: str | os.PathLike, vlm_lm: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
     """Same architecture, head layout, tensor names and shapes, before mergekit runs: configs

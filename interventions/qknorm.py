@@ -332,7 +332,7 @@ def _norm_tensors(model) -> dict[str, torch.Tensor]:
     return {n: t.detach().contiguous() for n, t in model.state_dict().items() if n.rsplit(".", 2)[-2] in ("q_norm", "k_norm")}
 
 
-def save_injected(model, path: str | os.PathLike, *, tokenizer=None, metadata: dict | None = None, force: bool = False) -> Path:
+def save_injected(model, path: str | os.PathLike, *, tokenizer=None, metadata: dict | None = None, replace: bool = False) -> Path:
     """Save an injected model atomically (format per `checkpoint_format`), with a JSON sidecar."""
     from safetensors.torch import save_file
 
@@ -340,7 +340,7 @@ def save_injected(model, path: str | os.PathLike, *, tokenizer=None, metadata: d
 
     fmt = checkpoint_format(model)
     alpha = _norm_alpha(model)
-    with atomic_output_dir(path, force=force) as tmp:
+    with atomic_output_dir(path, replace=replace) as tmp:
         if fmt == "qwen3-sibling":
             _save_qwen3_sibling(model, tmp)
         else:

@@ -17,9 +17,10 @@ The request (`request`, `intervention_request`) is the identity of the result: t
 input model (base, vlm as given — a VLM or its extracted LM —, root), the full settings with the method's
 defaults filled in (calibration texts and sink maps by content), the seed, the device where that changes
 the numbers (a mergekit merge run with `cuda`; TSV / STAR's `device` setting), and the code that computes
-it (the method's modules, mergekit's version, or a plug-in's source). A finished `out_dir` made by the same
-request is reused; one made by anything else is refused in one line unless `force` replaces it. Settings
-are validated (`validate_intervention`) before any model is read.
+it (the method's modules, mergekit's version, or a plug-in's source). It is written into `intervention.json`
+and is the key of the step that applies the method (`experiments.study.pair_steps.Intervene`), which the engine
+reuses or refuses; nothing is reused here. Settings are validated (`validate_intervention`) before any model is
+read.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from interventions import sink_dose
+from interventions.adapt import code as adapt_code
 from interventions.merge import _SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options, validate_merge_args
-from interventions.outputs import RESULT_JSON, MergeError
+from interventions.outputs import MergeError
 from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
 from interventions.spectral import SPECTRAL_METHODS, validate_spectral_args
 
@@ -163,7 +165,7 @@ def _check_qknorm(p: dict) -> None:
 QKNORM = Method("qknorm", INJECTION,
                 {"init": "scale-preserving", "alpha": 0.5, "train_steps": 0, "trainable": "gains", "lr": 1e-3, "batch_size": 8,
                  "seq_len": 128, "vl": False},
-                _check_qknorm, ("interventions.qknorm", "interventions.training", "interventions.adapt"),
+                _check_qknorm, ("interventions.qknorm", "interventions.qknorm_modes", *adapt_code.TRAINING),
                 description="injection: QK-RMSNorm into the base (+ recovery training, + the study's VL recipe)")
 
 
@@ -298,33 +300,6 @@ def _digest(obj) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def recorded_request(out_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The request stored in a finished intervention's `intervention.json` (None if there is none)."""
-    f = Path(out_dir) / RESULT_JSON
-    try:
-        stored = json.loads(f.read_text(encoding="utf-8")).get("request")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return stored if isinstance(stored, dict) else None
-
-
-def finished(out_dir: str | os.PathLike, req: Mapping[str, Any]) -> bool:
-    """True when `out_dir` holds a finished intervention made by exactly `req`."""
-    return recorded_request(out_dir) == dict(req)
-
-
-def _refusal(out_dir: Path, existing: dict | None, req: dict) -> str:
-    if existing is None:
-        return f"output {out_dir} exists and holds no finished intervention; pass --force to replace it"
-    if existing.get("models") is not None and existing.get("models") != req["models"]:
-        which = ", ".join(k for k in sorted(set(existing["models"]) | set(req["models"]))
-                          if existing["models"].get(k) != req["models"].get(k))
-        return (f"output {out_dir} holds {existing.get('name')} of another pair of models (the content of {which} differs); "
-                "choose another --out or pass --force to replace it")
-    differ = ", ".join(k for k in sorted(set(existing) | set(req)) if existing.get(k) != req.get(k))
-    return f"output {out_dir} exists and was made by another request ({differ} differ); pass --force to replace it"
-
-
 def apply_intervention(
     name: str,
     base_path: str | os.PathLike,
@@ -333,19 +308,19 @@ def apply_intervention(
     out_dir: str | os.PathLike,
     *,
     seed: int = 0,
-    force: bool = False,
+    replace: bool = False,
     progress: bool = True,
     mergekit_options: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Apply post-hoc intervention `name` (see `list_interventions`) and return the output checkpoint dir.
+    """Apply post-hoc intervention `name` (see `list_interventions`) to `out_dir` and return it, with its request in
+    `intervention.json`; an existing `out_dir` is refused unless `replace` (whether an earlier result is reused is
+    decided by the engine that runs this as a step: `experiments.study.pair_steps.Intervene`).
 
-    Holds `out_dir`'s lock from the reuse check to the end: a second writer fails at once.
     `mergekit_options` (mergekit methods: cuda, lazy_unpickle, low_cpu_memory) say how mergekit runs,
     recorded in intervention.json; `cuda` also changes what it computes, so it is part of the request
     (a merge made on the CPU is not reused for a `cuda` one, nor the reverse).
     """
     from sinkstudy.checkpoint import local_checkpoint
-    from sinkstudy.io import output_lock
 
     method = get_method(name)
     resolved = validate_intervention(name, params)
@@ -354,12 +329,5 @@ def apply_intervention(
     req = intervention_request(name, local_checkpoint(base_path), local_checkpoint(vlm_lm_path),
                                {**resolved, **({"root": local_checkpoint(root)} if root is not None else {})}, seed,
                                mergekit_options=options)
-    out_dir = Path(out_dir)
-    with output_lock(out_dir):
-        existing = recorded_request(out_dir)
-        if not force and existing == req:
-            return out_dir
-        if out_dir.exists() and not force:
-            raise MergeError(_refusal(out_dir, existing, req))
-        method.run(out_dir, base_path, vlm_lm_path, resolved, options, seed=seed, force=force, progress=progress, request=req)
-    return out_dir
+    method.run(out_dir, base_path, vlm_lm_path, resolved, options, seed=seed, replace=replace, progress=progress, request=req)
+    return Path(out_dir)

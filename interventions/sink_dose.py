@@ -34,6 +34,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from evals.sink import MEASURE_CODE
 from sinkstudy import SinkstudyError
 
 NAME = "sink_dose"
@@ -45,7 +46,7 @@ DEFAULTS: dict[str, Any] = {"target": None, "shift": None, "scale": None, "heads
 DTYPES = ("float32", "bfloat16", "float16")
 DESCRIPTION = ("dose: moves the model's Sink Strength to `target` (or by `shift` from its own, or by a logit temperature `scale`) "
                "in its last layers' heads")
-CODE = ("interventions.sink_dose", "evals.sink", "interventions.outputs")
+CODE = ("interventions.sink_dose", *MEASURE_CODE, "interventions.outputs")
 SCALE_RANGE = (1 / 64, 64.0)  # the temperatures searched for a target; beyond them attention is uniform or one-hot
 MAX_PASSES = 24
 
@@ -252,7 +253,7 @@ def dose_model(model, tokenizer, cfg: Mapping[str, Any], *, stored=None, log=Non
 
 # --------------------------------------------------------------------------- the registered intervention
 
-def run(out_dir: str | os.PathLike, base, vlm, params: Mapping[str, Any], options=None, *, seed: int = 0, force: bool = False,
+def run(out_dir: str | os.PathLike, base, vlm, params: Mapping[str, Any], options=None, *, seed: int = 0, replace: bool = False,
         progress: bool = True, request: dict[str, Any] | None = None) -> Path:
     """Dose the pair's `vlm` (its language model; give the base as both to dose a backbone itself), measured with the
     base's tokenizer, and save it to `out_dir` with `intervention.json` (the request and the report)."""
@@ -261,31 +262,31 @@ def run(out_dir: str | os.PathLike, base, vlm, params: Mapping[str, Any], option
     import torch
 
     from interventions.outputs import (check_disk_space, check_finite_model, check_pair, checkpoint_dtype, estimate_output_bytes,
-                                       resolve_lm, side_files, write_result)
+                                       language_model_of, side_files, write_result)
     from interventions.pairs import load_causal_lm
     from sinkstudy.checkpoint import load_tokenizer, local_checkpoint
     from sinkstudy.io import atomic_output_dir, check_output_dir
 
     cfg = check(params)
-    out_dir = check_output_dir(out_dir, force)
+    out_dir = check_output_dir(out_dir, replace)
     base_dir = local_checkpoint(base)
-    model_dir = resolve_lm(base_dir, vlm)
-    check_pair(base_dir, model_dir)
-    check_disk_space(out_dir, estimate_output_bytes(model_dir))
-    tokenizer = load_tokenizer(base_dir)  # S is measured as the pair's other measurements are: with the base's tokenizer
-    stored = getattr(torch, checkpoint_dtype(model_dir))
-    # measured in `dtype` on `device`, edited values rounded to `stored`
-    model, _ = load_causal_lm(model_dir, dtype=getattr(torch, cfg["dtype"]), device=cfg["device"])
-    logger = logging.getLogger(__name__)
-    with torch.no_grad():
-        report = dose_model(model, tokenizer, cfg, stored=stored,
-                            log=(lambda c, s: logger.info("%s: scale %.4g -> S %+.4f", NAME, c, s)))
-    check_finite_model(model)
-    with atomic_output_dir(out_dir, force) as tmp:
-        model.to("cpu", stored).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_result(tmp, method=NAME, base=base, vlm=vlm, vlm_lm=model_dir, root=None, seed=seed, settings=cfg,
-                     extra={"report": report, "files": {"weights": f"{NAME} of the VLM LM", **{f: "base LLM tokenizer / config"
-                                                                                                for f in side_files(tmp)}},
-                            **({"request": request} if request else {})})
+    with language_model_of(base_dir, vlm, out_dir) as model_dir:
+        check_pair(base_dir, model_dir)
+        check_disk_space(out_dir, estimate_output_bytes(model_dir))
+        tokenizer = load_tokenizer(base_dir)  # S is measured as the pair's other measurements are: with the base's tokenizer
+        stored = getattr(torch, checkpoint_dtype(model_dir))
+        # measured in `dtype` on `device`, edited values rounded to `stored`
+        model, _ = load_causal_lm(model_dir, dtype=getattr(torch, cfg["dtype"]), device=cfg["device"])
+        logger = logging.getLogger(__name__)
+        with torch.no_grad():
+            report = dose_model(model, tokenizer, cfg, stored=stored,
+                                log=(lambda c, s: logger.info("%s: scale %.4g -> S %+.4f", NAME, c, s)))
+        check_finite_model(model)
+        with atomic_output_dir(out_dir, replace) as tmp:
+            model.to("cpu", stored).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            write_result(tmp, method=NAME, base=base, vlm=vlm, vlm_lm=model_dir, root=None, seed=seed, settings=cfg,
+                         extra={"report": report, "files": {"weights": f"{NAME} of the VLM LM", **{f: "base LLM tokenizer / config"
+                                                                                                    for f in side_files(tmp)}},
+                                **({"request": request} if request else {})})
     return out_dir

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from interventions.outputs import (MergeError, check_disk_space, check_pair, checkpoint_weights, copy_side_files,
-                                   estimate_output_bytes, resolve_lm, write_result)
+                                   estimate_output_bytes, language_model_of, write_result)
 from interventions.params import Selection, check_number
 from sinkstudy.checkpoint import local_checkpoint
 
@@ -192,10 +192,9 @@ def run_spectral_merge(
     select: Selection | str | None = None,
     root: str | os.PathLike | None = None,
     seed: int = 0,
-    force: bool = False,
+    replace: bool = False,
     progress: bool = True,
     device: str = "cpu",
-    cache_dir: str | os.PathLike | None = None,
     request: dict[str, Any] | None = None,
 ) -> Path:
     """TSV (`weight` = alpha, default 1) or STAR (`weight` = lambda, default 1/T) into `out_dir`.
@@ -211,37 +210,37 @@ def run_spectral_merge(
     from sinkstudy.io import atomic_output_dir, check_output_dir
 
     selection = validate_spectral_args(method, weight, eta, k_fraction, select, device)
-    out_dir = check_output_dir(out_dir, force)
+    out_dir = check_output_dir(out_dir, replace)
     base_in = base
     base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
-    vlm_lm = resolve_lm(base, vlm, cache_dir)
-    check_pair(base, vlm_lm, root)
-    check_disk_space(out_dir, estimate_output_bytes(base))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    with language_model_of(base, vlm, out_dir) as vlm_lm:
+        check_pair(base, vlm_lm, root)
+        check_disk_space(out_dir, estimate_output_bytes(base))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    base_t, vlm_t = _Tensors(base), _Tensors(vlm_lm)
-    root_t = _Tensors(root) if root is not None else None
-    params: dict[str, Any] = {"alpha": 1.0 if weight is None else weight} if method == "tsv" else {"eta": eta, "lam": weight}
-    if method == "tsv":
-        params["k_fraction"] = k_fraction
-    with atomic_output_dir(out_dir, force) as tmp, torch.no_grad():
-        writer = _ShardWriter(tmp)
-        for name in tqdm(base_t.names(), desc=f"{method} merge", disable=not progress):
-            b = base_t[name]
-            if not b.is_floating_point() or (selection is not None and not selection.matches(name)):
-                writer.add(name, b)
-                continue
-            anchor = (root_t[name] if root_t else b).to(device, torch.float32)
-            models = [b, vlm_t[name]] if root_t else [vlm_t[name]]
-            deltas = [m.to(device, torch.float32) - anchor for m in models]
-            merged = anchor + merge_tensor(method, deltas, **params)
-            writer.add(name, merged.to("cpu", b.dtype))
-        writer.close()
-        files = {f: "base LLM" for f in copy_side_files(base, tmp)}
-        write_result(tmp, method=method, base=base_in, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
-                     settings={"weight": weight, "eta": eta if method == "star" else None,
-                               "k_fraction": k_fraction if method == "tsv" else None,
-                               "select": str(selection) if selection else None, "device": device},
-                     extra={"files": {"weights": f"sinkstudy {method}", **files}, **({"request": request} if request else {})})
+        base_t, vlm_t = _Tensors(base), _Tensors(vlm_lm)
+        root_t = _Tensors(root) if root is not None else None
+        params: dict[str, Any] = {"alpha": 1.0 if weight is None else weight} if method == "tsv" else {"eta": eta, "lam": weight}
+        if method == "tsv":
+            params["k_fraction"] = k_fraction
+        with atomic_output_dir(out_dir, replace) as tmp, torch.no_grad():
+            writer = _ShardWriter(tmp)
+            for name in tqdm(base_t.names(), desc=f"{method} merge", disable=not progress):
+                b = base_t[name]
+                if not b.is_floating_point() or (selection is not None and not selection.matches(name)):
+                    writer.add(name, b)
+                    continue
+                anchor = (root_t[name] if root_t else b).to(device, torch.float32)
+                models = [b, vlm_t[name]] if root_t else [vlm_t[name]]
+                deltas = [m.to(device, torch.float32) - anchor for m in models]
+                merged = anchor + merge_tensor(method, deltas, **params)
+                writer.add(name, merged.to("cpu", b.dtype))
+            writer.close()
+            files = {f: "base LLM" for f in copy_side_files(base, tmp)}
+            write_result(tmp, method=method, base=base_in, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
+                         settings={"weight": weight, "eta": eta if method == "star" else None,
+                                   "k_fraction": k_fraction if method == "tsv" else None,
+                                   "select": str(selection) if selection else None, "device": device},
+                         extra={"files": {"weights": f"sinkstudy {method}", **files}, **({"request": request} if request else {})})
     return out_dir

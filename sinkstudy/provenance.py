@@ -242,18 +242,21 @@ def code_version(*paths: str | os.PathLike) -> str:
     return "code-sha256:" + h.hexdigest()[:24]
 
 
-def module_code_version(*modules: str) -> str:
-    """`code_version` of the source files of importable `modules` (dotted names; a package: its whole
-    directory), found through the import system: a module's identity follows it wherever it lives."""
+def module_file(name: str) -> Path:
+    """The source file of importable module `name` (a dotted name; a package: its `__init__` alone, never the folder:
+    what a result's key names is the modules its code runs), found through the import system, so a module's identity
+    follows it wherever it lives."""
     import importlib.util
 
-    paths = []
-    for name in modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ValueError(f"{name!r} is not an importable module")
-        paths.append(Path(spec.origin).parent if spec.submodule_search_locations else Path(spec.origin))
-    return code_version(*paths)
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"{name!r} is not an importable module")
+    return Path(spec.origin)
+
+
+def module_code_version(*modules: str) -> str:
+    """`code_version` of the source files of importable `modules` (`module_file`)."""
+    return code_version(*map(module_file, modules))
 
 
 def state_dict_fingerprint(model) -> str:

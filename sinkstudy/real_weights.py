@@ -92,7 +92,7 @@ def _convert(gguf: Path, out: Path) -> None:
         fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict(), assign=True)
     fresh.tie_weights()
-    with atomic_output_dir(out, force=True) as tmp:  # two converters racing write the same files
+    with atomic_output_dir(out, replace=True) as tmp:  # two converters racing write the same files
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         write_json_atomic(tmp / GGUF_JSON, {"source": os.fspath(gguf.resolve()), "sha256": gguf_sha256(gguf),
@@ -208,7 +208,7 @@ def chat_checkpoint(name: str, out: str | os.PathLike | None = None, cache: str 
             return out
     out = Path(out)
     rewritten = ("tokenizer_config.json", "generation_config.json") if model.chat_template else ()
-    with atomic_output_dir(out, force=True) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         for f in src.iterdir():
             if f.name not in rewritten:
                 os.symlink(f, tmp / f.name)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from interventions.adapt import encoding, sources
-from interventions.adapt.build import VisionSpec, build_vlm
+from interventions.adapt.build import build_vlm
+from interventions.adapt.config import VisionSpec
 from sinkstudy.tiny import tiny_causal_lm
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4}

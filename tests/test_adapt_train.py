@@ -10,7 +10,9 @@ import torch
 
 from interventions.adapt import FreezeParameters, TrainingHook, adapt, from_dict
 from interventions.adapt import encoding, sources
-from interventions.adapt.build import VisionSpec, build_vlm, parameter_groups
+from interventions.adapt.build import build_vlm
+from interventions.adapt.config import VisionSpec
+from interventions.adapt.vlm_io import parameter_groups
 from interventions.adapt.trainer import label_only_loss, train_stage
 from sinkstudy.tiny import tiny_causal_lm
 

@@ -5,7 +5,7 @@ the way `experiments.study.arms.protection_summary` writes them."""
 
 import pytest
 
-from evals.lmeval import HEADLINE_METRICS
+from evals.eval_run import HEADLINE_METRICS
 from evals.stats import ci_side, compare
 from tests.test_report import KW, TASKS, _outcomes, make_summary, maps_dir  # noqa: F401 (a fixture)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from evals.lmeval import EvalRun
+from evals.eval_run import EvalRun
 
 STRICT, FLEX = "exact_match,strict-match", "exact_match,flexible-extract"
 

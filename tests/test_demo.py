@@ -80,7 +80,7 @@ def test_saved_demo_vlm_processor_feeds_the_model_as_training_did(tmp_path, toke
     import torch
 
     from experiments.demo.vl import adapt_vl
-    from interventions.adapt.build import load_vlm
+    from interventions.adapt.vlm_io import load_vlm
     from interventions.adapt.sources import IMAGE, digits_records
     from interventions.adapt.encoding import Encoder
     from sinkstudy.tiny import tiny_causal_lm
@@ -269,7 +269,8 @@ def test_probe_scores_each_answer_as_a_whole_forward_pass_does(tokenizer, family
     import torch
 
     from evals.vqa import answer_logprobs
-    from interventions.adapt.build import VisionSpec, build_vlm
+    from interventions.adapt.build import build_vlm
+    from interventions.adapt.config import VisionSpec
     from interventions.adapt.sources import digits_records
     from interventions.adapt.encoding import Encoder, collate
     from sinkstudy.tiny import tiny_causal_lm

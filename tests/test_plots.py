@@ -60,7 +60,7 @@ def test_layer_profiles_of_mass_span_zero_to_one_without_offsets(tmp_path):
 
 def test_trajectory_reads_s_as_s(tmp_path):
     """S moving by hundred-millionths around −0.0006 read as "1e−8 −6e−4" plus small ticks with matplotlib's offset notation."""
-    from interventions.adapt.trajectory import plot_trajectories
+    from interventions.adapt.trajectory_plot import plot_trajectories
 
     points = [{"step": i, "stage_step": i, "sink_strength": -0.0006 - 1e-8 * i, "scores": {"t": 0.5 + 0.01 * i}} for i in range(4)]
     drawn = plot_trajectories({"arm": points}, tmp_path / "traj.png", svg=True)

@@ -328,7 +328,7 @@ class _BatchCounter(TrainingHook):
 
 
 def test_text_replay_mixes_the_configured_share_into_stage_2_batches(tmp_path, tokenizer):
-    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import VisionSpec
 
     base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
     base.save_pretrained(tmp_path / "base")
@@ -353,7 +353,7 @@ def test_text_replay_replays_the_bases_own_replies_by_default(tmp_path, tokenize
     """No data named: the base's self-distilled replies (interventions.adapt.selfdistill), read from their cache
     entry for this base (a tiny random base ends no reply, so the entry is written here as generation would)."""
     from interventions.adapt import selfdistill
-    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import VisionSpec
     from interventions.protect import validate_protection
     from sinkstudy.provenance import model_fingerprint
 

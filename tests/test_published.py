@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import yaml
 
-from evals.lmeval import EvalRun
+from evals.eval_run import EvalRun
 from evals.stats import compare, mcnemar_counts, sink_correlation
 from experiments.cli import main
 from experiments.report.published import PUBLISHED, PairChange, beside, correlate, load_published, paper_table

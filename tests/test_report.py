@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from evals.lmeval import HEADLINE_METRICS
+from evals.eval_run import HEADLINE_METRICS
 
 TASKS = ["sinkstudy_ifeval", "sinkstudy_gsm"]
 TEXTS = ["The cat sat on the mat and looked at the bird.", "def add(a, b):\n    return a + b\n",

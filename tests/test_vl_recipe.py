@@ -13,7 +13,8 @@ from evals import vqa
 from evals.vl import digits, easyvqa, scenes
 from evals.vl.questions import SHORT
 from interventions.adapt import encoding, generated, selfdistill, sources
-from interventions.adapt.build import VisionSpec, build_vlm
+from interventions.adapt.build import build_vlm
+from interventions.adapt.config import VisionSpec
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm
 
@@ -185,7 +186,7 @@ def test_the_lm_eval_vqa_task_reads_the_heldout_items(monkeypatch):
 
 
 def test_vqa_answers_a_saved_vlm_from_the_prompt_training_formats(tmp_path, tokenizer):
-    from interventions.adapt.build import load_vlm, save_vlm
+    from interventions.adapt.vlm_io import load_vlm, save_vlm
 
     built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
     save_vlm(built, built.processor, tmp_path / "vlm")
@@ -203,7 +204,7 @@ def test_vqa_answers_a_saved_vlm_from_the_prompt_training_formats(tmp_path, toke
 
 
 def _vlm_dir(tmp_path, tokenizer, name: str):
-    from interventions.adapt.build import save_vlm
+    from interventions.adapt.vlm_io import save_vlm
 
     built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
     save_vlm(built, built.processor, tmp_path / name)
@@ -230,7 +231,7 @@ def test_the_lm_eval_vqa_task_runs_on_a_saved_vlm_with_its_chat_template_and_agr
     template writes it)."""
     import copy
 
-    from interventions.adapt.build import load_vlm
+    from interventions.adapt.vlm_io import load_vlm
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     plain = copy.deepcopy(tokenizer)

@@ -18,7 +18,9 @@ _WHERE = {
     "shift": ("sink_shift",),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
-__all__ = list(_MODULE)
+__all__ = [*_MODULE, "MEASURE_CODE"]
+# The modules a sink measurement runs: part of the key of every result that measures S (its plots are not).
+MEASURE_CODE = tuple(f"{__name__}.{m}" for m in ("calibration", "capture", "maps", "measure", "metrics"))
 
 
 def __getattr__(name: str):

@@ -50,6 +50,12 @@ class TaskSpec:
         return {"task": self.name, "version": self.version, "data_sha256": self.data_sha256}
 
 
+def shipped_task_digest(name: str) -> str:
+    """The content of shipped task `name`: its YAML and the data beside it (`<name>.jsonl`), part of every eval's key."""
+    files = [SHIPPED_TASKS[name], *sorted(TASKS_DIR.glob(f"{name}.jsonl"))]
+    return "|".join(f"{f.name}:{file_sha256(f)[:24]}" for f in files)
+
+
 def parse_task_list(tasks: str | Iterable[str]) -> list[str]:
     names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) for t in t.split(",")]
     names = [n for n in names if n]

@@ -124,7 +124,7 @@ def _validate(args):
 
 
 def main(args) -> Summary | int:
-    from experiments.cli.options import eval_cache
+    from experiments.cli.options import sharing
     from experiments.study.pair_steps import Loading
 
     protocol = _validate(args)
@@ -139,7 +139,7 @@ def main(args) -> Summary | int:
         report = run_arms(args.base, [i.strip() for i in args.init.split(",") if i.strip()], args.native, args.native_ok, out,
                           recipe_file=args.recipe, force=args.force, progress=not args.quiet, recipe=recipe, vision=vision,
                           protocol=protocol or _no_eval(), calibration=args.calibration, alpha=args.alpha, seed=args.seed,
-                          loading=loading, **eval_cache(args))
+                          loading=loading, sharing=sharing(args))
         print(format_arms(report))
     else:
         from experiments.report.qknorm_tables import format_injection
@@ -151,7 +151,7 @@ def main(args) -> Summary | int:
         args_ = _inject_args(args, native(args.base, args.native_ok), steps, text, loading)
         report = run_recovery(args.base, out, args_, protocol, before=before, tokenizer=args.tokenizer, force=args.force,
                               progress=not args.quiet,
-                              training_text=args.train_texts or f"demo corpus ({RECOVERY_RECORDS} records)", **eval_cache(args))
+                              training_text=args.train_texts or f"demo corpus ({RECOVERY_RECORDS} records)", sharing=sharing(args))
         print(format_injection(report))
     print(f"wrote {args.out}")
     return _summary(args, report)

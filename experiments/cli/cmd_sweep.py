@@ -42,7 +42,7 @@ def run_sweep(args) -> Summary | int:
     res = sweep.run_sweep(args.sweep, str(local_checkpoint(args.base)), str(local_checkpoint(args.vlm)), out, m,
                           max_points=args.max_points, mergekit=mergekit, seed=args.seed, n_boot=args.n_boot, confidence=args.confidence,
                           tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)), captions=args.captions,
-                          force=args.force, progress=not args.quiet)
+                          force=args.force, progress=not args.quiet, sharing=options.sharing(args))
     rows = res["rows"]
     print(format_sweep(rows))
     print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'pareto.png'}")

@@ -134,9 +134,10 @@ def _check_data_files(data_files) -> None:
     parse_data_files(dict(data_files) or None)
 
 
-def eval_cache(args) -> dict:
-    """lm-eval's per-task cache as the flags of `add_output_options(cache=True)` set it (results are the same either way)."""
-    return {"use_cache": not args.no_cache, "cache_dir": args.cache_dir}
+def sharing(args) -> dict:
+    """Whether a command reuses steps other runs finished, and where they are noted, as `--no-cache` and `--cache-dir`
+    (`add_output_options(cache=True)`) say: `experiments.study.runner.run_plan`'s share and store_root."""
+    return {"share": not args.no_cache, "store_root": args.cache_dir}
 
 
 def check_hub_tasks(tasks, data_files=None) -> None:
@@ -249,7 +250,7 @@ def measurement(args):
         check_hub_tasks(protocol.tasks, protocol.data_files)
         if args.captions:
             read_captions(args.captions)
-    return Measurement(protocol=protocol, seed=args.seed, loading=Loading(args.dtype or "float32", args.device), **eval_cache(args))
+    return Measurement(protocol=protocol, seed=args.seed, loading=Loading(args.dtype or "float32", args.device))
 
 
 def parse_params(items: list[str]) -> dict:
@@ -332,14 +333,16 @@ def add_seed_option(p, what: str = "every random choice of the command") -> None
 
 def add_output_options(p, *, out: str, cache: bool = False) -> None:
     """--out DIR (default None: `out` words where the command writes then), --force, and with `cache`
-    --no-cache / --cache-dir of the per-task eval cache."""
+    --no-cache / --cache-dir: whether finished steps of other runs are reused, and where they are noted (`sharing`)."""
     g = p.add_argument_group("output and caching")
     g.add_argument("--out", default=None, metavar="DIR", help=f"output directory (default: {out}); a rerun into it reuses "
                                                               "what is finished")
     add_force_option(g)
     if cache:
-        g.add_argument("--no-cache", action="store_true", help="evaluate even when a cached result exists")
-        g.add_argument("--cache-dir", default=None, metavar="DIR", help="per-task eval cache (default $SINKSTUDY_CACHE/evals)")
+        g.add_argument("--no-cache", action="store_true", help="make every step again that another run finished (what an earlier "
+                                                                "run of this command left in --out is still reused)")
+        g.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help="where finished steps are noted for other runs to reuse (default $SINKSTUDY_CACHE/steps)")
 
 
 def add_force_option(p, output: str = "--out") -> None:

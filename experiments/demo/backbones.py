@@ -38,7 +38,7 @@ def build_backbone(spec: dict, tokenizer):
 def save_backbone(model, tokenizer, out_dir: Path) -> None:
     """Save a trained backbone with the demo tokenizer (and its generation defaults) atomically."""
     _set_generation_defaults(model, tokenizer)
-    with atomic_output_dir(out_dir, force=True) as tmp:
+    with atomic_output_dir(out_dir, replace=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from evals.sink import MEASURE_CODE
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, location
+from interventions.adapt import code as adapt_code
 from sinkstudy import SinkstudyError
 
 
@@ -25,7 +27,7 @@ class Corpus(StepArgs):
     """The demo corpus: training records and the held-out eval prompts (`experiments.demo.corpus`)."""
 
     kind: ClassVar[str] = "demo-corpus"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus",)
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "interventions.adapt.sources")
     corpus: Mapping[str, Any]
     data: Path = location()
 
@@ -39,7 +41,7 @@ class Chats(StepArgs):
     (`interventions.training.read_training_texts` reads them): text for recovery training."""
 
     kind: ClassVar[str] = "demo-chats"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus",)
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "interventions.adapt.sources")
     records: int
     seed: int
     out: Path = location()
@@ -65,7 +67,7 @@ class Tokenizer(StepArgs):
     """A byte-level BPE tokenizer trained on the corpus."""
 
     kind: ClassVar[str] = "demo-tokenizer"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "sinkstudy.tiny")
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "interventions.adapt.sources", "sinkstudy.tiny")
     corpus: Ref
     settings: Mapping[str, Any]
     out: Path = location()
@@ -80,7 +82,7 @@ class Reference(StepArgs):
     weights package is not installed: `installed` is in the key, so it is measured once it is)."""
 
     kind: ClassVar[str] = "demo-reference"
-    code: ClassVar[tuple[str, ...]] = ("evals.sink", "sinkstudy.real_models", "sinkstudy.real_weights")
+    code: ClassVar[tuple[str, ...]] = (*MEASURE_CODE, "sinkstudy.real_models", "sinkstudy.real_weights")
     name: str
     installed: bool
     model: Mapping[str, Any]  # its identity: the GGUF's sha256
@@ -112,8 +114,8 @@ class Pretrain(StepArgs):
     """One backbone's sink recipe trained from scratch on the corpus, S recorded every `curve_every` steps."""
 
     kind: ClassVar[str] = "demo-pretrain"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.sinkgrow", "experiments.demo.backbones", "interventions.training",
-                                       "interventions.adapt")
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.sinkgrow", "experiments.demo.backbones", "experiments.demo.corpus",
+                                       *adapt_code.TRAINING, *MEASURE_CODE)
     backbone: Mapping[str, Any]
     curve_every: int | None
     tokenizer: Ref
@@ -130,7 +132,8 @@ class VL(StepArgs):
     """The demo's VL recipe (`build.vl`) on the checkpoint `base`, writing the VLM `out`."""
 
     kind: ClassVar[str] = "demo-vl"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", "interventions.adapt", "evals.vqa")
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", *adapt_code.RUN, "interventions.adapt.probe",
+                                       "evals.vqa")
     base: Ref
     vl: Mapping[str, Any]
     corpus: Ref  # its chats: the text-only share of a stage with `text_share`
@@ -229,7 +232,7 @@ def make_tokenizer(train: Path, out_dir: Path, cfg: Mapping[str, Any]) -> dict:
     from sinkstudy.tiny import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(tokenizer_texts(read_records(train)), vocab_size=cfg["vocab_size"])
-    with atomic_output_dir(out_dir, force=True) as tmp:
+    with atomic_output_dir(out_dir, replace=True) as tmp:
         tok.save_pretrained(tmp)
     return {"path": str(out_dir), "vocab_size": len(tok)}
 

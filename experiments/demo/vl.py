@@ -17,6 +17,8 @@ import random
 from pathlib import Path
 from typing import Sequence
 
+from sinkstudy.io import remove_tree
+
 DIGIT_QUESTION = "What digit is this?"
 
 
@@ -50,7 +52,7 @@ def text_records(chats: Sequence[tuple[str, str]], n_images: int, share: float, 
 
 
 def vision(cfg: dict):
-    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import VisionSpec
 
     return VisionSpec("tiny", tiny=dict(cfg["vision"]), seed=cfg["seed"])
 
@@ -77,7 +79,9 @@ def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, work_dir: Path, progre
 
     records = training_records(cfg)
     config = recipe(cfg, records, chats)
-    report = adapt(base_dir, vision=vision(cfg), config=config, out=work_dir, model_dir=out_dir, force=True, progress=progress)
+    if work_dir.exists():  # the step runs to make the VLM anew: an earlier run's folder goes first
+        remove_tree(work_dir, within=work_dir.parent)
+    report = adapt(base_dir, vision=vision(cfg), config=config, out=work_dir, model_dir=out_dir, progress=progress)
     heldout = digit_skill(out_dir, cfg["heldout_images"], cfg["seed"])
     stages = {s["stage"]: {k: s[k] for k in ("steps", "lr", "trainable_groups", "final_loss", "trainable_params", "steps_per_second")}
               for s in report["stages"]}

@@ -79,7 +79,7 @@ def settings(study) -> dict[str, Any]:
 
 def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict:
     """The summary of a finished `experiments.study.pipeline.StudyPlan` from its steps' results."""
-    from evals.lmeval import HEADLINE_METRICS, EvalRun
+    from evals.eval_run import HEADLINE_METRICS, EvalRun
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
     from experiments.study.arms import protection_summary
     from experiments.study.calibration import calibration, has_grid

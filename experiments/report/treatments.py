@@ -21,7 +21,7 @@ def measure_summary(results: dict[str, dict], refs: dict[str, dict[str, str]], p
                     n_boot: int, confidence: float, seed: int) -> dict[str, Any]:
     """A treatment's measure.json: Sink Strength (base, VLM LM, it), per task the recovery with its CI for the
     paper's headline metric first, then the other graders (`also`), and the VL-side proxies."""
-    from evals.lmeval import EvalRun
+    from evals.eval_run import EvalRun
     from evals.stats import headline_metrics, recovery
 
     b, v, run = (EvalRun.load(results[s["eval"]]["dir"]) for s in (refs["base"], refs["vlm"], point))

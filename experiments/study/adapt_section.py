@@ -81,7 +81,7 @@ class AdaptSection:
 
 
 def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: Path | None = None) -> AdaptSection:
-    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import VisionSpec
     from interventions.adapt.config import from_dict, load_config, text_only_twin
     from interventions.adapt.sources import check_spec
 

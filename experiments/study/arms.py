@@ -25,8 +25,11 @@ from experiments.study.adapt_section import CONTROL_ARM, arm_recipe
 from experiments.study.config import model_dir
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, location
+from interventions.adapt.code import VL_WORLD
 from sinkstudy import SinkstudyError
-from sinkstudy.io import read_json
+from sinkstudy.checkpoint import load_tokenizer
+from sinkstudy.io import read_json, remove_tree
+from sinkstudy.provenance import model_fingerprint
 
 REPLAY = "text_replay"  # the protection every sink-specific one is also set against
 
@@ -71,12 +74,12 @@ class Adapt(StepArgs):
     device: str | None = location(None)
     run_dir: Path = location()
     model_dir: Path | None = location(None)  # None: run_dir/model
-    stage_cache: Path | None = location(None)  # finished stages shared between runs (interventions.adapt.stagecache)
-    resume: bool = location(True)
+    share_stages: bool = location(False)  # finished stages shared between runs (`interventions.adapt.stagecache`)
+    resume: bool = location(True)  # an unfinished run of this request in `run_dir` continues (else refused)
 
     def parts(self):
         """(VisionSpec or None, AdaptConfig, hooks) this step runs."""
-        from interventions.adapt.build import VisionSpec
+        from interventions.adapt.config import VisionSpec
         from interventions.adapt.config import from_dict
 
         return (VisionSpec(**self.vision) if self.vision is not None else None), from_dict(dict(self.recipe)), make_hooks(self.protections)
@@ -99,19 +102,20 @@ class Adapt(StepArgs):
     def run(self, ctx) -> dict:
         from interventions.adapt import adapt
         from interventions.adapt.run import REQUEST, make_request
-        from sinkstudy.checkpoint import load_tokenizer
-        from sinkstudy.provenance import model_fingerprint
+        from interventions.adapt.stagecache import default_root
 
         vision, recipe, hooks = self.parts()
         out, vlm = Path(self.run_dir), Path(self.model_dir or Path(self.run_dir) / "model")
         request = make_request(self.base.local(), vision, recipe, hooks=hooks, qknorm=self.qknorm)
-        # The engine owns this run directory: another request there (edited protection, recipe) is replaced;
-        # the same unfinished one continues from its last checkpoint.
-        stale = (out / REQUEST).is_file() and read_json(out / REQUEST) != request
+        # The engine runs this step to make it: a run of this request left in its folder continues (with `resume`),
+        # anything else there (another request's run, or this one's with --force) is started over.
+        same = (out / REQUEST).is_file() and read_json(out / REQUEST) == request
+        if out.exists() and (ctx.engine.force or not same):
+            remove_tree(out, within=out.parent)
         report = adapt(self.base.local(), vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, qknorm=self.qknorm,
-                       resume=self.resume, force=stale, progress=ctx.progress, device=self.device,
+                       resume=self.resume, progress=ctx.progress, device=self.device,
                        tokenizer=load_tokenizer(self.tokenizer.local()) if self.tokenizer else None,
-                       **({"stage_cache": self.stage_cache} if self.stage_cache is not None else {}))
+                       stage_cache=default_root() if self.share_stages else None)
         if not report:
             return {}  # a data-parallel worker: rank 0 reports
         return {"path": str(vlm), "fingerprint": model_fingerprint(vlm), "run": str(out), "summary": adapt_summary(report)}
@@ -136,8 +140,8 @@ class VLSkill(StepArgs):
     or mitigated LM scored with the tower and projector of the VLM it came from)."""
 
     kind: ClassVar[str] = "vl-skill"
-    code: ClassVar[tuple[str, ...]] = ("evals.vqa", "evals.vl", "interventions.adapt.probe", "interventions.adapt.sources", "interventions.adapt.encoding",
-                                       "interventions.adapt.build")
+    code: ClassVar[tuple[str, ...]] = ("evals.vqa", *VL_WORLD, "interventions.adapt.probe", "interventions.adapt.sources",
+                                       "interventions.adapt.encoding", "interventions.adapt.vlm_io", "interventions.adapt.build")
     model: Ref
     probe: Mapping[str, Any]  # the study's vl_eval: {probe: digits, heldout, seed} or {probe: vqa, ...}
     lm: Ref | None = None
@@ -152,7 +156,7 @@ def arm_step(study, pair, arm, base: Ref) -> Adapt:
     """The adaptation of one arm on one pair: the study's recipe and vision side with the arm's seed (which
     draws the tower and projector init too), protections and QK-norm; a text-only arm trains the recipe's LM
     stages on its text."""
-    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import VisionSpec
     from interventions.adapt.config import from_dict, text_only_twin
 
     seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
@@ -162,7 +166,7 @@ def arm_step(study, pair, arm, base: Ref) -> Adapt:
     else:
         vision = VisionSpec(**{**study.adapt.vision, "seed": seed}).to_dict()
     return Adapt(base, recipe.to_dict(), vision, tuple(arm.protections), arm.qknorm, run_dir=run_dir(study, pair.name, arm.name),
-                 model_dir=model_dir(study.out, pair.name, arm.name, "vlm"), stage_cache=Path(study.out) / "adapt" / ".stage-cache")
+                 model_dir=model_dir(study.out, pair.name, arm.name, "vlm"), share_stages=True)
 
 
 def run_dir(study, pair: str, arm: str) -> Path:

@@ -23,6 +23,7 @@ and only the main one locks and writes records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,10 +36,16 @@ from experiments.study.graph import Plan, Step
 from experiments.study.kinds import refs, step_key
 from sinkstudy import SinkstudyError
 from sinkstudy.io import output_lock, remove_tree, write_json_atomic
-from sinkstudy.provenance import model_fingerprint
+from sinkstudy.provenance import model_fingerprint, provenance
 
 log = logging.getLogger(__name__)
 STEP_FORMAT = "sinkstudy.step/2"
+
+
+def made_by_another(out: Path, what: str, differ: list[str]) -> str:
+    """The one refusal of an output that another request made: what holds it and what differs."""
+    return (f"{out} holds {what} made by another request ({', '.join(differ)} differ); pass --force to replace it, "
+            "or choose another --out")
 
 
 class StepContext:
@@ -78,10 +85,12 @@ class Engine:
 
     def __init__(self, plan: Plan, out: str | os.PathLike, *, config: dict | None = None, seed: int | None = None,
                  force: bool = False, progress: bool = True, on_done: Callable[[str, float, bool], Any] | None = None,
-                 guarded: tuple[str, ...] = ()):
+                 guarded: tuple[str, ...] = (), share: bool = True, store_root: str | os.PathLike | None = None):
         self.plan, self.out = plan, Path(out)
         self.config, self.seed = config, seed
         self.force, self.progress, self.on_done, self.guarded = force, progress, on_done, guarded
+        # share: reuse a step another run finished (`store`, under `store_root`); its own records are reused either way
+        self.share, self.store_root = share, Path(store_root) if store_root is not None else None
         self.live = True  # a whole run: fingerprints of made models from disk
         self.main = _main_process()
         self.keys: dict[str, str] = {}
@@ -108,8 +117,6 @@ class Engine:
         return rec if key is None or rec.get("key") == key else None
 
     def _lock(self, step: Step):
-        import contextlib
-
         return output_lock(self.record_path(step.id)) if self.main else contextlib.nullcontext()
 
     @staticmethod
@@ -125,7 +132,7 @@ class Engine:
         if rec is not None and self._usable(step, readers_recorded):
             self.made[step.id] = rec.get("outputs") or {}
             return rec["result"]
-        found = store.lookup(key)
+        found = store.lookup(key, self.store_root) if self.share else None
         if found is None:
             return None
         result, self.made[step.id] = store.adopt(found, step.outputs, copy=self.main)
@@ -147,8 +154,7 @@ class Engine:
         old, new = rec.get("identity", {}).get("args", {}), identity["args"]
         differ = sorted(k for k in set(old) | set(new) if k != "code" and old.get(k) != new.get(k))
         if differ:
-            raise SinkstudyError(f"{self.out} holds {step.id} made by another request ({', '.join(differ)} differ); "
-                                 "pass --force to replace it, or choose another --out")
+            raise SinkstudyError(made_by_another(self.out, step.id, differ))
 
     # ----------------------------------------------------------------------- a whole run
 
@@ -207,8 +213,6 @@ class Engine:
                         remove_tree(o, within=self.out)
 
     def _execute(self, step: Step, key: str, identity: dict, ctx: StepContext) -> dict:
-        from sinkstudy.provenance import provenance
-
         log.info("step %s", step.id)
         if self.main and self.record_path(step.id).exists():
             self.record_path(step.id).unlink()  # its outputs are about to change: no record may vouch for them
@@ -231,7 +235,7 @@ class Engine:
                   "deps": list(step.deps), "seconds": seconds, "result": result, "outputs": self.made[step.id],
                   "provenance": prov, **({"reused_from": reused_from} if reused_from else {})}
         write_json_atomic(self.record_path(step.id), record)
-        store.register(key, self.record_path(step.id), list(self.made[step.id]))
+        store.register(key, self.record_path(step.id), list(self.made[step.id]), self.store_root)
 
     # ----------------------------------------------------------------------- one step
 

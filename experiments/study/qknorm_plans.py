@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from evals.protocol import EvalProtocol
 from evals.sink.calibration import DEFAULT_SET
@@ -64,7 +64,7 @@ class Recovery:
 
 
 def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtocol | None, *, tokenizer: str | None = None,
-                  before: list[Step] = (), use_cache: bool = True, cache_dir: str | None = None) -> Recovery:
+                  before: list[Step] = ()) -> Recovery:
     """`args` (its base and output filled in here) then, with a `protocol`, the original's and the candidate's
     evals on the same prompts; `before`: steps that make what `args` reads (its training text)."""
     import dataclasses
@@ -78,8 +78,7 @@ def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoc
         evals = {}
         for label, ref in (("original", Ref(str(base))), ("candidate", Ref(str(model), inject))):
             where = out / "evals" / label
-            evals[label] = plan.add(Step(f"{GROUP}/eval/{label}", MeasureEval(ref, tok, protocol, args.seed, args.loading, out=where,
-                                                                              use_cache=use_cache, cache_dir=cache_dir),
+            evals[label] = plan.add(Step(f"{GROUP}/eval/{label}", MeasureEval(ref, tok, protocol, args.seed, args.loading, out=where),
                                          outputs=(where,))).id
     return Recovery(plan, inject, evals)
 
@@ -87,7 +86,7 @@ def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoc
 def recovery_report(results: dict[str, dict], r: Recovery, args: InjectQKNorm, *, base: str, training_text: str) -> dict:
     """report.json of an injection: the KL and S at init and after training, the paired evals (Δ = candidate −
     original in points, bootstrap CI, McNemar)."""
-    from evals.lmeval import EvalRun
+    from evals.eval_run import EvalRun
     from evals.stats import compare_runs
 
     made = results[r.inject]
@@ -120,7 +119,7 @@ class Arms:
 
 def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: bool, out: Path, *, recipe: dict,
               vision: dict | None, protocol: EvalProtocol, calibration, alpha: float, seed: int,
-              loading: Loading = Loading(), use_cache: bool = True, cache_dir: str | None = None) -> Arms:
+              loading: Loading = Loading()) -> Arms:
     """Every arm's steps: the injected starts, the adaptations (one recipe and vision spec), the language models,
     their S before and after, their evals and their own bases' evals."""
     texts = texts_ref(calibration)
@@ -157,8 +156,7 @@ def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: b
             s[role] = plan.add(Step(f"{GROUP}/sink/{label}", MeasureSink(model, start_ref, texts=texts, loading=loading, out=f),
                                     outputs=(f,))).id
         where = out / "evals" / name
-        s["eval"] = plan.add(Step(f"{GROUP}/eval/{name}", MeasureEval(lm_ref, start_ref, protocol, seed, loading, out=where,
-                                                                      use_cache=use_cache, cache_dir=cache_dir), outputs=(where,))).id
+        s["eval"] = plan.add(Step(f"{GROUP}/eval/{name}", MeasureEval(lm_ref, start_ref, protocol, seed, loading, out=where), outputs=(where,))).id
         s["run"], s["lm"] = str(run), str(lm)
         steps[name] = s
     for name, s in steps.items():
@@ -167,7 +165,7 @@ def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: b
             label = "base" if own == base else f"{name}-base"
             where = out / "evals" / label
             own_bases[own] = plan.add(Step(f"{GROUP}/eval/{label}", MeasureEval(Ref(str(own)), Ref(str(own)), protocol, seed, loading,
-                                                                                out=where, use_cache=use_cache, cache_dir=cache_dir),
+                                                                                out=where),
                                            outputs=(where,))).id
     return Arms(plan, steps, own_bases)
 
@@ -176,7 +174,7 @@ def arms_report(results: dict[str, dict], a: Arms, *, base: str, recipe_file: st
                 protocol: EvalProtocol, seed: int) -> dict:
     """report.json of the arms: per arm its S before and after adaptation, its stages, and per task Δ vs its own
     base and vs the control (points, paired bootstrap CI, McNemar)."""
-    from evals.lmeval import HEADLINE_METRICS, EvalRun
+    from evals.eval_run import HEADLINE_METRICS, EvalRun
     from evals.stats import compare
 
     runs = {name: EvalRun.load(results[s["eval"]]["dir"]) for name, s in a.arms.items()}
@@ -253,15 +251,16 @@ def arms_recipe(config, data: dict[str, list], steps: dict[str, int], *, vision:
 
 
 def run_recovery(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtocol | None, *, training_text: str, force: bool = False,
-                 progress: bool = True, **plan_kw) -> dict:
-    """`recovery_plan` run through the engine; report.json and report.txt written in `out`."""
+                 progress: bool = True, sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
+    """`recovery_plan` run through the engine (`sharing`: `run_plan`'s share and store_root); report.json and report.txt
+    written in `out`."""
     from experiments.report.qknorm_tables import format_injection
     from experiments.study.runner import run_plan
     from sinkstudy.io import write_json_atomic, write_text_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
 
     r = recovery_plan(base, out, args, protocol, **plan_kw)
-    engine = run_plan(r.plan, out, force=force, progress=progress, seed=args.seed, guarded=("inject",))
+    engine = run_plan(r.plan, out, force=force, progress=progress, seed=args.seed, guarded=("inject",), **(sharing or {}))
     report = recovery_report(engine.results, r, args, base=base, training_text=training_text)
     texts = args.texts.path if isinstance(args.texts, Ref) else args.texts or DEFAULT_SET
     report["provenance"] = provenance(seeds={"seed": args.seed}, calibration=texts,
@@ -272,16 +271,17 @@ def run_recovery(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoco
 
 
 def run_arms(base: str, inits: list[str], native_base: str | None, native_ok: bool, out: Path, *, recipe_file: str | None,
-             force: bool = False, progress: bool = True, **plan_kw) -> dict:
-    """`arms_plan` run through the engine; report.json, report.md and the S trajectories (trajectory.png) in `out`."""
+             force: bool = False, progress: bool = True, sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
+    """`arms_plan` run through the engine (`sharing`: `run_plan`'s share and store_root); report.json, report.md and the
+    S trajectories (trajectory.png) in `out`."""
     from experiments.report.qknorm_tables import format_arms
     from experiments.study.runner import run_plan
-    from interventions.adapt.trajectory import plot_trajectories
+    from interventions.adapt.trajectory_plot import plot_trajectories
     from sinkstudy.io import write_json_atomic, write_text_atomic
     from sinkstudy.provenance import model_fingerprint, provenance
 
     a = arms_plan(base, inits, native_base, native_ok, out, **plan_kw)
-    engine = run_plan(a.plan, out, force=force, progress=progress, seed=plan_kw["seed"], guarded=("inject", "adapt"))
+    engine = run_plan(a.plan, out, force=force, progress=progress, seed=plan_kw["seed"], guarded=("inject", "adapt"), **(sharing or {}))
     report = arms_report(engine.results, a, base=base, recipe_file=recipe_file, recipe=plan_kw["recipe"], vision=plan_kw["vision"],
                          protocol=plan_kw["protocol"], seed=plan_kw["seed"])
     report["provenance"] = provenance(model_fingerprints={"base": model_fingerprint(base), **{n: r["fingerprint"] for n, r in report["arms"].items()}},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from sinkstudy import SinkstudyError
 
@@ -83,7 +83,7 @@ def point_params(pt: dict[str, Any], root=None) -> dict[str, Any]:
 
 def run_sweep(sweep_file: str | Path, base: str, vlm: str, out: Path, m, *, max_points: int | None, mergekit: dict, seed: int,
               n_boot: int, confidence: float, tokenizer: str | None = None, captions: str | None = None, force: bool = False,
-              progress: bool = True, say=print) -> dict:
+              progress: bool = True, say=print, sharing: Mapping[str, Any] | None = None) -> dict:
     """Every point of the sweep (`max_points` of them evenly spread) treated and measured, the plan said first;
     summary.json, summary.md and pareto.png written in `out`. Returns {"rows", "points", "total", "reused"}."""
     import time
@@ -117,7 +117,7 @@ def run_sweep(sweep_file: str | Path, base: str, vlm: str, out: Path, m, *, max_
                 f"≈ {format_duration(todo * ref_seconds / 2)} (merges not included)")
 
     done = run_treatments(base, vlm, treatments, out, m, seed=seed, n_boot=n_boot, confidence=confidence, force=force,
-                          progress=progress, before=announce, on_done=on_done, say=say, tokenizer=tokenizer, root=root,
+                          progress=progress, before=announce, on_done=on_done, say=say, sharing=sharing, tokenizer=tokenizer, root=root,
                           captions=captions, keep_models=sweep.get("keep_models", True))
     rows = []
     for pt in points:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from experiments.study.kinds import StepArgs
+from interventions.adapt.code import VL_WORLD
 
 
 def training_data(recipe: dict) -> tuple:
@@ -31,7 +32,7 @@ class TrainingOpenings(StepArgs):
     (a text share, replayed chats) are no VL template. Keyed by the specs' content (`spec_identity`) and seed."""
 
     kind: ClassVar[str] = "template-openings"
-    code: ClassVar[tuple[str, ...]] = ("evals.template_share", "evals.vl", "interventions.adapt.sources", "interventions.adapt.generated")
+    code: ClassVar[tuple[str, ...]] = ("evals.template_share", *VL_WORLD, "interventions.adapt.sources", "interventions.adapt.generated")
     specs: tuple
     seed: int = 0
 
@@ -55,7 +56,7 @@ class TrainingOpenings(StepArgs):
 
 
 def shares(openings: dict, run, tasks: list[str]) -> dict[str, Any]:
-    """Per task, the template share of one model's eval answers (`evals.lmeval.EvalRun`) against `openings`
+    """Per task, the template share of one model's eval answers (`evals.eval_run.EvalRun`) against `openings`
     (a `TrainingOpenings` result)."""
     from evals.template_share import Openings, template_share
 

@@ -138,9 +138,10 @@ def _measure(plan: Plan, m: Measurement, label: str, model: Ref, tok: Ref, where
 
 def run_treatments(base: str, vlm: str, treatments: list[Treatment], out: Path, m: Measurement, *, seed: int, n_boot: int,
                    confidence: float, force: bool = False, progress: bool = True, before=None, on_done=None, say=print,
-                   **plan_kw) -> dict:
-    """`treat_plan` run through the engine (every step reused when finished, here or in any run), then each
-    treatment's `measure.json` written beside its model; {"plan", "engine", "measured": {name: summary}}."""
+                   sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
+    """`treat_plan` run through the engine (every step reused when finished, here or, unless `sharing` says not to, in
+    any run: `run_plan`'s share and store_root), then each treatment's `measure.json` written beside its model;
+    {"plan", "engine", "measured": {name: summary}}."""
     from experiments.report.treatments import measure_summary
     from experiments.study.runner import run_plan
     from sinkstudy.io import write_json_atomic
@@ -148,7 +149,7 @@ def run_treatments(base: str, vlm: str, treatments: list[Treatment], out: Path, 
 
     tp = treat_plan(base, vlm, treatments, out, m, seed=seed, **plan_kw)
     engine = run_plan(tp.plan, out, force=force, progress=progress, seed=seed, say=say, guarded=("intervene",),
-                      before=(lambda e: before(e, tp)) if before else None, on_done=on_done)
+                      before=(lambda e: before(e, tp)) if before else None, on_done=on_done, **(sharing or {}))
     measured = {}
     if tp.refs and engine.main:
         for name, point in tp.points.items():

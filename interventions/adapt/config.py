@@ -277,3 +277,37 @@ def _merge(a: dict, b: dict) -> dict:
     for k, v in b.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+# --------------------------------------------------------------------------- the vision side
+
+VISION_KINDS = ("fresh", "donor", "tiny", "scenes")  # how `interventions.adapt.build` makes the tower and projector
+TINY_DEFAULTS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 8, "patch_size": 4}
+
+
+@dataclass
+class VisionSpec:
+    """Where the vision side comes from. `source`: tower (fresh) or VLM (donor) hub id / path."""
+
+    kind: str
+    source: str | None = None
+    tiny: dict = field(default_factory=dict)  # tiny tower shape (TINY_DEFAULTS); scenes: tower settings
+    feature_layer: int | None = None  # fresh: default -2 (CLIP, LLaVA-1.5) / -1 (SigLIP)
+    seed: int = 0  # projector (and tiny tower) initialisation
+
+    def __post_init__(self):
+        if self.kind not in VISION_KINDS:
+            raise SinkstudyError(f"unknown vision kind {self.kind!r}; choose from {', '.join(VISION_KINDS)}")
+        if self.kind in ("fresh", "donor") and not self.source:
+            raise SinkstudyError(f"vision kind {self.kind!r} needs a source (hub id or local path)")
+        if self.kind == "scenes":
+            from interventions.adapt.tower import settings_of  # the tower's module loads torch
+
+            settings_of(self.tiny)
+            return
+        unknown = set(self.tiny) - set(TINY_DEFAULTS) - {"intermediate_size"}
+        if unknown:
+            raise SinkstudyError(f"unknown tiny tower key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(TINY_DEFAULTS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from interventions.adapt.build import VisionSpec
+from interventions.adapt.config import VisionSpec
 from interventions.adapt.config import AdaptConfig
 from sinkstudy import SinkstudyError
 
@@ -56,7 +56,7 @@ def estimate(base, vision: VisionSpec | None, config: AdaptConfig, *, gpu: str =
              tokens_per_example: int | None = None, answer_share: float = 0.3, mfu: float = 0.4,
              examples: dict[str, int] | None = None) -> dict[str, Any]:
     """Per stage: trainable parameters, memory per GPU (GB) by kind, seconds per step, total hours."""
-    from interventions.adapt.build import parameter_groups
+    from interventions.adapt.vlm_io import parameter_groups
     from interventions.adapt.trainer import select_trainable
 
     if gpu not in GPUS:

@@ -23,7 +23,7 @@ def digit_skill(vlm_dir: Path, heldout: int, seed: int, *, loaded=None) -> dict:
     prompts encoded as the adaptation engine trained them), and the true answer's token NLL and perplexity.
     `loaded`: the (VLM, processor) already in memory."""
     from evals.vqa import choice_accuracy
-    from interventions.adapt.build import load_vlm
+    from interventions.adapt.vlm_io import load_vlm
     from interventions.adapt.sources import digits_records
     from interventions.adapt.encoding import Encoder, collate
 
@@ -51,7 +51,7 @@ def vl_skill(vlm_dir, probe: dict, lm_dir=None) -> dict:
     """The VLM's held-out VL skill under `probe` ({"probe": "digits", "heldout", "seed"} or {"probe": "vqa", ...
     VQA_DEFAULTS' keys}), with `lm_dir`'s causal LM in place of its own when given. The result always carries
     `probe` and `accuracy` (a share in [0, 1])."""
-    from interventions.adapt.build import implant_lm, load_vlm
+    from interventions.adapt.vlm_io import implant_lm, load_vlm
 
     loaded = load_vlm(vlm_dir)
     if lm_dir is not None:

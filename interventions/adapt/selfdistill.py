@@ -15,7 +15,6 @@ and cached under a key of the base's fingerprint, the prompts, the settings and 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -23,6 +22,9 @@ import re
 from pathlib import Path
 
 from sinkstudy import SinkstudyError
+from sinkstudy.io import cache_root, output_lock, write_text_atomic
+from sinkstudy.keys import key
+from sinkstudy.provenance import model_fingerprint, module_code_version
 
 # The reply budget: SmolLM2-135M-Instruct's replies to these prompts mostly run past it (60 of 200 end within 512
 # tokens); the others are cut back to their last whole sentence.
@@ -72,24 +74,23 @@ def check(spec: dict) -> None:
         raise SinkstudyError("selfdistill: name the model whose replies to use (\"base\": the run's base)")
 
 
+# The modules that write the replies: part of their key.
+CODE = ("interventions.adapt.selfdistill", "evals.generate.packed", "evals.generate.loop")
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "selfdistill"
+    """Where the replies are kept: `<cache>/selfdistill` (`sinkstudy.io.cache_root`), the input of the steps that
+    adapt on them."""
+    return cache_root() / "selfdistill"
 
 
 def cache_key(fingerprint: str, settings: dict) -> str:
-    from sinkstudy.provenance import code_version
-
-    root = Path(__file__).resolve().parents[2]
-    blob = json.dumps({"model": fingerprint, "prompts": neutral_prompts(settings["prompts"]), "settings": settings,
-                       "code": code_version(Path(__file__), root / "evals" / "generate")}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    return key({"model": fingerprint, "prompts": neutral_prompts(settings["prompts"]), "settings": settings,
+                "code": module_code_version(*CODE)})
 
 
 def records(base, spec: dict) -> list[dict]:
     """The chats of a `selfdistill` spec for the run's `base` (a path, name or loaded causal LM)."""
-    from sinkstudy.io import output_lock, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint
-
     source = base if spec["selfdistill"] == "base" else spec["selfdistill"]
     settings = settings_of(spec)
     path = cache_dir() / f"{cache_key(model_fingerprint(source), settings)}.jsonl"

@@ -11,7 +11,7 @@ patch features, fitted on train images and scored on held-out ones.
 
 `pretrained_tower(settings)` returns the checkpoint folder (`CLIPVisionModel` + its PIL image
 processor + `tower.json` with the losses and the probe), trained once and cached under a key of the
-settings and this code (`~/.cache/sinkstudy/towers/<key>`); `VisionSpec("scenes")` builds a LLaVA around it.
+settings and this code (`<cache>/towers/<key>`, `sinkstudy.io.cache_root`); `VisionSpec("scenes")` builds a LLaVA around it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from pathlib import Path
 import torch
 
 from sinkstudy import SinkstudyError
+from sinkstudy.io import atomic_output_dir, cache_root, output_lock
+from sinkstudy.keys import key
+from sinkstudy.provenance import module_code_version
 
 DEFAULTS = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512,
             "image_size": 64, "patch_size": 16, "scenes": 6000, "steps": 800, "batch_size": 64, "lr": 1e-3,
@@ -54,27 +57,23 @@ def settings_of(overrides: dict | None = None) -> dict:
     return s
 
 
+# The tower's own code and the modules that draw its images (not the questions asked about them): part of its key.
+CODE = ("interventions.adapt.tower", "evals.vl.scenes", "evals.vl.easyvqa", "evals.vl.digits")
+
+
 def tower_key(settings: dict) -> str:
-    import hashlib
-
-    from sinkstudy.provenance import code_version
-
-    root = Path(__file__).resolve().parents[2]
-    vl = root / "evals" / "vl"  # the modules that draw its images (not the questions asked about them)
-    blob = json.dumps({"settings": settings, "code": code_version(Path(__file__), vl / "scenes.py", vl / "easyvqa.py", vl / "digits.py")},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    return key({"settings": settings, "code": module_code_version(*CODE)})
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "towers"
+    """Where pretrained towers are kept: `<cache>/towers` (`sinkstudy.io.cache_root`), the input of the steps that
+    build a VLM around one."""
+    return cache_root() / "towers"
 
 
 def pretrained_tower(overrides: dict | None = None, *, progress: bool = True) -> Path:
     """The cached tower for these settings, pretrained (and probed) first when missing, with a progress bar (a minute
     or more on CPU: `--quiet` hides it)."""
-    from sinkstudy.io import atomic_output_dir, output_lock
-
     settings = settings_of(overrides)
     out = cache_dir() / tower_key(settings)
     if (out / "tower.json").is_file():
@@ -85,7 +84,7 @@ def pretrained_tower(overrides: dict | None = None, *, progress: bool = True) ->
         model, processor, report = pretrain(settings, progress=progress)
         logging.getLogger(__name__).info("probing the tower on held-out images")
         report["probe"] = probe(model, processor, settings)
-        with atomic_output_dir(out, force=True) as tmp:
+        with atomic_output_dir(out, replace=True) as tmp:
             model.save_pretrained(tmp)
             processor.save_pretrained(tmp)
             (tmp / "tower.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

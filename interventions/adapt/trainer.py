@@ -198,7 +198,7 @@ class _Progress(TrainerCallback):
 
 def select_trainable(model, groups: Sequence[str] | TrainableFilter) -> set[str]:
     """Parameter names a stage trains: named groups and re:<pattern>, or a filter function."""
-    from interventions.adapt.build import parameter_groups
+    from interventions.adapt.vlm_io import parameter_groups
 
     named = dict(model.named_parameters())
     if callable(groups):
@@ -219,7 +219,7 @@ def select_trainable(model, groups: Sequence[str] | TrainableFilter) -> set[str]
 
 def group_lrs(model, stage: StageConfig) -> dict[str, float]:
     """{parameter name: lr} for the parameters of the stage's `group_lr` groups (a later group wins where two overlap)."""
-    from interventions.adapt.build import parameter_groups
+    from interventions.adapt.vlm_io import parameter_groups
 
     if not stage.group_lr:
         return {}
@@ -271,7 +271,7 @@ def train_stage(
     were measured on) reach the others' context, and `base` (the run's base argument) too. `device`: "cpu" or "cuda" (`check_device`); None:
     the GPU when there is one.
     """
-    from interventions.adapt.build import language_model
+    from interventions.adapt.vlm_io import language_model
 
     if len(dataset) == 0:
         raise SinkstudyError(f"stage {stage.name}: no training records")
