@@ -221,12 +221,14 @@ def test_kill_and_resume_ends_bit_identical_with_s_at_every_eval_step(tmp_path, 
     assert [p["sink_strength"] for p in whole["trajectory"]["points"]] == [p["sink_strength"] for p in resumed["trajectory"]["points"]]
     assert (tmp_path / "whole" / "trajectory.png").stat().st_size > 1000
     assert not (tmp_path / "whole" / "work").exists()  # checkpoints removed once done
-    # A finished run is reused as is; another request is refused.
-    assert adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "whole", progress=False) == whole
+    # Nothing is reused or replaced here (the engine decides that for the step that adapts): a run of the same request
+    # continues only when asked, another request's folder is refused.
+    with pytest.raises(Exception, match="pass --resume"):
+        adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "whole", progress=False)
     other = _run_cfg()
     other.stages[1].lr = 2e-2
-    with pytest.raises(Exception, match="different adaptation run"):
-        adapt(tmp_path / "base", vision=vision, config=other, out=tmp_path / "whole", progress=False)
+    with pytest.raises(Exception, match="holds no run of this request"):
+        adapt(tmp_path / "base", vision=vision, config=other, out=tmp_path / "whole", resume=True, progress=False)
 
 
 class _Stage2Steps(TrainingHook):
