@@ -226,7 +226,7 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
         assert f"| {name} |" in report
 
     # The backbones span what the config gives them: each trained with its entry's recipe, its pair's QK-norm
-    # its family's; the report's S statement is the summary's (range, span, S > 0 or not), plus a verdict.
+    # its family's; the report's S statement is the summary's (range, span, S > 0 or not), before the claims.
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["pairs"]) == [b["name"] for b in backbones]
     for b in backbones:
@@ -236,8 +236,9 @@ def test_quick_demo_end_to_end_and_resume(tmp_path, capsys):
     s = [e["models"]["base"]["sink_strength"] for e in summary["pairs"].values()]
     assert f"spans {min(s):.2f} to {max(s):.2f} (span {max(s) - min(s):.2f}" in report
     assert ("No miniature base reaches S > 0" in report) is (max(s) <= 0)
-    assert any(v in report for v in ("The miniature agrees with", "The miniature disagrees", "The miniature partly agrees",
-                                     "The miniature neither agrees", "Agreement with the paper cannot be judged"))
+    assert report.index("## The miniature's sinks") < report.index("## The paper's claims")  # said before any answer
+    assert "Why the miniature may differ from the paper:" in report
+    assert "- A stronger sink (higher S of the base) predicts less loss — " in report  # whether it agrees: the claims' answer
     assert (out / "plots" / "pretrain_sink_curves.png").stat().st_size > 1000
     for plot in ("scatter_sinkstudy_ifeval.png", "recovery_sinkstudy_ifeval.png", "recovery_sinkstudy_gsm.png"):
         assert (out / "plots" / plot).is_file()

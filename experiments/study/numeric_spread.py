@@ -7,7 +7,7 @@ other mode's runs as a process of its own started in that mode (`sinkstudy.numer
 same command line with `--numerics MODE --out <out>/numerics/MODE`, so its results carry that mode's identity
 in every key and are never taken for the first mode's. The first mode's summary.json then gains a
 `numerics_spread` section holding every other mode's summary; its report gives each headline figure per mode
-with the spread, and states a claim or verdict only where every mode gives the same answer
+with the spread, and states an answer only where every mode gives the same one
 (`experiments.report.across_seeds`).
 """
 

@@ -7,7 +7,7 @@ held-out prompts, the adaptation arms' own seeds), so every seed is graded on th
 seed's run is the study's own output directory; seed N's is `<out>/seeds/N` (a study of its own, with its
 summary and report). The first seed's summary.json then gains a `seeds` section holding every other seed's
 summary, from which its report gives each headline figure per seed with the across-seed spread, and states
-a claim or verdict only where every seed gives the same answer (`experiments.report.document`).
+an answer only where every seed gives the same one (`experiments.report.document`).
 """
 
 from __future__ import annotations
