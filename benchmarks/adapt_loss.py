@@ -17,15 +17,16 @@ import subprocess
 import sys
 import time
 
+from sinkstudy.memory import PeakRSS
+from sinkstudy.tiny import tiny_causal_lm
+
 BATCH, LENGTH, ANSWER_SHARE = 4, 256, 0.15
 
 
 def run_case(loss: str, vocab: int, repeat: int) -> dict:
+    # lazy: loads torch, transformers, datasets
     import torch
-
-    from sinkstudy.memory import PeakRSS
     from interventions.adapt.trainer import label_only_loss
-    from sinkstudy.tiny import tiny_causal_lm
 
     model = tiny_causal_lm("qwen2", vocab_size=vocab).train()
     ids = torch.randint(8, vocab, (BATCH, LENGTH), generator=torch.Generator().manual_seed(0))
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", nargs=2, metavar=("LOSS", "VOCAB"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
+        # lazy: loads torch, numpy
         import torch
 
         torch.set_num_threads(args.threads)

@@ -20,7 +20,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.utils import logging as hf_logging
+
+from evals.sink import compute_sink_maps
+from interventions.adapt import encoding, sources
+from interventions.adapt.config import from_dict
+from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback
+from interventions.pairs import load_causal_lm
+from interventions.protect import make_protection
+from sinkstudy import real_models, real_weights
+from sinkstudy.progress import quiet
 
 
 class _Clock(TrainerCallback):
@@ -49,16 +60,8 @@ def _chats(n: int) -> list[dict]:
 
 
 def run(model_path: str, steps: int, warmup: int, every: int, batch: int, threads: int) -> dict[str, float]:
-    import torch
-    from transformers import Trainer, TrainingArguments
-
-    from evals.sink import compute_sink_maps
-    from interventions.adapt import encoding, sources
-    from interventions.adapt.config import from_dict
+    # lazy: loads datasets
     from interventions.adapt.trainer import train_stage
-    from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback
-    from interventions.pairs import load_causal_lm
-    from interventions.protect import make_protection
 
     torch.set_num_threads(threads)
     cfg = from_dict({"precision": "fp32", "seed": 0, "max_length": 256, "trajectory": {"every": every},
@@ -95,8 +98,6 @@ def run(model_path: str, steps: int, warmup: int, every: int, batch: int, thread
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sinkstudy import real_models, real_weights
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adapt_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a causal LM: real-model name, path or hub id")
     parser.add_argument("--steps", type=int, default=22)
@@ -110,9 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     model = str(real_weights.chat_checkpoint(args.model)) if real_models.is_registered(args.model) else args.model
     print(f"one optimizer step, text-only: {args.model}, batch {args.batch} chats (<= 256 tokens), float32, CPU, "
           f"{args.threads} thread(s); s/step over steps {args.warmup + 1}..{args.steps}")
-    from transformers.utils import logging as hf_logging
-
-    from sinkstudy.progress import quiet
 
     hf_logging.set_verbosity_error()  # the Trainer's closing metrics line
     with quiet():

@@ -25,6 +25,7 @@ import sys
 import time
 
 from sinkstudy.memory import PeakRSS
+from sinkstudy.tiny import tiny_causal_lm
 
 MODEL = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              head_dim=32, max_position_embeddings=8192)
@@ -36,6 +37,7 @@ METHODS = {"fast": "fast sink pass", "eager": "HF eager output_attentions", "sdp
 
 def _forward(method: str, model, ids, mask):
     """One call of configuration `method`; returns what it produced (kept alive until measured)."""
+    # lazy: loads torch, numpy
     from evals.sink.capture import _attn_implementation, capture_layer_stats
 
     if method == "fast":
@@ -50,9 +52,8 @@ def _forward(method: str, model, ids, mask):
 
 
 def run_case(method: str, length: int, repeat: int) -> dict:
+    # lazy: loads torch, numpy
     import torch
-
-    from sinkstudy.tiny import tiny_causal_lm
 
     if method not in METHODS:
         raise ValueError(f"unknown configuration {method!r}; choose {', '.join(METHODS)}")
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 2)
     if args.case:
+        # lazy: loads torch, numpy
         import torch
 
         torch.set_num_threads(args.threads)

@@ -49,6 +49,7 @@ def _case(shape: str, steps: int, threads: int, policy: str, busy: bool) -> floa
 
 def _time_steps(shape: str, steps: int) -> float:
     """In this process: seconds per training step (after a warm-up step); `steps` 0: steps until killed (the job)."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -24,6 +24,7 @@ log = logging.getLogger("evals.lmeval")
 
 
 def auto_causal_lm(path: str, *, device: str | None = None, dtype: str | None = None):
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -44,6 +45,7 @@ def data_parallel(backend: str):
     """The accelerate state when this process is one of several (accelerate launch / torchrun) on an hf backend."""
     if backend not in HF_BACKENDS or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
+    # lazy: loads torch, numpy, accelerate
     import torch
     from accelerate import Accelerator
 
@@ -58,6 +60,7 @@ def guard_tied_weights(model) -> bool:
     a merge that treated them separately), set the flag to match the weights. Returns True when
     the flag was changed.
     """
+    # lazy: loads torch, numpy
     import torch
 
     out, inp = model.get_output_embeddings(), model.get_input_embeddings()
@@ -81,6 +84,7 @@ def lean_env_info():
     call it stores lm-eval's cheap fields only. Its `git_hash` is the working directory's commit, not the code's
     (sinkstudy's provenance has that), and outside a git repository git prints "fatal: not a git repository" on
     every eval: not collected either."""
+    # lazy: loads lm_eval, datasets, numpy
     import lm_eval.evaluator as evaluator
 
     def lean(storage: dict) -> None:
@@ -101,6 +105,7 @@ def lean_env_info():
 
 def build_lm(model, tokenizer, settings, distributed=None):
     if settings["backend"] == "vllm":
+        # lazy: loads lm_eval
         from lm_eval.models.vllm_causallms import VLLM
 
         model = local_model_path(model)  # a .gguf file or a registered real LLM's name: its converted checkpoint
@@ -108,8 +113,8 @@ def build_lm(model, tokenizer, settings, distributed=None):
                 "batch_size": settings["batch_size"], "seed": settings["seed"], "dtype": settings["dtype"],
                 "chat_template_args": dict(settings["chat_template_kwargs"]), **settings["backend_args"]}
         return VLLM(**args)
+    # lazy: loads lm_eval, torch, transformers
     from lm_eval.models.huggingface import HFLM
-
     from evals.generate.hflm import ContinuousHFLM
 
     guard_tied_weights(model)

@@ -21,10 +21,14 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from interventions.outputs import (RESULT_JSON, MergeError, check_disk_space, check_finite_checkpoint, check_pair, checkpoint_dtype,
-                                   estimate_output_bytes, replace_side_files, language_model_of, side_files, write_result)
+import yaml
+
+from interventions.outputs import (RESULT_JSON, MergeError, check_disk_space, check_finite_checkpoint, check_pair,
+                                   checkpoint_dtype, estimate_output_bytes, language_model_of, replace_side_files,
+                                   side_files, write_result)
 from interventions.params import Selection, check_number
 from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import atomic_output_dir, check_output_dir
 
 LOG = logging.getLogger(__name__)
 
@@ -139,8 +143,6 @@ def merge_config(
 def config_yaml(cfg: dict[str, Any], seed: int | None, base: str | os.PathLike | None = None) -> str:
     """The YAML written beside a merge: runnable as is with `mergekit-yaml`. With a root, the
     header says which files to copy from the base LLM afterwards (what sinkstudy did)."""
-    import yaml
-
     seed_flag = f" --random-seed {seed}" if seed is not None else ""
     header = (
         "# Written by sinkstudy; reproduce these weights with:\n"
@@ -184,8 +186,6 @@ def run_mergekit_merge(
     low_cpu_memory (recorded beside the request; `cuda` also changes what it computes, and the
     registry's request holds it).
     """
-    from sinkstudy.io import atomic_output_dir, check_output_dir
-
     validate_merge_args(method, weight, density, select, params, root)
     options = check_mergekit_options(options)
     out_dir = check_output_dir(out_dir, replace)
@@ -221,6 +221,7 @@ def check_mergekit_options(options: Mapping[str, Any] | None) -> dict[str, bool]
         raise MergeError(f"unknown mergekit option(s) {', '.join(unknown)}; known: {', '.join(_EXECUTION_OPTIONS)}")
     out = {k: bool(options.get(k, False)) for k in _EXECUTION_OPTIONS}
     if out["cuda"]:
+        # lazy: loads torch, numpy
         import torch
 
         if not torch.cuda.is_available():
@@ -232,6 +233,7 @@ def check_mergekit_options(options: Mapping[str, Any] | None) -> dict[str, bool]
 
 def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | None, progress: bool,
                   options: dict[str, bool]) -> None:
+    # lazy: loads mergekit, torch, transformers
     from mergekit.config import MergeConfiguration
     from mergekit.merge import MergeOptions, run_merge
 

@@ -8,14 +8,21 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
 from typing import Iterator
 
+import yaml
+from safetensors import safe_open
+
+from interventions.pairs import check_same_layout, load_tokenizer, plan_extraction, write_language_model
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
 from sinkstudy.checkpoint import WeightFiles, local_checkpoint, weight_files
-from sinkstudy.io import scratch_dir
+from sinkstudy.io import scratch_dir, write_json_atomic, write_text_atomic
+from sinkstudy.provenance import fingerprinted_files, model_fingerprint, provenance
 
 LOG = logging.getLogger(__name__)
 
@@ -49,8 +56,6 @@ def checkpoint_dtype(path: str | os.PathLike) -> str:
 
 def estimate_output_bytes(path: str | os.PathLike, out_dtype: str | None = None) -> int:
     """Bytes of the merged weights: the base's tensors, floating ones at `out_dtype` (default: as stored)."""
-    import math
-
     total = 0
     for t in checkpoint_weights(path).tensors.values():
         float_out = out_dtype is not None and t.torch_dtype is not None
@@ -81,8 +86,6 @@ def language_model_of(base: str | os.PathLike, vlm: str | os.PathLike, out_dir: 
     VLM's stored dtype (about one shard in memory, never the vision tower) into a temporary folder beside `out_dir`,
     removed after. Nothing is kept: a command extracts once, as a step of its plan
     (`experiments.study.pair_steps.Extract`), and hands the extracted model to every intervention."""
-    from interventions.pairs import load_tokenizer, plan_extraction, write_language_model
-
     vlm = local_checkpoint(vlm)
     if not is_vlm_checkpoint(vlm):
         yield Path(vlm)
@@ -98,9 +101,6 @@ def language_model_of(base: str | os.PathLike, vlm: str | os.PathLike, out_dir: 
 def check_pair(base: str | os.PathLike, vlm_lm: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
     """Same architecture, head layout, tensor names and shapes, before mergekit runs: configs
     (heads split out) and then the on-disk tensors, with the pair loader's one-line error."""
-    from interventions.pairs import check_same_layout
-    from interventions.pairs.resolve import load_config
-
     pairs = [(base, vlm_lm, ("base", "vlm"))] + ([(root, base, ("root", "base"))] if root is not None else [])
     for a, b, names in pairs:
         check_same_layout(load_config(a), load_config(b), names=names)
@@ -110,9 +110,6 @@ def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, setti
                  config_file: str | None = None) -> None:
     """`intervention.json`: what was done to which checkpoints, with provenance; and the model card
     `README.md` (`model_card`), in place of mergekit's (titled with its temporary folder's name)."""
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
-
     models = {"base": str(base), "vlm": str(vlm), "vlm_lm": str(vlm_lm)} | ({"root": str(root)} if root else {})
     write_text_atomic(out / "README.md", model_card(method, models, settings, seed, config_file))
     write_json_atomic(out / RESULT_JSON, {
@@ -129,8 +126,6 @@ def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, setti
 def model_card(method: str, models: dict[str, str], settings: dict, seed, config_file: str | None = None) -> str:
     """A model card titled with the method and its inputs, listing the settings and where the VLM's
     language model came from (it may sit in the cache)."""
-    import yaml
-
     name = lambda p: Path(str(p).rstrip("/")).name or str(p)  # noqa: E731
     shown = {k: v for k, v in settings.items() if v is not None}
     title = f"{method} of {name(models['base'])} and the language model of {name(models['vlm'])}"
@@ -153,8 +148,6 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 def side_files(path: str | os.PathLike) -> list[str]:
     """Names of a checkpoint's config, generation config, tokenizer and processor files: every
     file its fingerprint covers except the weights (and their index)."""
-    from sinkstudy.provenance import fingerprinted_files
-
     return [f.name for f in fingerprinted_files(path)
             if not f.name.endswith(_WEIGHT_SUFFIXES) and not f.name.endswith(".index.json")]
 
@@ -173,8 +166,8 @@ def replace_side_files(src: str | os.PathLike, dst: Path) -> list[str]:
 
 def check_finite_checkpoint(path: str | os.PathLike) -> None:
     """Refuse a checkpoint with NaN or infinite weights (read shard by shard, tensor by tensor)."""
+    # lazy: loads torch, numpy
     import torch
-    from safetensors import safe_open
 
     files = checkpoint_weights(path)
     for f in files.files:
@@ -186,6 +179,7 @@ def check_finite_checkpoint(path: str | os.PathLike) -> None:
 
 def check_finite_model(model) -> None:
     """Refuse to save an in-memory model with NaN or infinite parameters or buffers."""
+    # lazy: loads torch, numpy
     import torch
 
     for name, t in model.state_dict().items():

@@ -33,12 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
 from interventions import sink_dose
 from interventions.adapt import code as adapt_code
-from interventions.merge import _SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options, validate_merge_args
+from interventions.merge import (_SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options,
+                                 run_mergekit_merge, validate_merge_args)
+from interventions.mitigations import list_mitigations, resolve_config, run_mitigation, source_hash
 from interventions.outputs import MergeError
 from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
-from interventions.spectral import SPECTRAL_METHODS, validate_spectral_args
+from interventions.spectral import SPECTRAL_METHODS, run_spectral_merge, validate_spectral_args
+from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import json_default, read_text
+from sinkstudy.provenance import file_digest, model_fingerprint, module_code_version, package_versions
 
 POSTHOC = ("mergekit", "spectral", "mitigation", "dose")  # families that change the VLM's language model after the fact
 INJECTION = "injection"  # a change to the base before adaptation (its own steps)
@@ -98,8 +104,6 @@ def _mergekit(name: str) -> Method:
                             {k: v for k, v in p.items() if k in PASSTHROUGH_PARAMS}, p.get("root"))
 
     def run(out_dir, base, vlm, params, options, **kw):
-        from interventions.merge import run_mergekit_merge
-
         own = {k: params[k] for k in ("weight", "density", "select", "root") if k in params}
         run_mergekit_merge(name, base, vlm, out_dir, params={k: v for k, v in params.items() if k in PASSTHROUGH_PARAMS},
                            options=options, **own, **kw)
@@ -117,8 +121,6 @@ def _spectral(name: str) -> Method:
         validate_spectral_args(name, p.get("weight"), p.get("eta", 40.0), p.get("k_fraction"), p.get("select"), p["device"])
 
     def run(out_dir, base, vlm, params, options, **kw):
-        from interventions.spectral import run_spectral_merge
-
         run_spectral_merge(name, base, vlm, out_dir, **params, **kw)
 
     return Method(name, "spectral", defaults, check, ("interventions.spectral", "interventions.outputs", "interventions.params"),
@@ -126,15 +128,11 @@ def _spectral(name: str) -> Method:
 
 
 def _mitigation(m) -> Method:
-    from interventions.mitigations import resolve_config, source_hash
-
     def check(p: dict) -> None:
         resolve_config(m, {k: v for k, v in p.items() if k != "texts"})
         _check_texts(p.get("texts"))
 
     def run(out_dir, base, vlm, params, options, **kw):
-        from interventions.mitigations import run_mitigation
-
         own = {k: v for k, v in params.items() if k not in ("texts", "sink_maps")}
         run_mitigation(m.name, base, vlm, out_dir, params=own, sink_maps=params.get("sink_maps"), texts=params.get("texts"), **kw)
 
@@ -172,8 +170,6 @@ QKNORM = Method("qknorm", INJECTION,
 def _check_texts(texts) -> None:
     if texts is None:
         return
-    from evals.sink.calibration import DEFAULT_SET, resolve_texts
-    from sinkstudy.io import read_text
 
     if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
         read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
@@ -183,8 +179,6 @@ def _check_texts(texts) -> None:
 def methods() -> dict[str, Method]:
     """Every method by name: mergekit's, the spectral ones, the sink dose, QK-norm injection, then the mitigations (plug-ins
     loaded by now included)."""
-    from interventions.mitigations import list_mitigations
-
     table = {m.name: m for m in [*map(_mergekit, MERGEKIT_METHODS), *map(_spectral, SPECTRAL_METHODS), SINK_DOSE, QKNORM]}
     return table | {name: _mitigation(m) for name, m in list_mitigations().items() if name not in table}
 
@@ -245,8 +239,6 @@ def request(name: str, params: Mapping[str, Any] | None, seed: int, models: Mapp
     """The identity of intervention `name` with `params` and `seed` on the models whose fingerprints `models`
     gives ({"base", "vlm"[, "root"]}); `sink_maps` as a mitigation reads them (their fingerprints, files or
     loaded maps: by content); `mergekit_options` as `apply_intervention` takes them (only `cuda` counts)."""
-    from sinkstudy.provenance import file_digest, module_code_version, package_versions
-
     method = get_method(name)
     params = validate_intervention(name, params)
     public = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in sorted(params.items()) if k not in ("sink_maps", "root")}
@@ -272,8 +264,6 @@ def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None,
                          mergekit_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`request` of intervention `name` on the models at these paths or hub ids; `revisions` ({"base" | "vlm" |
     "root": revision}) pins hub ids, whose fingerprints then name the revision."""
-    from sinkstudy.provenance import model_fingerprint
-
     params = dict(params or {})
     revisions = revisions or {}
     models = {"base": model_fingerprint(base, revisions.get("base")), "vlm": model_fingerprint(vlm, revisions.get("vlm"))}
@@ -284,9 +274,6 @@ def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None,
 
 def _digest(obj) -> str:
     """Content digest of sink maps given as fingerprints, JSON paths, loaded JSON, SinkMaps or tensors."""
-    from sinkstudy.io import json_default
-    from sinkstudy.provenance import file_digest
-
     def plain(x):
         if isinstance(x, (str, os.PathLike)) and Path(x).is_file():
             return {"file_sha256": file_digest(x)}
@@ -320,8 +307,6 @@ def apply_intervention(
     recorded in intervention.json; `cuda` also changes what it computes, so it is part of the request
     (a merge made on the CPU is not reused for a `cuda` one, nor the reverse).
     """
-    from sinkstudy.checkpoint import local_checkpoint
-
     method = get_method(name)
     resolved = validate_intervention(name, params)
     options = execution_options(name, mergekit_options)

@@ -25,14 +25,18 @@ low-rank, norm-preserving version of the VLM's change (lambda = 1 by default).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from interventions.outputs import (MergeError, check_disk_space, check_pair, checkpoint_weights, copy_side_files,
                                    estimate_output_bytes, language_model_of, write_result)
 from interventions.params import Selection, check_number
-from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.checkpoint import TensorReader, local_checkpoint
+from sinkstudy.io import atomic_output_dir, check_output_dir
 
 SPECTRAL_METHODS = ("tsv", "star")
 SHARD_BYTES = 4 * 1024**3
@@ -42,6 +46,7 @@ SHARD_BYTES = 4 * 1024**3
 
 def polar(m):
     """Nearest matrix with orthonormal columns (or rows) to `m`: P Q^T from m = P D Q^T."""
+    # lazy: loads torch, numpy
     import torch
 
     p, _, qh = torch.linalg.svd(m, full_matrices=False)
@@ -50,6 +55,7 @@ def polar(m):
 
 def tsv_merge(deltas: list, alpha: float = 1.0, k_fraction: float | None = None):
     """TSV-Merge of T task matrices (same shape, 2-D), scaled by alpha; see the module doc."""
+    # lazy: loads torch, numpy
     import torch
 
     t = len(deltas)
@@ -67,6 +73,7 @@ def tsv_merge(deltas: list, alpha: float = 1.0, k_fraction: float | None = None)
 
 def star_truncate(delta, eta: float):
     """STAR on one matrix: keep eta percent of the nuclear norm, rescale to the full norm."""
+    # lazy: loads torch, numpy
     import torch
 
     if not 0 < eta <= 100:
@@ -88,6 +95,7 @@ def star_merge(deltas: list, eta: float = 40.0, lam: float | None = None):
 
 def merge_tensor(method: str, deltas: list, **p):
     """The merged delta of one tensor for `method` (2-D: spectral rule; else the 1-D rule)."""
+    # lazy: loads torch, numpy
     import torch
 
     if deltas[0].ndim == 2 and min(deltas[0].shape) > 1:
@@ -106,8 +114,6 @@ class _Tensors:
     """Lazy access to the tensors of a validated (possibly sharded) safetensors checkpoint."""
 
     def __init__(self, path: str | os.PathLike):
-        from sinkstudy.checkpoint import TensorReader
-
         self._reader = TensorReader(checkpoint_weights(path))
 
     def names(self) -> list[str]:
@@ -127,6 +133,7 @@ class _ShardWriter:
         self.shards: list[tuple[str, list[str]]] = []
 
     def add(self, name: str, tensor) -> None:
+        # lazy: loads torch, numpy
         import torch
 
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
@@ -138,6 +145,7 @@ class _ShardWriter:
         self.size += nbytes
 
     def _flush(self) -> None:
+        # lazy: loads torch, numpy
         from safetensors.torch import save_file
 
         tmp_name = f"shard-{len(self.shards):05d}.safetensors"
@@ -146,8 +154,6 @@ class _ShardWriter:
         self.current, self.size = {}, 0
 
     def close(self) -> None:
-        import json
-
         if self.current:
             self._flush()
         if len(self.shards) == 1:
@@ -204,10 +210,8 @@ def run_spectral_merge(
     non-finite merged tensor stops the merge before anything is moved into place.
     `device="cuda"` runs the SVDs on a GPU.
     """
+    # lazy: loads torch, numpy
     import torch
-    from tqdm.auto import tqdm
-
-    from sinkstudy.io import atomic_output_dir, check_output_dir
 
     selection = validate_spectral_args(method, weight, eta, k_fraction, select, device)
     out_dir = check_output_dir(out_dir, replace)

@@ -6,13 +6,18 @@ only" or "attention only" runs are one line.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from evals.sink.calibration import load_texts_file
+from interventions.adapt import encoding, sources
+from interventions.adapt.config import from_dict
 from sinkstudy import SinkstudyError
+from sinkstudy.io import read_text
 
 TrainableFilter = Callable[[str, torch.nn.Parameter], bool]
 
@@ -45,8 +50,7 @@ def train_causal_lm(
     loss curve and counts; the model is left in eval mode with its
     requires_grad flags as before.
     """
-    from interventions.adapt import encoding, sources
-    from interventions.adapt.config import from_dict
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import train_stage
 
     if steps < 1:
@@ -86,11 +90,6 @@ def read_training_texts(path, tokenizer) -> list[str]:
     """Training strings from a file: a .jsonl of chats ({"user", "assistant"}: in the tokenizer's chat template;
     an assistant of null: the user text alone, plain text), else texts as calibration files hold them
     (`evals.sink.calibration.load_texts_file`: .json, .jsonl of {"text"}, .txt one per line)."""
-    import json
-
-    from evals.sink.calibration import load_texts_file
-    from sinkstudy.io import read_text
-
     if str(path).endswith(".jsonl"):
         rows = [json.loads(line) for line in read_text(path, "training text").splitlines() if line.strip()]
         if rows and all(isinstance(r, dict) and "user" in r for r in rows):

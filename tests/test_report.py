@@ -3,7 +3,7 @@ the paper beside ours, readable HTML (tables that scroll in their box, examples 
 linked), and figures that follow the data they claim (colour ranges, ρ in the scatter's title,
 recovery dots and CIs, per-layer profiles, trajectories, Pareto).
 
-The summary is built the way `experiments.report.summarise.summarise` builds it: real sink maps of tiny
+The summary is built the way `experiments.study.summarise.summarise` builds it: real sink maps of tiny
 models (`compute_sink_maps`), real paired statistics (`evals.stats`) over per-prompt outcomes; the report
 is rendered from it alone.
 """

@@ -9,13 +9,13 @@ The names load with the submodule that defines them, on first use: `evals.sink.c
 from importlib import import_module
 
 _WHERE = {
-    "calibration": ("SHIPPED_SETS", "DEFAULT_SET", "CalibrationText", "load_set", "load_texts_file"),
-    "capture": ("check_supported_config",),
-    "maps": ("SinkMaps",),
-    "measure": ("compute_sink_maps", "sink_strength"),
-    "metrics": ("DEFAULT_METRIC", "SINK_METRICS", "SinkMetric", "SinkStrength", "get_metric", "strength_from_maps"),
-    "plot": ("plot_sink_map", "plot_sink_shift"),
-    "shift": ("sink_shift",),
+    "evals.sink.calibration": ("SHIPPED_SETS", "DEFAULT_SET", "CalibrationText", "load_set", "load_texts_file"),
+    "evals.sink.capture": ("check_supported_config",),
+    "evals.sink.maps": ("SinkMaps",),
+    "evals.sink.measure": ("compute_sink_maps", "sink_strength"),
+    "evals.sink.metrics": ("DEFAULT_METRIC", "SINK_METRICS", "SinkMetric", "SinkStrength", "get_metric", "strength_from_maps"),
+    "evals.sink.plot": ("plot_sink_map", "plot_sink_shift"),
+    "evals.sink.shift": ("sink_shift",),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 __all__ = [*_MODULE, "MEASURE_CODE"]
@@ -26,4 +26,4 @@ MEASURE_CODE = tuple(f"{__name__}.{m}" for m in ("calibration", "capture", "maps
 def __getattr__(name: str):
     if name not in _MODULE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_MODULE[name]}"), name)
+    return getattr(import_module(_MODULE[name]), name)

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
-from experiments.cli import argtypes
-from experiments.cli import options
-from experiments.cli.options import DEFAULT_TASKS, PAPER_TASKS, check_hub_tasks, eval_protocol
+from evals.eval_run import RESULTS_FILE, SAMPLES_DIR, EvalRun
+from evals.runs import check_same_data, data_sources, headline, resolve_run
+from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd
+from experiments.cli.options import DEFAULT_TASKS, PAPER_TASKS, check_hub_tasks, eval_protocol
+from experiments.report.published import PUBLISHED_METRIC, beside_run, published_task
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Loading, MeasureEval
+from experiments.study.runner import run_plan
+from sinkstudy import SinkstudyError
+from sinkstudy.io import check_output_dir, check_replaceable, read_json, write_json_atomic
+from sinkstudy.provenance import provenance
 
 
 def register(subparsers) -> None:
@@ -53,13 +64,6 @@ def register(subparsers) -> None:
 def _eval(args) -> Summary | int:
     """The eval as one step (`experiments.study.pair_steps.MeasureEval`) through the engine: reused when this --out (or,
     without --no-cache, another run) finished it, refused when other settings made the run in --out."""
-    from evals.eval_run import EvalRun
-    from evals.runs import data_sources, headline
-    from experiments.study.graph import Plan, Step
-    from experiments.study.kinds import Ref
-    from experiments.study.pair_steps import Loading, MeasureEval
-    from experiments.study.runner import run_plan
-
     protocol = eval_protocol(args)
     check_hub_tasks(protocol.tasks, protocol.data_files)
     out = Path(args.out) if args.out else options.default_out("eval", args.model)
@@ -96,10 +100,6 @@ def _cap_note(protocol) -> str | None:
 def _not_an_eval_run(path: Path) -> str | None:
     """None when `path` is an eval run (its results, samples and step record) and nothing else (--force replaces it
     whole); else what is not one."""
-    import os
-
-    from evals.eval_run import RESULTS_FILE, SAMPLES_DIR
-
     if not (path / RESULTS_FILE).is_file():
         return f"no {RESULTS_FILE}"
     other = sorted(n for n in os.listdir(path) if not n.startswith(".") and n not in (RESULTS_FILE, SAMPLES_DIR, "steps"))
@@ -110,16 +110,10 @@ COMPARE_KEYS = ("run_a", "run_b", "comparisons", "provenance")  # what `compare 
 
 
 def _compare(args) -> Summary | int:
-    from evals.eval_run import EvalRun
-    from evals.runs import check_same_data, resolve_run
+    # lazy: loads numpy
     from evals.stats import compare_runs, format_table
-    from experiments.report.published import PUBLISHED_METRIC, beside_run, published_task
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import write_json_atomic
-    from sinkstudy.provenance import provenance
 
     if args.json:  # only an earlier `compare --json` is replaced, and only with --force
-        from sinkstudy.io import check_output_dir, check_replaceable
 
         check_replaceable(args.json, args.force, flag="--json", directory=False,
                           not_mine=lambda f: options.json_made_with(f, COMPARE_KEYS, "compare"))
@@ -161,11 +155,6 @@ def _compare(args) -> Summary | int:
 
 def _published_sink(args) -> float | None:
     """S of run A for --published, from --sink-strength or a sink.json; refuses what cannot be compared."""
-    import math
-
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import read_json
-
     if not args.published:
         if args.sink_strength is not None or args.sink_json:
             raise SinkstudyError("--sink-strength / --sink-json only apply with --published")

@@ -6,13 +6,24 @@ model in memory), `diff` reads one tensor of each model at a time.
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
+from experiments.cli import options
 from experiments.cli.closing import Summary, cmd
+from experiments.cli.options import add_pair_options, check_pair_options, default_out, json_made_with
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Extract
+from experiments.study.runner import run_plan
+from interventions.pairs import (EXTRACTION_JSON, ExtractionReport, diff_summary, format_diff_table, plan_extraction,
+                                 resolve, tensors_of, weight_diff)
+from interventions.pairs.resolve import resolve_dtype
+from sinkstudy.io import check_output_dir, check_replaceable, write_json_atomic
+from sinkstudy.provenance import model_fingerprint, provenance
 
 def register(subparsers) -> None:
-    from experiments.cli import options
-
     pair = subparsers.add_parser("pair", help="extract a VLM's language model / diff it against its base LLM")
     sub = pair.add_subparsers(dest="pair_command", metavar="SUBCOMMAND", required=True)
 
@@ -43,8 +54,6 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-    from experiments.cli.options import add_pair_options
-
     add_pair_options(p)
 
 
@@ -52,9 +61,6 @@ DIFF_KEYS = ("base", "vlm", "summary", "rows", "provenance")  # what `pair diff 
 
 
 def _bytes(text: str) -> int:
-    import argparse
-    import re
-
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*", text.upper())
     if not m or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 1GB, 500MB)")
@@ -64,15 +70,6 @@ def _bytes(text: str) -> int:
 def run_extract(args) -> Summary | int:
     """The extraction as one step (`experiments.study.pair_steps.Extract`) through the engine: reused when this --out
     (or, from the same models, another run) holds it, refused when other settings made the one in --out."""
-    from interventions.pairs import EXTRACTION_JSON, ExtractionReport
-    from interventions.pairs.resolve import resolve_dtype
-
-    from experiments.cli.options import check_pair_options, default_out
-    from experiments.study.graph import Plan, Step
-    from experiments.study.kinds import Ref
-    from experiments.study.pair_steps import Extract
-    from experiments.study.runner import run_plan
-
     check_pair_options(args, "pair extract")
     out = Path(args.out or default_out("pair", args.vlm, "lm"))
     if args.dtype is not None:
@@ -91,13 +88,6 @@ def run_extract(args) -> Summary | int:
 
 
 def run_diff(args) -> Summary | int:
-    from interventions.pairs import diff_summary, format_diff_table, plan_extraction, resolve, tensors_of, weight_diff
-    from interventions.pairs.resolve import resolve_dtype
-    from sinkstudy.io import check_output_dir, check_replaceable, write_json_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
-
-    from experiments.cli.options import check_pair_options, json_made_with
-
     check_pair_options(args, "pair diff")
     if args.json:  # before any loading: only an earlier `pair diff --json` is replaced, and only with --force
         check_replaceable(args.json, args.force, flag="--json", directory=False,

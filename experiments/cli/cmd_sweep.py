@@ -3,10 +3,15 @@ a summary table and a Pareto plot: the arguments, then `experiments.study.sweep.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd, existing
+from experiments.report.treatments import format_sweep, pareto_front, text_recovery
+from experiments.study import sweep
+from interventions.merge import check_mergekit_options
+from sinkstudy.checkpoint import local_checkpoint
 
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "merge_sweep.yaml"
 
@@ -27,13 +32,6 @@ def register(subparsers) -> None:
 
 
 def run_sweep(args) -> Summary | int:
-    import math
-
-    from experiments.report.treatments import format_sweep, pareto_front, text_recovery
-    from experiments.study import sweep
-    from interventions.merge import check_mergekit_options
-    from sinkstudy.checkpoint import local_checkpoint
-
     options.check_pair_options(args, "merge-sweep")
     sweep.load_sweep(args.sweep)  # every point valid before any work
     mergekit = check_mergekit_options(options.mergekit_options(args))

@@ -14,12 +14,15 @@ checkers) and GSM8K (`question/answer` with `#### N`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from interventions.adapt.sources import varied_digit_caption
+from sinkstudy.io import write_text_atomic
 
 # Entities are split in two: the first part trains, the rest only appears in held-out prompts.
 _THINGS = [
@@ -253,11 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m experiments.demo.corpus OUT.jsonl [--records N] [--seed S]`: the corpus's training chats as
     {user, assistant} lines (assistant null for plain text), the text data `text_replay` reads in studies
     without a build (make study-real). Rewritten only when its content changes."""
-    import argparse
-    from pathlib import Path
-
-    from sinkstudy.io import write_text_atomic
-
     p = argparse.ArgumentParser(prog="python -m experiments.demo.corpus", description=main.__doc__)
     p.add_argument("out", type=Path)
     p.add_argument("--records", type=int, default=2000)

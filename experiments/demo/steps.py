@@ -9,6 +9,7 @@ content of what it reads. Files land under `<out>/data` and `<out>/models/<backb
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -16,10 +17,22 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from evals.sink import MEASURE_CODE
+from experiments.demo import corpus
+from experiments.demo.backbones import save_backbone
+from experiments.demo.corpus import tokenizer_texts
+from experiments.demo.sinkgrow import Recipe, grow
+from experiments.demo.vl import adapt_vl, training_data
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, location
+from experiments.study.template import TrainingOpenings
 from interventions.adapt import code as adapt_code
-from sinkstudy import SinkstudyError
+from interventions.pairs import load_causal_lm
+from sinkstudy import SinkstudyError, real_models, real_weights
+from sinkstudy.checkpoint import load_tokenizer, weight_files
+from sinkstudy.io import atomic_output_dir, write_text_atomic
+from sinkstudy.provenance import model_fingerprint
+from sinkstudy.real_models import get, identity
+from sinkstudy.tiny import train_bpe_tokenizer
 
 
 @dataclass(frozen=True)
@@ -47,9 +60,6 @@ class Chats(StepArgs):
     out: Path = location()
 
     def run(self, ctx) -> dict:
-        from experiments.demo import corpus
-        from sinkstudy.io import write_text_atomic
-
         write_text_atomic(self.out, corpus.records_jsonl(corpus.training_records(self.records, self.seed)))
         return {"path": str(self.out), "records": self.records}
 
@@ -146,8 +156,6 @@ class VL(StepArgs):
 def build_steps(build, out: Path, m) -> list[Step]:
     """Every build step of `build` (experiments.demo.build.Build) under `out`; `m`: how the study measures
     (`experiments.study.pair_steps.Measurement`: its sink settings)."""
-    from sinkstudy.real_models import get, identity
-
     data, models = out / "data", out / "models"
     train, tokenizer = data / "train.jsonl", models / "tokenizer"
     corpus = Ref(str(train), "build/corpus")
@@ -172,9 +180,6 @@ def build_steps(build, out: Path, m) -> list[Step]:
 def openings_step(build) -> Step:
     """`build/openings`: the openings of the build's VL training answers (the study's one template-share kind,
     `experiments.study.template.TrainingOpenings`, on the digits the VL recipe trains on)."""
-    from experiments.demo.vl import training_data
-    from experiments.study.template import TrainingOpenings
-
     return Step("build/openings", TrainingOpenings((training_data(build.vl),), build.vl["seed"]), owner="build.vl")
 
 
@@ -207,9 +212,6 @@ def build_facts(build, results: dict[str, dict]) -> dict:
 
 
 def make_corpus(data: Path, cfg: dict) -> dict:
-    from experiments.demo import corpus
-    from sinkstudy.io import write_text_atomic
-
     records = corpus.training_records(cfg["train_records"], cfg["seed"])
     ifeval, gsm = corpus.heldout_prompts(cfg["heldout_ifeval"], cfg["heldout_gsm"], cfg["seed"])
     jsonl = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
@@ -227,10 +229,6 @@ def read_records(train: Path) -> list[tuple[str, str | None]]:
 
 
 def make_tokenizer(train: Path, out_dir: Path, cfg: Mapping[str, Any]) -> dict:
-    from experiments.demo.corpus import tokenizer_texts
-    from sinkstudy.io import atomic_output_dir
-    from sinkstudy.tiny import train_bpe_tokenizer
-
     tok = train_bpe_tokenizer(tokenizer_texts(read_records(train)), vocab_size=cfg["vocab_size"])
     with atomic_output_dir(out_dir, replace=True) as tmp:
         tok.save_pretrained(tmp)
@@ -240,13 +238,8 @@ def make_tokenizer(train: Path, out_dir: Path, cfg: Mapping[str, Any]) -> dict:
 def pretrain_step(train: Path, tokenizer: Path, backbone: dict, out: Path, curve_every: int | None, progress: bool) -> dict:
     """Train one backbone's recipe on the corpus (its data mix formed here), recording S every
     `curve_every` steps; save model + tokenizer to `out` atomically."""
-    import dataclasses
-
-    from experiments.demo.backbones import save_backbone
-    from experiments.demo.sinkgrow import Recipe, grow
+    # lazy: loads torch, numpy
     from interventions.training import read_training_texts
-    from sinkstudy.checkpoint import load_tokenizer
-    from sinkstudy.provenance import model_fingerprint
 
     tok = load_tokenizer(tokenizer)
     fields = {f.name for f in dataclasses.fields(Recipe)}
@@ -263,17 +256,12 @@ def pretrain_step(train: Path, tokenizer: Path, backbone: dict, out: Path, curve
 def link_pretrained(name: str, out: Path) -> dict:
     """A pretrained backbone: `out` holds its converted checkpoint (weights linked from the user's cache)
     with a chat template (`sinkstudy.real_weights.chat_checkpoint`)."""
-    from sinkstudy import real_models, real_weights
-    from sinkstudy.provenance import model_fingerprint
-
     real_weights.chat_checkpoint(name, out)
     return {"pretrained": name, "source": real_models.get(name).source, "checkpoint": str(real_weights.checkpoint(name)), "path": str(out),
             "params": _count_params(out), "fingerprint": model_fingerprint(out)}
 
 
 def _count_params(path: Path) -> int:
-    from sinkstudy.checkpoint import weight_files
-
     files = weight_files(path)
     return sum(math.prod(t.shape) for t in files.tensors.values()) if files else 0
 
@@ -281,9 +269,8 @@ def _count_params(path: Path) -> int:
 def reference_step(ref: Reference, progress: bool) -> dict:
     """Sink Strength of a real pretrained LLM with the study's sink settings (skipped, saying why,
     when its weights package is not installed)."""
+    # lazy: loads torch, numpy
     from evals.sink import compute_sink_maps, strength_from_maps
-    from interventions.pairs import load_causal_lm
-    from sinkstudy import real_models, real_weights
 
     name = ref.name
     model_info = real_models.get(name)
@@ -303,9 +290,6 @@ def vl_step(base: Path, out: Path, cfg: dict, progress: bool, *, corpus: Path) -
     """The engine's two LLaVA stages on digits (plus text-only corpus chats where a stage sets
     `text_share`); the run directory (report, trajectory) is `<models>/../adapt/<out name>`, the VLM
     checkpoint `out`."""
-    from experiments.demo.vl import adapt_vl
-    from sinkstudy.provenance import model_fingerprint
-
     if not (base / "config.json").is_file():
         raise SinkstudyError(f"VL adaptation needs the base checkpoint {base}")
     chats = [(u, a) for u, a in read_records(corpus) if a is not None]

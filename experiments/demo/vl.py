@@ -17,6 +17,10 @@ import random
 from pathlib import Path
 from typing import Sequence
 
+from interventions.adapt.config import VisionSpec, from_dict
+from interventions.adapt.probe import digit_skill
+from interventions.adapt.sources import load_records
+from sinkstudy import SinkstudyError
 from sinkstudy.io import remove_tree
 
 DIGIT_QUESTION = "What digit is this?"
@@ -25,8 +29,6 @@ DIGIT_QUESTION = "What digit is this?"
 def recipe(cfg: dict, records: list[dict], chats: Sequence[tuple[str, str]] = ()):
     """The demo's `build.vl` section as an engine recipe (AdaptConfig) training on `records`, plus,
     in a stage with `text_share`, text-only chats drawn from `chats` (LLaVA-665K's text part)."""
-    from interventions.adapt.config import from_dict
-
     stages = []
     for name in ("stage1", "stage2"):
         s = cfg[name]
@@ -42,8 +44,6 @@ def recipe(cfg: dict, records: list[dict], chats: Sequence[tuple[str, str]] = ()
 
 def text_records(chats: Sequence[tuple[str, str]], n_images: int, share: float, seed: int) -> list[dict]:
     """Text-only chats making up `share` of a stage beside `n_images` image records (sampled with `seed`)."""
-    from sinkstudy import SinkstudyError
-
     n = round(n_images * share / (1 - share))
     if n > len(chats):
         raise SinkstudyError(f"text_share {share} needs {n} text chats beside {n_images} images; the corpus has {len(chats)}")
@@ -52,8 +52,6 @@ def text_records(chats: Sequence[tuple[str, str]], n_images: int, share: float, 
 
 
 def vision(cfg: dict):
-    from interventions.adapt.config import VisionSpec
-
     return VisionSpec("tiny", tiny=dict(cfg["vision"]), seed=cfg["seed"])
 
 
@@ -64,8 +62,6 @@ def training_data(cfg: dict) -> dict:
 
 def training_records(cfg: dict) -> list[dict]:
     """The records of `training_data`: the VL stages' image chats."""
-    from interventions.adapt.sources import load_records
-
     records = load_records(training_data(cfg))
     return [records.rows[i] for i in range(len(records))]
 
@@ -74,7 +70,7 @@ def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, work_dir: Path, progre
              chats: Sequence[tuple[str, str]] = ()) -> dict:
     """Build the VLM from the base checkpoint, run both stages, save it (with its processor) to `out_dir`.
     `chats`: (user, assistant) pairs the stages with `text_share` draw their text-only examples from."""
-    from interventions.adapt.probe import digit_skill
+    # lazy: loads torch, numpy
     from interventions.adapt import adapt
 
     records = training_records(cfg)

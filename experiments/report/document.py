@@ -18,13 +18,14 @@ from pathlib import Path
 
 from evals.protocol import DEFAULT_CONFIDENCE
 from experiments.report import findings as f, plots
+from experiments.report.across_seeds import claims_across, replicate_blocks, replicated
 from experiments.report.build_section import build_blocks as how_built, miniature_notes
-from experiments.report.claims import claims
 from experiments.report.calibration_tables import calibration_blocks
+from experiments.report.claims import claims
 from experiments.report.dose_response_tables import dose_response_blocks
 from experiments.report.dose_tables import dose_blocks
-from experiments.report.across_seeds import claims_across, replicate_blocks, replicated
 from experiments.report.fmt import num, points, with_ci
+from experiments.report.published import load_published
 from experiments.report.render import render_html, render_md
 from experiments.report.results import StudyResults, vl_accuracy
 from sinkstudy.io import write_text_atomic
@@ -77,8 +78,6 @@ def published_blocks(r: StudyResults) -> list[tuple]:
 
 def paper_blocks(r: StudyResults) -> list[tuple]:
     """The published figures beside ours, each row only where the study measured its counterpart."""
-    from experiments.report.published import load_published
-
     rows = f.paper_rows(r)
     if not rows:
         return []

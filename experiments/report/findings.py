@@ -15,8 +15,12 @@ capability lost), relative = Δ / before; the paper's direction in it is ρ(S, �
 from __future__ import annotations
 
 from evals.stats import MIN_CONCLUSIVE_N, Comparison, ci_side, comparison_side
+from evals.template_share import COLLAPSE_SHARE
 from experiments.report.fmt import ci_text, missing, num, points, with_ci
+from experiments.report.published import load_published
 from experiments.report.results import StudyResults, vl_accuracy
+from interventions.merge import MERGEKIT_METHODS
+from interventions.spectral import SPECTRAL_METHODS
 
 PAPER_DIRECTION = ("Δ = VLM LM − base in points (negative = capability lost), Δ/base = Δ / the base's score; in this "
                    "convention the paper's direction is ρ > 0 (a stronger sink, less loss)")
@@ -48,8 +52,6 @@ def kind(method: str | None) -> str:
     """What a treated model is, from its method: qknorm / qknorm+vl / protection / merge / mitigation."""
     if method in ("qknorm", "qknorm+vl", "protection"):
         return method
-    from interventions.merge import MERGEKIT_METHODS
-    from interventions.spectral import SPECTRAL_METHODS
 
     return "merge" if method in MERGEKIT_METHODS or method in SPECTRAL_METHODS else "mitigation"
 
@@ -85,8 +87,6 @@ def _range_agreement(ours_ci, low: float, high: float) -> str:
 
 def paper_rows(r: StudyResults) -> list[list[str]]:
     """[figure, paper, ours with CI, agreement] for each published figure the study measured a counterpart of."""
-    from experiments.report.published import load_published
-
     pub, t = load_published(), r.paper_task
     rows = []
     corr = r.correlation.get(t)
@@ -177,8 +177,6 @@ def findings(r: StudyResults) -> list[str]:
 def _templated(r: StudyResults, head: str) -> list[str]:
     """Per pair, the models whose eval answers mostly open like the VL training answers (template share at or above
     `evals.template_share.COLLAPSE_SHARE`): their text loss is collapse to the template, not erosion."""
-    from evals.template_share import COLLAPSE_SHARE
-
     out = []
     for p, e in r.pairs.items():
         shares = {label: m.template_share[head] for label, m in e.models.items() if m.template_share and head in m.template_share}

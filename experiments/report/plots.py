@@ -15,10 +15,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evals.sink.plot import axis_facts, pyplot, save_png_svg
+from evals.sink import SinkMaps, plot_sink_shift
+from evals.sink.plot import axis_facts, plot_layer_profiles, pyplot, save_png_svg
 from evals.stats import ci_side
 from experiments.report.fmt import ci_text, missing, num
 from experiments.report.results import vl_accuracy
+from interventions.adapt.trajectory_plot import plot_trajectories
 
 # Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
 RECOVERY_AXIS = (-1.5, 2.5)
@@ -50,8 +52,6 @@ def _rho_text(c: dict | None, what: str, n_pairs: int) -> str:
 
 def sink_maps(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     """Per pair: base / VLM LM / shift on shared scales of the study's metric (evals.sink.plot_sink_shift)."""
-    from evals.sink import SinkMaps, plot_sink_shift
-
     figs = {}
     for p, entry in summary["pairs"].items():
         m = entry["models"]
@@ -65,9 +65,6 @@ def sink_maps(summary: dict, metric: str, out: Path) -> dict[str, dict]:
 
 def layer_profiles(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     """Per pair: the per-layer sink profile of every measured model (base and VLM LM bold)."""
-    from evals.sink import SinkMaps
-    from evals.sink.plot import plot_layer_profiles
-
     figs = {}
     for p, entry in summary["pairs"].items():
         series = {("VLM LM" if label == "vlm" else label): SinkMaps.from_json(m["sink_maps"])
@@ -250,8 +247,6 @@ def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None
 def adaptation_trajectory(summary: dict, pair: str, out: Path) -> dict[str, Any] | None:
     """S (and each strict score measured during training) against the optimizer step, one line per
     adaptation arm (interventions.adapt.trajectory's plot)."""
-    from interventions.adapt.trajectory_plot import plot_trajectories
-
     arms = (summary["pairs"][pair].get("protection") or {}).get("arms") or {}
     lines = {arm: a["adapt"]["trajectory"] for arm, a in arms.items() if (a.get("adapt") or {}).get("trajectory")}
     if not lines:

@@ -17,17 +17,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from experiments.study.adapt_section import Arm
+from experiments.study.arms import VLSkill, arm_step
 from experiments.study.config import model_dir
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Intervene
 
 
 def plan_doses(pp) -> None:
     """Every dose's steps on the pair of `pp` (experiments.study.pipeline.PairPlan)."""
-    from experiments.study.adapt_section import Arm
-    from experiments.study.arms import VLSkill, arm_step
-    from experiments.study.pair_steps import Intervene
-
     study, pair, p = pp.study, pp.pair, pp.pair.name
     for dose in (d for d in study.dose if d.doses(p)):
         owner = f"pair {p} dose {dose.name}"
@@ -68,6 +67,7 @@ def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dic
     S in the study's metric and its text skill against the undosed base (Δ = dosed − base in points, paired
     bootstrap CI), `text_cost`: the tasks where that CI lies below 0 (a confound), and with an adapt section the
     VL training's change (Δ = its VLM LM − the dosed base) with the adapted LM's S and VL skill."""
+    # lazy: loads numpy
     from evals.stats import compare, comparison_side
 
     tasks = list(study.evals.protocol.tasks)

@@ -21,6 +21,7 @@ from typing import Callable
 
 from sinkstudy import SinkstudyError
 from sinkstudy.io import read_json, write_json_atomic
+from sinkstudy.numerics import environment_for
 
 SECTION = "numerics_spread"
 
@@ -40,8 +41,8 @@ def run_spread(study, paths: list[str], argv: list[str], run_one: Callable) -> d
     """Run `study` in this process (already in `paths[0]`'s mode), then the same command line once per other mode,
     each in a process of its own; attach their summaries to the first's and re-render its report. Returns the
     first path's result."""
+    # lazy: loads torch, numpy
     from experiments.report.document import write_report
-    from sinkstudy.numerics import environment_for
 
     check(study, paths)
     first = run_one(study)

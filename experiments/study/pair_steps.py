@@ -17,19 +17,20 @@ from typing import Any, ClassVar, Mapping
 from evals.lmeval import EVAL_CODE, run_eval
 from evals.protocol import EvalProtocol
 from evals.sink import MEASURE_CODE
-from evals.sink.calibration import DEFAULT_SET
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
 from evals.tasks import SHIPPED_TASKS, shipped_task_digest
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, keyed, location
 from experiments.study.loaders import load_model
 from interventions.adapt import code as adapt_code
-from interventions.pairs.writer import DEFAULT_MAX_SHARD_BYTES
-from interventions.registry import QKNORM
+from interventions.pairs import load_causal_lm, plan_extraction, resolve, write_language_model
+from interventions.pairs.resolve import load_config
+from interventions.pairs.writer import DEFAULT_MAX_SHARD_BYTES  # its module loads tqdm, not a weight library
+from interventions.registry import QKNORM, apply_intervention, request
 from sinkstudy import SinkstudyError
 from sinkstudy.checkpoint import load_tokenizer, try_load_tokenizer
-from sinkstudy.provenance import file_digest, model_fingerprint, package_versions
-
-
+from sinkstudy.io import atomic_output_dir, read_json, write_json_atomic
+from sinkstudy.provenance import file_digest, model_fingerprint, package_versions, provenance
 
 # The modules the streamed extraction runs (`experiments.study.kinds.code_identity`).
 PAIRS_CODE = ("interventions.pairs.layout", "interventions.pairs.archs", "interventions.pairs.resolve", "interventions.pairs.tensors",
@@ -45,9 +46,8 @@ class Loading:
 
     def load(self, path: str):
         """(model, tokenizer or None) of the checkpoint at `path`, as the pair loader reads it."""
+        # lazy: loads torch, numpy
         import torch
-
-        from interventions.pairs import load_causal_lm
 
         return load_causal_lm(path, dtype=getattr(torch, self.dtype), device=self.device or "cpu")
 
@@ -60,15 +60,11 @@ def texts_ref(texts) -> Ref | str | None:
 
 
 def _texts(texts, default_set: str) -> list[str]:
-    from evals.sink.calibration import resolve_texts
-
     return [t.text for t in resolve_texts(texts.path if isinstance(texts, Ref) else texts, default_set)[0]]
 
 
 def _tokenizer(model_tokenizer, tokenizer: Ref | None):
     """The model's own tokenizer, unless another is named (the base's: the prompts every model of a pair sees)."""
-    from sinkstudy.checkpoint import load_tokenizer
-
     return load_tokenizer(tokenizer.local()) if tokenizer is not None else model_tokenizer
 
 
@@ -89,8 +85,6 @@ class Extract(StepArgs):
     out: Path = location()
 
     def run(self, ctx) -> dict:
-        from interventions.pairs import plan_extraction, resolve, write_language_model
-
         base = resolve(self.base.local())
         if base.kind != "causal_lm":
             raise SinkstudyError(f"the base must be a causal LM, got a {base.config.model_type} VLM: {base.id}")
@@ -116,8 +110,8 @@ class ExtractAdapted(StepArgs):
     out: Path = location()
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, transformers, scipy
         from interventions.adapt.vlm_io import save_extracted_lm
-        from sinkstudy.provenance import model_fingerprint
 
         save_extracted_lm(self.vlm.local(), self.start.local(), self.out, replace=True, own_class=self.own_class)
         return {"path": str(self.out), "fingerprint": model_fingerprint(self.out)}
@@ -141,8 +135,8 @@ class MeasureSink(StepArgs):
     out: Path = location()  # the maps, as JSON
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from evals.sink import compute_sink_maps, strength_from_maps
-        from sinkstudy.io import write_json_atomic
 
         model, tok = self.loading.load(self.model.local())
         tok = tok if tok is not None else _tokenizer(None, self.tokenizer)
@@ -176,9 +170,8 @@ class SinkMap(StepArgs):
     out: Path = location()  # a folder: sink.json, sink_map.png
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from evals.sink import plot_sink_map, sink_strength
-        from sinkstudy.io import write_json_atomic
-        from sinkstudy.provenance import provenance
 
         model, tok = self.loading.load(self.model.local())
         tok = _tokenizer(tok, self.tokenizer)
@@ -280,8 +273,6 @@ class Intervene(StepArgs):
     out: Path = location()
 
     def identity(self, ctx) -> dict:
-        from interventions.registry import request
-
         models = {"base": self.base.fingerprint(ctx), "vlm": self.vlm.fingerprint(ctx),
                   **({"root": self.root.fingerprint(ctx)} if self.root is not None else {})}
         maps = {k: r.fingerprint(ctx) for k, r in self.sink_maps.items()} if self.sink_maps else None
@@ -296,10 +287,6 @@ class Intervene(StepArgs):
         return params
 
     def run(self, ctx) -> dict:
-        from interventions.registry import apply_intervention
-        from sinkstudy.io import read_json
-        from sinkstudy.provenance import model_fingerprint
-
         out = apply_intervention(self.method, self.base.local(), self.vlm.local(), self._params(local=True), self.out,
                                  seed=self.seed, replace=True, progress=ctx.progress, mergekit_options=dict(self.mergekit) or None)
         info = read_json(Path(out) / "intervention.json") if (Path(out) / "intervention.json").is_file() else {}
@@ -331,10 +318,9 @@ class InjectQKNorm(StepArgs):
     out: Path = location()
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from interventions.qknorm import checkpoint_format, init_report, inject_qk_norm, qk_norm_kind, save_injected, trainable_filter
         from interventions.training import read_training_texts, train_causal_lm
-        from sinkstudy.io import atomic_output_dir
-        from sinkstudy.provenance import model_fingerprint
 
         model, tok = self.loading.load(self.base.local())
         tok = _tokenizer(tok, self.tokenizer)
@@ -372,7 +358,6 @@ def native_qk_norm(base: Ref, stated: bool | None) -> bool:
     """Whether a base has QK-norm of its own: `stated` (a study's `native_qk_norm`), else its model type."""
     if stated is not None:
         return bool(stated)
-    from interventions.pairs.resolve import load_config
 
     cfg = load_config(base.path, revision=base.revision)
     return getattr(cfg, "model_type", "") in ("qwen3", "gemma3_text", "olmo2", "olmo3")

@@ -16,17 +16,26 @@ is lost capability (the paper: IFEval 59.9 → 11 for injected Qwen2.5-3B, Δ �
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from evals.eval_run import HEADLINE_METRICS, EvalRun
 from evals.protocol import EvalProtocol
 from evals.sink.calibration import DEFAULT_SET
+from experiments.study.adapt_section import stage_recipe
 from experiments.study.arms import Adapt
 from experiments.study.graph import Plan, Step
 from experiments.study.kinds import Ref
 from experiments.study.pair_steps import ExtractAdapted, InjectQKNorm, Loading, MeasureEval, MeasureSink, texts_ref
+from experiments.study.runner import run_plan
+from interventions.adapt.config import VisionSpec
+from interventions.pairs import archs
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
+from sinkstudy.io import write_json_atomic, write_text_atomic
+from sinkstudy.provenance import model_fingerprint, provenance
 
 GROUP = "qknorm"
 
@@ -34,11 +43,9 @@ GROUP = "qknorm"
 def native(base: str, native_ok: bool) -> bool:
     """Whether `base` has QK-norm of its own, from its config alone (a weightless meta model); a base that can
     take no injection is refused in one line (a native one unless `native_ok`). A VLM is checked once extracted."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM
-
-    from interventions.pairs import archs
-    from interventions.pairs.resolve import load_config
     from interventions.qknorm import check_injectable, qk_norm_kind
 
     config = load_config(base)
@@ -67,8 +74,6 @@ def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoc
                   before: list[Step] = ()) -> Recovery:
     """`args` (its base and output filled in here) then, with a `protocol`, the original's and the candidate's
     evals on the same prompts; `before`: steps that make what `args` reads (its training text)."""
-    import dataclasses
-
     plan = Plan(before)
     model = out / "model"
     inject = plan.add(Step(f"{GROUP}/inject", dataclasses.replace(args, base=Ref(str(base)), out=model), outputs=(model,))).id
@@ -86,7 +91,7 @@ def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoc
 def recovery_report(results: dict[str, dict], r: Recovery, args: InjectQKNorm, *, base: str, training_text: str) -> dict:
     """report.json of an injection: the KL and S at init and after training, the paired evals (Δ = candidate −
     original in points, bootstrap CI, McNemar)."""
-    from evals.eval_run import EvalRun
+    # lazy: loads numpy
     from evals.stats import compare_runs
 
     made = results[r.inject]
@@ -174,7 +179,7 @@ def arms_report(results: dict[str, dict], a: Arms, *, base: str, recipe_file: st
                 protocol: EvalProtocol, seed: int) -> dict:
     """report.json of the arms: per arm its S before and after adaptation, its stages, and per task Δ vs its own
     base and vs the control (points, paired bootstrap CI, McNemar)."""
-    from evals.eval_run import HEADLINE_METRICS, EvalRun
+    # lazy: loads numpy
     from evals.stats import compare
 
     runs = {name: EvalRun.load(results[s["eval"]]["dir"]) for name, s in a.arms.items()}
@@ -216,6 +221,7 @@ def _comparison(c) -> dict:
 
 def trajectories(a: Arms) -> dict[str, list[dict]]:
     """Each arm's Sink Strength during its adaptation (the run's trajectory.json), where it was recorded."""
+    # lazy: loads torch, transformers, scipy
     from interventions.adapt.trajectory import read_points
 
     found = {name: read_points(Path(s["run"]) / "trajectory.json") for name, s in a.arms.items()}
@@ -233,31 +239,20 @@ def recovery_text(steps: int, train_texts: str | None, default: Callable[[], Ste
     return [step], Ref(str(step.outputs[0]), step.id)
 
 
-def arms_recipe(config, data: dict[str, list], steps: dict[str, int], *, vision: str | None = None,
-                donor: str | None = None) -> tuple[dict, dict]:
-    """(VisionSpec, AdaptConfig) of the arms as dicts: the recipe `config` with `data` and `steps` per stage, stages
-    without data on the digits; the vision side a fresh tower (`vision`), a donor's (`donor`) or a tiny one."""
-    from interventions.adapt import VisionSpec
-
-    for stage, specs in data.items():
-        config.stage(stage).data = list(specs)
-    for stage, n in steps.items():
-        config.stage(stage).steps = n
-    for stage in config.stages:
-        stage.data = stage.data or ["digits"]
-    spec = (VisionSpec("fresh", vision, seed=config.seed) if vision else VisionSpec("donor", donor, seed=config.seed) if donor
-            else VisionSpec("tiny", seed=config.seed))
-    return spec.to_dict(), config.to_dict()
+def arms_recipe(recipe: dict, data: dict[str, list], steps: dict[str, int], vision: VisionSpec | None) -> tuple[dict, dict]:
+    """(vision, recipe) of the arms as dicts: `recipe` (an AdaptConfig as a dict) with a command's per-stage data and
+    steps (`experiments.study.adapt_section.stage_recipe`), the stages given no data on the digits; the vision side
+    `vision`, else a tiny tower."""
+    recipe = stage_recipe(recipe, {**{s["name"]: ["digits"] for s in recipe["stages"] if not s.get("data")}, **data}, steps)
+    return (vision or VisionSpec("tiny", seed=recipe["seed"])).to_dict(), recipe
 
 
 def run_recovery(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtocol | None, *, training_text: str, force: bool = False,
                  progress: bool = True, sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
     """`recovery_plan` run through the engine (`sharing`: `run_plan`'s share and store_root); report.json and report.txt
     written in `out`."""
+    # lazy: loads numpy
     from experiments.report.qknorm_tables import format_injection
-    from experiments.study.runner import run_plan
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
 
     r = recovery_plan(base, out, args, protocol, **plan_kw)
     engine = run_plan(r.plan, out, force=force, progress=progress, seed=args.seed, guarded=("inject",), **(sharing or {}))
@@ -274,11 +269,9 @@ def run_arms(base: str, inits: list[str], native_base: str | None, native_ok: bo
              force: bool = False, progress: bool = True, sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
     """`arms_plan` run through the engine (`sharing`: `run_plan`'s share and store_root); report.json, report.md and the
     S trajectories (trajectory.png) in `out`."""
+    # lazy: loads torch, numpy
     from experiments.report.qknorm_tables import format_arms
-    from experiments.study.runner import run_plan
     from interventions.adapt.trajectory_plot import plot_trajectories
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
 
     a = arms_plan(base, inits, native_base, native_ok, out, **plan_kw)
     engine = run_plan(a.plan, out, force=force, progress=progress, seed=plan_kw["seed"], guarded=("inject", "adapt"), **(sharing or {}))

@@ -1,5 +1,5 @@
 """Runs a study along its data path: config (`experiments.study.config`) -> plan (`experiments.study.pipeline`) ->
-steps (`experiments.study.engine`, reusing finished ones) -> summary.json (`experiments.report.summarise`) ->
+steps (`experiments.study.engine`, reusing finished ones) -> summary.json (`experiments.study.summarise`) ->
 report.md / .html / plots (`experiments.report.document`, from the summary alone).
 
 A whole run (`run_study`) holds the output directory's lock. For a scheduler, `plan_records` lists
@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from evals.protocol import check_backend
+from experiments.study.summarise import summarise
 from experiments.study.clock import StepClock
 from experiments.study.engine import Engine
 from experiments.study.pipeline import StudyPlan, plan_study
@@ -121,8 +123,8 @@ def collect_study(plan: StudyPlan, *, force: bool = False, progress: bool = True
     """Run every step not finished, write summary.json and the report; the caller holds the output lock.
     `executed`: the log of steps other processes ran for this run (parallel jobs), reported in place of
     this pass's reuse of them. Returns the report's paths, the step counts and the log (step, reused, seconds)."""
+    # lazy: loads torch, numpy
     from experiments.report.document import write_report
-    from experiments.report.summarise import summarise
 
     study = plan.study
     engine = engine_for(study, plan, force=force, progress=progress, on_done=clock.tick if clock is not None else None)
@@ -143,6 +145,4 @@ def step_priors(study) -> dict[str, float]:
 
 def _check_backend(study) -> None:
     """The eval backend's package is installed (vLLM is optional): checked when steps run, not by --plan."""
-    from evals.protocol import check_backend
-
     check_backend(study.evals.protocol.backend)

@@ -16,6 +16,7 @@ import copy
 from pathlib import Path
 from typing import Callable
 
+from experiments.study.config import validate
 from sinkstudy.io import read_json, write_json_atomic
 
 
@@ -41,8 +42,8 @@ def seed_dir(out: Path, seeds: list[int], seed: int) -> Path:
 def run_seeds(study, run_one: Callable) -> dict:
     """Run `study` once per seed of `study.seeds` (`run_one(study) -> result`), the first seed first; then attach
     every other seed's summary to the first's and re-render its report. Returns the first seed's result."""
+    # lazy: loads torch, numpy
     from experiments.report.document import write_report
-    from experiments.study.config import validate
     from experiments.study.dose_response import over_seeds
 
     if not study.seeds:

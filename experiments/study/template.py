@@ -9,15 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from evals.template_share import Openings, openings, template_share
 from experiments.study.kinds import StepArgs
 from interventions.adapt.code import VL_WORLD
+from interventions.adapt.sources import load_records, parse_spec, spec_identity
 
 
 def training_data(recipe: dict) -> tuple:
     """The data specs of every stage of `recipe` (an AdaptConfig as a dict) that can hold image records: every spec
     but the base's self-distilled replies (text by construction, and made from a model)."""
-    from interventions.adapt.sources import parse_spec
-
     specs = []
     for stage in recipe["stages"]:
         for spec in stage.get("data") or ():
@@ -37,14 +37,9 @@ class TrainingOpenings(StepArgs):
     seed: int = 0
 
     def identity(self, ctx) -> dict:
-        from interventions.adapt.sources import spec_identity
-
         return {"specs": [spec_identity(s) for s in self.specs], "seed": self.seed}
 
     def run(self, ctx) -> dict:
-        from evals.template_share import openings
-        from interventions.adapt.sources import load_records
-
         answers = []
         for spec in self.specs:
             records = load_records(spec, seed=self.seed)
@@ -58,7 +53,5 @@ class TrainingOpenings(StepArgs):
 def shares(openings: dict, run, tasks: list[str]) -> dict[str, Any]:
     """Per task, the template share of one model's eval answers (`evals.eval_run.EvalRun`) against `openings`
     (a `TrainingOpenings` result)."""
-    from evals.template_share import Openings, template_share
-
     found = Openings.from_dict(openings)
     return {t: template_share([s["output"] for s in run.docs(t).values()], found).as_dict() for t in tasks}

@@ -21,13 +21,13 @@ read without loading torch.
 from importlib import import_module
 
 _WHERE = {
-    "build": ("build_vlm", "check_round_trip"),
-    "vlm_io": ("causal_view", "extract_lm", "language_model", "load_vlm", "save_vlm"),
-    "config": ("AdaptConfig", "AdaptConfigError", "StageConfig", "TrajectoryConfig", "from_dict", "load_config", "paper_recipe",
-               "text_recipe", "VisionSpec"),
-    "hooks": ("FreezeParameters", "HookContext", "TrainingHook"),
-    "run": ("adapt",),
-    "trainer": ("train_stage",),
+    "interventions.adapt.build": ("build_vlm", "check_round_trip"),
+    "interventions.adapt.vlm_io": ("causal_view", "extract_lm", "language_model", "load_vlm", "save_vlm"),
+    "interventions.adapt.config": ("AdaptConfig", "AdaptConfigError", "StageConfig", "TrajectoryConfig", "VisionSpec", "from_dict",
+                                   "load_config", "paper_recipe", "text_recipe"),
+    "interventions.adapt.hooks": ("FreezeParameters", "HookContext", "TrainingHook"),
+    "interventions.adapt.run": ("adapt",),
+    "interventions.adapt.trainer": ("train_stage",),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 __all__ = list(_MODULE)
@@ -36,4 +36,4 @@ __all__ = list(_MODULE)
 def __getattr__(name: str):
     if name not in _MODULE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_MODULE[name]}"), name)
+    return getattr(import_module(_MODULE[name]), name)

@@ -23,6 +23,7 @@ VLM's text decoder plus a sidecar (`qknorm.save_vlm_norms`); `vlm_io.load_vlm` a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -31,7 +32,12 @@ from typing import Any
 
 import torch
 
+from interventions import qknorm
 from interventions.adapt.config import TINY_DEFAULTS, VisionSpec
+from interventions.adapt.tower import pretrained_tower, settings_of, tower_report, vision_config
+from interventions.pairs import check_same_layout
+from interventions.pairs.archs import plan_target_config
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
@@ -59,10 +65,6 @@ class Built:
 
 def build_vlm(base, tokenizer, vision: VisionSpec) -> Built:
     """A VLM whose language model starts as `base` (a loaded causal LM, possibly QK-norm injected)."""
-    from interventions import qknorm
-
-    import copy
-
     tokenizer = copy.deepcopy(tokenizer)  # a fresh build may add its image token
     image_token, added = _image_token(tokenizer) if vision.kind != "donor" else (None, False)
     lm, carried = base, None
@@ -89,6 +91,7 @@ def build_vlm(base, tokenizer, vision: VisionSpec) -> Built:
 # --------------------------------------------------------------------------- fresh / tiny LLaVA
 
 def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> Built:
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import LlavaForConditionalGeneration, LlavaProcessor
     from transformers.initialization import no_init_weights
 
@@ -115,7 +118,6 @@ def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> 
     report = {"kind": vision.kind, "source": vision.source, "tower": family, **info, "vocab_size": vocab,
               "text_model_type": config.text_config.model_type}
     if vision.kind == "scenes":  # what the frozen tower sees: its linear probe on held-out images
-        from interventions.adapt.tower import pretrained_tower, tower_report
 
         report["tower_probe"] = tower_report(pretrained_tower(vision.tiny))["probe"]
     return Built(vlm, processor, tokenizer, image_token, ("", ""), report)
@@ -149,6 +151,7 @@ def multimodal_chat_template(template: str | None, image_token: str) -> str | No
 
 def llava_config(text_config, vision_config, family: str, vision: VisionSpec, image_token_index: int, vocab: int):
     """(LlavaConfig, facts) for a fresh/tiny build: LLaVA-1.5 feature choice, 2-layer GELU projector."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import LlavaConfig
 
     strategy = "full" if family == "siglip" else "default"
@@ -169,6 +172,7 @@ def llava_config(text_config, vision_config, family: str, vision: VisionSpec, im
 
 def tower_config(vision: VisionSpec):
     """(vision config, 'clip' | 'siglip') of a fresh or tiny tower, from configs only."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import CLIPVisionConfig
 
     if vision.kind == "tiny":
@@ -177,10 +181,7 @@ def tower_config(vision: VisionSpec):
                                 num_hidden_layers=t["num_hidden_layers"], num_attention_heads=t["num_attention_heads"],
                                 image_size=t["image_size"], patch_size=t["patch_size"], num_channels=3), "clip"
     if vision.kind == "scenes":
-        from interventions.adapt.tower import settings_of, vision_config
-
         return vision_config(settings_of(vision.tiny)), "clip"
-    from interventions.pairs.resolve import load_config
 
     cfg = load_config(vision.source)  # one-line error for a missing path / offline hub id
     family = "siglip" if "siglip" in cfg.model_type else "clip" if "clip" in cfg.model_type else None
@@ -191,6 +192,7 @@ def tower_config(vision: VisionSpec):
 
 def _tower_weights(vision: VisionSpec, vision_config):
     """(tower state dict, image processor): seeded random for tiny, the checkpoint's for fresh."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoModel, CLIPVisionModel
 
     if vision.kind == "tiny":
@@ -204,9 +206,8 @@ def _tower_weights(vision: VisionSpec, vision_config):
                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
         return state, proc
     if vision.kind == "scenes":
+        # lazy: loads transformers, PIL, huggingface_hub
         from transformers import AutoImageProcessor
-
-        from interventions.adapt.tower import pretrained_tower
 
         path = pretrained_tower(vision.tiny)
         return CLIPVisionModel.from_pretrained(path, dtype=torch.float32).state_dict(), AutoImageProcessor.from_pretrained(path)
@@ -216,6 +217,7 @@ def _tower_weights(vision: VisionSpec, vision_config):
 
 def load_processor(vision: VisionSpec):
     """The image processor of a fresh tower, or a donor's whole processor; one line if it cannot load."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoImageProcessor, AutoProcessor
 
     flag = "--vision" if vision.kind == "fresh" else "--donor"
@@ -269,11 +271,8 @@ def donor_model(lm, state: dict, source: str):
     `state` is the base decoder's state (names without "model."); rows the donor adds past the
     base vocabulary keep the donor's values.
     """
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoModelForImageTextToText
-
-    from interventions.pairs import check_same_layout
-    from interventions.pairs.archs import plan_target_config
-    from interventions.pairs.resolve import load_config
 
     config = load_config(source)
     if config.model_type not in DONOR_TYPES:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from evals.protocol import EvalProtocol
 from evals.sink.calibration import DEFAULT_SET
@@ -136,8 +139,6 @@ def text_only_twin(config: AdaptConfig, data: list) -> AdaptConfig:
 
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> AdaptConfig:
     """An adaptation recipe from YAML (missing fields take the paper's values), then `overrides`."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise AdaptConfigError(f"adapt config not found: {p}")
@@ -237,8 +238,6 @@ def _stage(raw, where: str) -> StageConfig:
         if not isinstance(g, str) or (g not in GROUPS and not g.startswith("re:")):
             raise AdaptConfigError(f"{w}.trainable: unknown group {g!r}; groups: {', '.join(GROUPS)}, or re:<regex>")
         if g.startswith("re:"):
-            import re
-
             try:
                 re.compile(g[3:])
             except re.error as exc:

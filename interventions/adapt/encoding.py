@@ -12,10 +12,13 @@ asks for (`replace_image_token`), wrapped as the VLM's own template wraps it. Th
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from interventions.adapt.sources import IMAGE, DataError, Records
@@ -24,9 +27,7 @@ from sinkstudy import SinkstudyError
 
 def open_image(image):
     """A PIL RGB image from a path, PIL image, HWC uint8 array or datasets' {"bytes", "path"}."""
-    import io
-
-    import numpy as np
+    # lazy: loads PIL
     from PIL import Image
 
     if isinstance(image, (str, os.PathLike)):
@@ -166,8 +167,6 @@ class MixedDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, main, extra, share: float, *, seed: int = 0):
-        from fractions import Fraction
-
         if not 0 < share < 1:
             raise SinkstudyError(f"mixing share must be in (0, 1), got {share!r}")
         if len(main) == 0 or len(extra) == 0:

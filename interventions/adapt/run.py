@@ -25,13 +25,25 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
-from interventions.adapt import stagecache
+import torch
+from safetensors.torch import load_model, save_model
+
+from evals.sink import compute_sink_maps
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
+from interventions import qknorm as qk
+from interventions.adapt import encoding, sources, stagecache
+from interventions.adapt.build import DONOR_TYPES, build_vlm, check_round_trip, load_processor, tower_config
 from interventions.adapt.code import RUN as RUN_CODE
 from interventions.adapt.config import AdaptConfig, VisionSpec
 from interventions.adapt.hooks import TrainingHook
-from interventions.adapt.sources import spec_identity
+from interventions.adapt.sources import check_spec, spec_identity
+from interventions.adapt.trajectory_plot import plot_trajectories
+from interventions.pairs import load_causal_lm, save_causal_lm
+from interventions.pairs.resolve import load_config
+from interventions.qknorm import inject_qk_norm
 from sinkstudy import SinkstudyError
 from sinkstudy.io import OutputExistsError, read_json, write_json_atomic
+from sinkstudy.plugins import source_hash
 from sinkstudy.provenance import model_fingerprint, module_code_version, provenance
 
 log = logging.getLogger(__name__)
@@ -41,8 +53,6 @@ REQUEST, REPORT, TRAJECTORY = "request.json", "adapt.json", "trajectory.json"
 def hook_identity(hook: TrainingHook) -> dict:
     """A hook's name, class, parameters and the hash of its source files (`sinkstudy.plugins.source_hash`
     of `hook.sources()`): part of the request, so editing a hook (a plug-in file) reruns the run."""
-    from sinkstudy.plugins import source_hash
-
     params = hook.identity_params()
     return {"name": hook.name, "class": f"{type(hook).__module__}.{type(hook).__qualname__}",
             "source_sha256": source_hash(*hook.sources()), "params": json.loads(json.dumps(params, default=str))}
@@ -80,10 +90,6 @@ def check_run_dir(out: Path, request: dict, *, resume: bool) -> str:
 
 def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig, hooks: Sequence[TrainingHook] = ()) -> None:
     """Every input a run reads, checked from configs and file existence (before any work)."""
-    from interventions.adapt.build import DONOR_TYPES, load_processor, tower_config
-    from interventions.adapt.sources import check_spec
-    from interventions.pairs.resolve import load_config
-
     names = [s.name for s in config.stages]
     for hook in hooks:
         unknown = [s for s in hook.stages or () if s not in names]
@@ -139,6 +145,7 @@ def adapt(
     """
     out = Path(out)
     model_dir = Path(model_dir) if model_dir else out / "model"
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import check_device
 
     check_inputs(base, vision, config, hooks)
@@ -162,14 +169,9 @@ def adapt(
 
 def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh, device,
          shared) -> dict:
-    import torch
-
-    from interventions.adapt import encoding, sources
-    from interventions.adapt.build import build_vlm, check_round_trip
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import train_stage
     from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback, read_points
-    from interventions.adapt.trajectory_plot import plot_trajectories
-    from interventions.pairs import load_causal_lm
 
     torch.manual_seed(config.seed)
     lm, tok = load_causal_lm(base, tokenizer=tokenizer)
@@ -213,8 +215,6 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
                     _add_point(traj_path, probe, point)
             finished = True
         if finished:
-            from safetensors.torch import load_model
-
             load_model(model, str(work / "final.safetensors"))
             stats = read_json(work / "done.json")
         else:
@@ -225,8 +225,6 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
                                 calibration=probe.texts if sink_maps is not None else None, resume=not fresh, base=base,
                                 progress=progress and main, desc=f"adapt {stage.name}", device=device)
             if main:
-                from safetensors.torch import save_model
-
                 save_model(model, str(work / "final.safetensors"))
                 write_json_atomic(work / "done.json", {**stats, "records": len(dataset)})
                 if key:
@@ -268,8 +266,7 @@ def snapshot_dir(out: Path, stage: str, step: int) -> Path:
 def _save_snapshots(model, processor, tok, out: Path, config: AdaptConfig, vision, qknorm) -> list[dict]:
     """Each stage's `save_models_at` weights saved as a model of its own (the final model's weights are then gone from
     `model`: call last). Steps count from the run's start, as the trajectory's do."""
-    from safetensors.torch import load_model
-
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import snapshot_file
 
     saved, offset = [], 0
@@ -286,6 +283,7 @@ def _save_snapshots(model, processor, tok, out: Path, config: AdaptConfig, visio
 
 
 def _add_point(path: Path, probe, point: dict) -> None:
+    # lazy: loads transformers, scipy, PIL
     from interventions.adapt.trajectory import FORMAT, read_points
 
     points = sorted(read_points(path) + [point], key=lambda p: p["step"])
@@ -293,12 +291,9 @@ def _add_point(path: Path, probe, point: dict) -> None:
 
 
 def _inject(lm, tok, qknorm: dict, config: AdaptConfig):
-    from interventions.qknorm import inject_qk_norm
-
     unknown = set(qknorm) - {"init", "alpha"}
     if unknown:
         raise SinkstudyError(f"qknorm: unknown option(s) {', '.join(sorted(unknown))}; allowed: init, alpha")
-    from evals.sink.calibration import DEFAULT_SET, resolve_texts
 
     texts = [t.text for t in resolve_texts(config.trajectory.calibration, DEFAULT_SET)[0]]
     return inject_qk_norm(lm, init=qknorm.get("init", "identity-gain"), calibration_texts=texts, tokenizer=tok,
@@ -306,15 +301,12 @@ def _inject(lm, tok, qknorm: dict, config: AdaptConfig):
 
 
 def _base_sink_maps(lm, tok, probe):
-    from evals.sink import compute_sink_maps
-
     return compute_sink_maps(lm, tok, probe.texts, metric=probe.cfg.metric, progress=False)
 
 
 def _save(model, processor, tok, model_dir: Path, vision, qknorm) -> None:
-    from interventions import qknorm as qk
+    # lazy: loads transformers, scipy, PIL
     from interventions.adapt.vlm_io import save_vlm
-    from interventions.pairs import save_causal_lm
 
     model.config.use_cache = True
     if vision is not None:

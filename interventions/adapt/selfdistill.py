@@ -21,6 +21,9 @@ import random
 import re
 from pathlib import Path
 
+from tqdm import tqdm
+
+from interventions.pairs import load_causal_lm
 from sinkstudy import SinkstudyError
 from sinkstudy.io import cache_root, output_lock, write_text_atomic
 from sinkstudy.keys import key
@@ -105,11 +108,9 @@ def records(base, spec: dict) -> list[dict]:
 def generate(model_or_path, settings: dict, *, progress: bool = True) -> list[dict]:
     """Greedy replies of the model (chat template on) to the neutral prompts; replies cut at the budget left out.
     A bar counts the replies (200 take about 11 min on 2 CPU cores for SmolLM2-135M)."""
+    # lazy: loads torch, transformers, numpy
     import torch
-    from tqdm import tqdm
-
     from evals.generate.loop import Prompt, greedy_generate
-    from interventions.pairs import load_causal_lm
 
     model, tok = (load_causal_lm(model_or_path) if isinstance(model_or_path, (str, os.PathLike)) else (model_or_path, None))
     if tok is None:

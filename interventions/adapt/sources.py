@@ -26,12 +26,17 @@ The records become model inputs in `interventions.adapt.encoding`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from evals.vl import digits
+from interventions.adapt import generated, selfdistill
 from sinkstudy import SinkstudyError
+from sinkstudy.inputs import inputs_checked
+from sinkstudy.provenance import model_fingerprint
 
 IMAGE = "<image>"
 SPEC_KINDS = ("digits", "json", "hf", "records", "generated", "selfdistill")
@@ -73,17 +78,11 @@ def parse_spec(spec) -> dict:
 def check_spec(spec) -> dict:
     """Parse and check a spec without reading it all (missing files fail here, before any work; not while a study
     is only planned: `sinkstudy.inputs`)."""
-    from sinkstudy.inputs import inputs_checked
-
     s = parse_spec(spec)
     if "generated" in s:
-        from interventions.adapt.generated import check
-
-        check(s)
+        generated.check(s)
     if "selfdistill" in s:
-        from interventions.adapt.selfdistill import check
-
-        check(s)
+        selfdistill.check(s)
     if "json" in s and inputs_checked() and not Path(s["json"]).is_file():
         raise DataError(f"data file not found: {s['json']}")
     if s.get("image_folder") and inputs_checked() and not Path(s["image_folder"]).is_dir():
@@ -99,14 +98,11 @@ def spec_identity(spec) -> Any:
     """What identifies a spec in requests and reports: the spec, with a content hash for in-memory records, for a local
     JSON file (the same path rewritten with other rows is other data) and for the local model a `selfdistill` spec
     names (its replies are its weights' work)."""
-    import hashlib
-
     s = parse_spec(spec)
     if "json" in s:
         path = Path(s["json"])
         return {**s, "sha256": _file_sha256(path)} if path.is_file() else s
     if s.get("selfdistill", "base") != "base" and Path(s["selfdistill"]).exists():  # another model's replies: by its content
-        from sinkstudy.provenance import model_fingerprint
 
         return {**s, "model_fingerprint": model_fingerprint(s["selfdistill"])}
     if "records" not in s:
@@ -118,8 +114,6 @@ def spec_identity(spec) -> Any:
 
 
 def _file_sha256(path: Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -128,8 +122,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def _blob(obj) -> str:
-    import hashlib
-
+    # lazy: loads numpy
     import numpy as np
 
     if isinstance(obj, np.ndarray):
@@ -145,16 +138,12 @@ def load_records(spec, *, seed: int = 0, base=None) -> "Records":
     s = check_spec(spec)
     prompt = s.get("caption_prompt", DEFAULT_CAPTION_PROMPT)
     if "generated" in s:
-        from interventions.adapt.generated import GeneratedRows
-
-        rows = GeneratedRows(s["generated"], s["n"], s.get("split", "train"), s.get("seed", seed))
+        rows = generated.GeneratedRows(s["generated"], s["n"], s.get("split", "train"), s.get("seed", seed))
         name, folder = f"generated:{s['generated']}", None
     elif "selfdistill" in s:
-        from interventions.adapt.selfdistill import records as distilled
-
         if base is None:
             raise DataError("a selfdistill spec needs the run's base model (it is made from the base's own replies)")
-        rows, name, folder = distilled(base, s), "selfdistill", None
+        rows, name, folder = selfdistill.records(base, s), "selfdistill", None
     elif "digits" in s:
         opts = s["digits"] or {}
         rows = digits_records(opts.get("split", "train"), n_heldout=opts.get("heldout", 200), seed=opts.get("seed", seed),
@@ -216,6 +205,7 @@ def _read_json(path: Path) -> list:
 
 
 def _read_dataset(name: str, split: str):
+    # lazy: loads datasets, numpy, huggingface_hub
     import datasets
 
     try:
@@ -322,8 +312,6 @@ def digits_records(split: str = "train", *, n_heldout: int = 200, seed: int = 0,
     Pixels 0..16 become 8-bit greys (v * 255 / 16). `captions(label, rng)` gives (question, answer);
     default "What digit is this?" / "It is a {d}.". Each record also carries its `label`.
     """
-    from evals.vl import digits
-
     if split not in digits.SPLITS:
         raise DataError(f"digits split must be train or heldout, got {split!r}")
     rng = random.Random(seed)

@@ -21,10 +21,16 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
+from evals.vl import digits, easyvqa, scenes
+from evals.vl.easyvqa import COLOURS, SHAPES, questions
+from evals.vl.scenes import MAX_OBJECTS
 from sinkstudy import SinkstudyError
 from sinkstudy.io import atomic_output_dir, cache_root, output_lock
 from sinkstudy.keys import key
@@ -104,6 +110,7 @@ def image_processor(settings: dict):
 
 
 def vision_config(settings: dict):
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import CLIPVisionConfig
 
     return CLIPVisionConfig(**{k: settings[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -114,10 +121,6 @@ def vision_config(settings: dict):
 
 def images(split: str, settings: dict, *, n_scenes: int | None = None) -> TowerImages:
     """The tower's images of `split` ("train" or "heldout"): scenes, easy-VQA's images, the digits."""
-    import numpy as np
-
-    from evals.vl import digits, easyvqa, scenes
-
     size, patch = settings["image_size"], settings["patch_size"]
     pix, rows = [], []
     n = n_scenes if n_scenes is not None else (settings["scenes"] if split == "train" else settings["scenes"] // 8)
@@ -142,15 +145,11 @@ def images(split: str, settings: dict, *, n_scenes: int | None = None) -> TowerI
 
 
 def _thing_class(t) -> int:
-    from evals.vl.easyvqa import COLOURS, SHAPES
-
     return (SHAPES.index(t.shape) * len(COLOURS) + COLOURS.index(t.colour)) * len(_SIZES) + _SIZES.index(t.size)
 
 
 def _easyvqa_labels(split: str) -> dict[str, dict]:
     """Shape and colour of each easy-VQA image that a question names them for ("what color is ...")."""
-    from evals.vl.easyvqa import COLOURS, SHAPES, questions
-
     out: dict[str, dict] = {}
     for _, answer, path, kind in questions(split):
         if kind == "shape":
@@ -161,7 +160,7 @@ def _easyvqa_labels(split: str) -> dict[str, dict]:
 
 
 def _array(image, size: int):
-    import numpy as np
+    # lazy: loads PIL
     from PIL import Image
 
     im = Image.open(image).convert("RGB") if isinstance(image, (str, os.PathLike)) else \
@@ -175,9 +174,6 @@ def _array(image, size: int):
 
 class _Heads(torch.nn.Module):
     def __init__(self, d: int):
-        from evals.vl.easyvqa import COLOURS, SHAPES
-        from evals.vl.scenes import MAX_OBJECTS
-
         super().__init__()
         self.patches = torch.nn.Linear(d, 1 + len(SHAPES) * len(COLOURS) * len(_SIZES))
         self.count = torch.nn.Linear(d, MAX_OBJECTS)
@@ -194,9 +190,7 @@ def features(model, pixels_uint8: torch.Tensor) -> torch.Tensor:
 
 def pretrain(settings: dict, *, progress: bool = False):
     """(CLIPVisionModel, image processor, report) trained on the train images with the heads above."""
-    import time
-
-    from tqdm import tqdm
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import CLIPVisionModel
 
     with torch.random.fork_rng(devices=[]):
@@ -247,6 +241,7 @@ def _loss(model, heads: _Heads, pixels, targets) -> torch.Tensor:
 def probe(model, processor, settings: dict) -> dict:
     """Held-out accuracy of a linear probe per attribute (count, shape, colour, digit) on the concatenated
     patch features, with the chance level (the held-out majority class's share)."""
+    # lazy: loads sklearn, scipy
     from sklearn.linear_model import LogisticRegression
 
     train, held = images("train", settings, n_scenes=settings["scenes"] // 2), images("heldout", settings)

@@ -14,8 +14,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
+from evals.eval_run import HEADLINE_METRICS
+from evals.lmeval import run_eval
+from evals.sink import compute_sink_maps, strength_from_maps
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
+from evals.sink.metrics import get_metric
+from interventions.adapt.vlm_io import causal_view, language_model
 from sinkstudy.io import read_json, write_json_atomic
 
 FORMAT = "sinkstudy.trajectory/1"
@@ -25,19 +32,11 @@ class SinkProbe:
     """Measure one trajectory point of a (training) model without copying its weights."""
 
     def __init__(self, tokenizer, trajectory, *, seed: int = 0):
-        from evals.sink.calibration import DEFAULT_SET, resolve_texts
-        from evals.sink.metrics import get_metric
-
         self.tokenizer, self.cfg, self.seed = tokenizer, trajectory, seed
         get_metric(trajectory.metric)  # one-line error for an unknown metric, before training
         self.texts, self.source = resolve_texts(trajectory.calibration, DEFAULT_SET)
 
     def __call__(self, model) -> dict[str, Any]:
-        import torch
-
-        from evals.sink import compute_sink_maps, strength_from_maps
-        from interventions.adapt.vlm_io import causal_view, language_model
-
         was = model.training
         model.eval()
         try:
@@ -46,9 +45,6 @@ class SinkProbe:
             strength = strength_from_maps(maps, self.cfg.metric)
             point: dict[str, Any] = {"sink_strength": _num(strength.value), "mean_sink_mass": float(maps.mass.mean())}
             if self.cfg.eval_tasks:
-                from evals.eval_run import HEADLINE_METRICS
-                from evals.lmeval import run_eval
-
                 run = run_eval(causal_view(model), self.tokenizer, tasks=self.cfg.eval_tasks, limit=self.cfg.eval_limit,
                                max_gen_toks=self.cfg.eval_max_gen_toks, data_files=self.cfg.eval_data_files or None,
                                seed=self.seed, progress=False, use_cache=False)

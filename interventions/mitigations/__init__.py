@@ -3,7 +3,6 @@
 A mitigation is a function registered by name; `run_mitigation` does everything around it (checks,
 loading the pair, sink maps when it needs them, atomic output with `intervention.json`), so a new
 idea is one small function:
-
     from interventions.mitigations import register_mitigation
 
     @register_mitigation("scale_sink_heads", defaults={"factor": 1.5}, needs_sink_maps=True)
@@ -31,9 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from interventions.outputs import (check_disk_space, check_finite_model, check_pair, estimate_output_bytes,
+                                   language_model_of, side_files, write_result)
+from interventions.pairs import load_causal_lm
 from sinkstudy import SinkstudyError
-from sinkstudy.plugins import Registry
-from sinkstudy.plugins import source_hash as plugin_source_hash
+from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
+from sinkstudy.plugins import Registry, source_hash as plugin_source_hash
 
 
 class MitigationError(SinkstudyError):
@@ -91,6 +94,7 @@ def source_hash(mitigation: Mitigation) -> str:
 
 def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, progress: bool = True) -> dict[str, Any]:
     """Sink maps of both models on the same calibration texts, and their shift."""
+    # lazy: loads torch, numpy
     from evals.sink import compute_sink_maps, sink_shift
 
     maps_b = compute_sink_maps(base_model, tokenizer, texts, progress=progress)
@@ -100,6 +104,7 @@ def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, prog
 
 def _sink_maps_arg(sink_maps: Mapping[str, Any]) -> dict[str, Any]:
     """Accept {"base", "vlm"} as SinkMaps or JSON paths (the shift is added), or a ready dict."""
+    # lazy: loads torch, numpy
     from evals.sink import SinkMaps, sink_shift
 
     out = dict(sink_maps)
@@ -134,13 +139,8 @@ def run_mitigation(
     and none are given; both maps are saved beside the model for reuse. A model with non-finite
     values is refused before anything is written. `request` goes into `intervention.json`.
     """
+    # lazy: loads torch, numpy
     import torch
-
-    from interventions.outputs import (check_disk_space, check_finite_model, check_pair, estimate_output_bytes, language_model_of,
-                                       side_files, write_result)
-    from sinkstudy.checkpoint import local_checkpoint
-    from interventions.pairs import load_causal_lm
-    from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
 
     mitigation = get_mitigation(name)
     config = resolve_config(mitigation, params)

@@ -14,13 +14,13 @@ share * b of every micro-batch of b when that is whole), shuffled by the run's s
 
 from __future__ import annotations
 
+from interventions.adapt.encoding import EncodedDataset, MixedDataset
+from interventions.adapt.sources import check_spec, load_records, spec_identity
 from interventions.protect import Protection, register_protection
 from sinkstudy import SinkstudyError
 
 
 def _validate(config: dict) -> None:
-    from interventions.adapt.sources import check_spec
-
     share = config["share"]
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
         raise SinkstudyError(f"share must be a number in (0, 1), got {share!r}")
@@ -33,14 +33,9 @@ class TextReplay(Protection):
 
     def identity_params(self) -> dict:
         # The replayed file's content, not only its path, identifies the run.
-        from interventions.adapt.sources import spec_identity
-
         return {**super().identity_params(), "config": {**self.config, "data": spec_identity(self.config["data"])}}
 
     def dataset(self, ctx, dataset):
-        from interventions.adapt.sources import load_records
-        from interventions.adapt.encoding import EncodedDataset, MixedDataset
-
         encoder = getattr(dataset, "encoder", None)
         if encoder is None:
             raise SinkstudyError("text_replay: the stage's dataset has no encoder to format the replayed chats with")
