@@ -415,17 +415,6 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UnreadableFileError(f"{path} is not valid JSON: {exc}") from None
 
 
-def reusable_json(path: str | os.PathLike | None, key: str) -> dict[str, Any] | None:
-    """The JSON at `path` when it was written under `key` (None: absent, unreadable or stale)."""
-    if path is None or not Path(path).is_file():
-        return None
-    try:
-        data = read_json(path)
-    except SinkstudyError:
-        return None
-    return data if isinstance(data, dict) and data.get("key") == key else None
-
-
 def json_default(obj: Any) -> Any:
     """`json.dumps(default=...)` for numpy/torch values and paths found in results."""
     # numpy / torch scalars and paths end up in results; store them as plain JSON.

@@ -281,16 +281,17 @@ def test_every_command_describes_itself_and_force_means_one_thing():
 
 def test_adapt_runs_on_the_cpu_unless_told_otherwise(tmp_path, monkeypatch):
     """Every command defaults to the CPU; adapt took a GPU when there was one."""
-    import experiments.study.runner as runner
+    import experiments.cli.cmd_adapt as cmd_adapt
     from experiments.cli import main
+    from sinkstudy import SinkstudyError
 
     planned = []
 
     def run_plan(plan, out, **kw):
         planned.append(next(iter(plan)).args)
-        raise runner.SinkstudyError("planned")
+        raise SinkstudyError("planned")
 
-    monkeypatch.setattr(runner, "run_plan", run_plan)
+    monkeypatch.setattr(cmd_adapt, "run_plan", run_plan)
     monkeypatch.setattr("interventions.adapt.run.check_inputs", lambda *a, **kw: None)
     assert main(["adapt", "--base", "some-org/base", "--tiny-vision", "--train-data", "digits", "--out", str(tmp_path / "a")]) == 2
     assert planned[0].device == "cpu"

@@ -565,15 +565,15 @@ def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(t
 def test_sweep_prints_its_plan_before_any_work_and_runs_the_spread(trio, tmp_path, monkeypatch, fake_measurements, own_cache, capsys):
     import yaml
 
-    import experiments.report.treatments as rt
-    import interventions.registry
+    import experiments.study.pair_steps as pair_steps
+    import experiments.study.sweep as sweep
     from experiments.cli import main
 
-    events = []
-    monkeypatch.setattr(interventions.registry, "apply_intervention", lambda method, b, v, params, out, **k: events.append(f"work {out.parent.name}") or
+    events = []  # the merge step's and the sweep's own calls, in order
+    monkeypatch.setattr(pair_steps, "apply_intervention", lambda method, b, v, params, out, **k: events.append(f"work {out.parent.name}") or
                         _copy_model(b, out))
-    plan = rt.format_plan
-    monkeypatch.setattr(rt, "format_plan", lambda *a: events.append("plan") or plan(*a))
+    plan = sweep.format_plan
+    monkeypatch.setattr(sweep, "format_plan", lambda *a: events.append("plan") or plan(*a))
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"grid": [{"method": "linear", "weight": [0.1, 0.3, 0.5, 0.7, 0.9]}]}))
     out = tmp_path / "sweep"

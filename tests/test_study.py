@@ -364,16 +364,17 @@ def test_a_build_section_is_read_by_the_reader_its_loader_hands_over():
 def test_inputs_the_plan_makes_itself_are_checked_when_the_step_that_reads_them_runs(config, tmp_path, monkeypatch, capsys):
     """demo.yaml (make study's default CONFIG) evaluates on held-out files its own build/corpus step writes: the run
     starts, it does not stop at load on files that do not exist yet."""
-    import experiments.study.runner as runner
+    import experiments.study.launch as launch
     from experiments.cli import main
+    from sinkstudy import SinkstudyError
 
     started = []
 
     def run_study(study, **kw):
         started.append(study.name)
-        raise runner.SinkstudyError("stopped here: the steps would run now")
+        raise SinkstudyError("stopped here: the steps would run now")
 
-    monkeypatch.setattr(runner, "run_study", run_study)
+    monkeypatch.setattr(launch, "run_study", run_study)
     out = tmp_path / "out"
     assert main(["run", str(CONFIGS / config), "--out", str(out), "--numerics", "native"]) == 2
     assert started and "stopped here" in capsys.readouterr().err and not (out / "data").exists()

@@ -82,7 +82,9 @@ def default_out(args) -> str:
 
 def _validate(args):
     """Every input checked before any work; the eval protocol (None with --no-eval)."""
-    if not args.recipe:
+    if args.recipe:
+        options.check_counts(args.train_steps)  # each [STAGE=]N; the stages are the recipe's, read below
+    else:
         options.recovery_steps(args.train_steps)  # a plain N: STAGE=N is for --recipe's stages
     protocol = eval_protocol(args)  # bad eval flags fail before any training
     if args.eval:

@@ -289,6 +289,12 @@ def stage_counts(values: list[str] | None, stage_names: list[str], what: str = "
     return {stage: _count(items[-1], f"--{what}", 1) for stage, items in parse_stage_values(values or [], stage_names, what).items()}
 
 
+def check_counts(values: list[str] | None, what: str = "train-steps") -> None:
+    """Each --`what` [STAGE=]N item's N a positive integer: checked before the recipe naming the stages is read."""
+    for item in values or []:
+        _count(item.rpartition("=")[2], f"--{what}", 1)
+
+
 def recovery_steps(values: list[str] | None) -> int:
     """--train-steps of recovery training, one text stage: a plain N (the last given; 0: no training)."""
     if not values:

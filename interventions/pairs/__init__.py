@@ -10,19 +10,22 @@ no weight library.
 
 from importlib import import_module
 
+# `resolve` names a function and the module holding it: bound now, so that `from interventions.pairs import resolve` is
+# the function whichever was imported first (the module is light: configs and headers, no weights).
+from interventions.pairs.resolve import ModelSource, check_same_layout, resolve
+
 _WHERE = {
     "interventions.pairs.archs": ("SUPPORTED_VLMS",),
     "interventions.pairs.diff": ("diff_summary", "format_diff_table", "weight_diff"),
     "interventions.pairs.extract": ("ExtractionPlan", "ExtractionReport", "extract_language_model", "plan_extraction"),
     "interventions.pairs.layout": ("PairMismatchError",),
     "interventions.pairs.loading": ("ModelPair", "load_causal_lm", "load_pair"),
-    "interventions.pairs.resolve": ("ModelSource", "check_same_layout", "resolve"),
     "interventions.pairs.tensors": ("tensors_of",),
     "interventions.pairs.writer": ("EXTRACTION_JSON", "DEFAULT_MAX_SHARD_BYTES", "save_causal_lm", "write_language_model"),
     "sinkstudy.checkpoint": ("load_tokenizer",),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
-__all__ = list(_MODULE)
+__all__ = [*_MODULE, "ModelSource", "check_same_layout", "resolve"]
 
 
 def __getattr__(name: str):
