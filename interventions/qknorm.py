@@ -56,7 +56,7 @@ class QKRMSNorm(nn.Module):
         self.variance_epsilon = eps
         self.alpha = float(alpha)
         if self.alpha != 1.0:
-            # In the state dict, so model fingerprints (eval cache keys) tell blends apart.
+            # In the state dict, so model fingerprints (and so the keys of the steps that read them) tell blends apart.
             self.register_buffer("blend_alpha", torch.tensor(self.alpha))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

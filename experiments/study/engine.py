@@ -6,8 +6,10 @@ fingerprints of its outputs and provenance. The key is the step's kind, argument
 (`experiments.study.kinds.step_key`), so a rerun reuses a step whose arguments and inputs are unchanged
 and re-runs one whose settings or inputs changed, and everything downstream of it. A step finished in
 another run (another output directory, another command) with the same key is reused from there
-(`experiments.study.store`). A step whose outputs have gone runs again; a transient step's
-(keep_models: false) only when a step that reads them has to run.
+(`experiments.study.store`; `share=False`, a command's `--no-cache`, reuses only this run's own). A step whose
+outputs have gone runs again; a transient step's (keep_models: false) only when a step that reads them has to run.
+Nothing below the engine reuses a result: a step's body writes what it is asked to make (`replace=True` to the
+writers: the engine has decided).
 
 A model or file another step made enters a key by its fingerprint (`StepContext.fingerprint`): read from
 disk in a whole run (an edited checkpoint is measured again), the producing step's record for a single
@@ -15,7 +17,7 @@ step (`run_one`: its dependencies finished elsewhere, maybe on another machine).
 
 A study owns its directory: a step whose record holds another key is re-run there. In a command's `--out`
 a step of a `guarded` stage (what the command makes, not what it measures) made by another request is
-refused instead, naming what differs, unless `force`. Each step holds its
+refused instead, in the one refusal (`made_by_another`) naming what differs, unless `force`. Each step holds its
 record's lock from the reuse check to its record, so parallel jobs of different steps run side by side
 while a second job of one step fails at once. Under a data-parallel launch every rank runs the bodies,
 and only the main one locks and writes records.
