@@ -86,7 +86,8 @@ def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Sum
     # one step name whatever the method: another treatment into this --out is another request of it, never beside it
     done = run_treatments(str(base), str(vlm), [Treatment("treatment", method, params, execution)], out, m, seed=args.seed,
                           n_boot=args.n_boot, confidence=args.confidence, force=args.force, progress=not args.quiet,
-                          sharing=options.sharing(args), tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)), root=str(root) if root else None,
+                          sharing=options.sharing(args), tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)),
+                          root=str(root) if root else None,
                           captions=args.captions, one=True, measure=args.eval)
     tp = done["plan"]
     if not any(e["reused"] for e in done["engine"].log if e["step"].endswith("/intervene/treatment")):  # a reuse was said

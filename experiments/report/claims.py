@@ -63,7 +63,9 @@ def _pts(delta, ci) -> str:
 
 def _rel(c) -> str:
     """A comparison's Δ/base with its CI (n/a where the base scores 0)."""
-    return "n/a (base scores 0)" if missing(c.delta_relative) else f"{num(c.delta_relative, '+.3f')} {ci_text(c.delta_relative_ci, '.3f')}".strip()
+    if missing(c.delta_relative):
+        return "n/a (base scores 0)"
+    return f"{num(c.delta_relative, '+.3f')} {ci_text(c.delta_relative_ci, '.3f')}".strip()
 
 
 def _same_prompts(c) -> str:
@@ -321,8 +323,8 @@ def _mitigations(r: StudyResults) -> list[Claim]:
         parts = []
         for p, c in units:
             cost = r.pairs[p].vl_cost.get(name) or {}
-            parts.append(f"{p}: {_pts(c.delta_points, c.delta_points_ci)} pts"
-                         + (f", Δ VL vs the VLM {num(cost.get('delta_points'), '+.1f')} pts" if not missing(cost.get("delta_points")) else ""))
+            vl = "" if missing(cost.get("delta_points")) else f", Δ VL vs the VLM {num(cost['delta_points'], '+.1f')} pts"
+            parts.append(f"{p}: {_pts(c.delta_points, c.delta_points_ci)} pts{vl}")
         out.append(Claim(f"Open direction: does mitigation {name} keep more text skill than its control (the unmitigated VLM LM)",
                          {AGREES: YES, DISAGREES: NO}.get(overall(answers), OPEN),
                          "; ".join(parts) + " (Δ = mitigated − VLM LM; positive = better)."

@@ -2,12 +2,12 @@
 `sinkstudy report RUN_DIR` re-renders an old run without its step files).
 
 The document is a list of blocks (`experiments.report.render`) rendered twice, to Markdown and to
-self-contained HTML. It opens with one line per question the summary answers (`experiments.report.claims`, where
-every answer is decided: number, CI, convention, the rule), then the paper's figures beside ours, then the
-details (`experiments.report.findings`, which describes); parts without data are left out. Every sentence states what the numbers show, including
-when they do not show the paper's effects; nothing in it is written by hand. Figures:
-`experiments.report.plots`. Convention throughout: Δ = after − before in points (score × 100; base -> VLM
-LM: negative = capability lost), relative = Δ / before.
+self-contained HTML. It opens with one line per question the summary answers (`experiments.report.claims`,
+where every answer is decided: number, CI, convention, the rule), then the paper's figures beside ours, then
+the details (`experiments.report.findings`, which describes); parts without data are left out. Every sentence
+states what the numbers show, including when they do not show the paper's effects; nothing in it is written by
+hand. Figures: `experiments.report.plots`, drawn with every report. Convention throughout: Δ = after − before
+in points (score × 100; base -> VLM LM: negative = capability lost), relative = Δ / before.
 """
 
 from __future__ import annotations
