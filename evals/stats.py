@@ -26,11 +26,12 @@ a percentile bootstrap of 3 prompts that all flipped reads [−100, −100]).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from evals.eval_run import HEADLINE_METRICS
 from evals.protocol import COMPARABLE_SETTINGS, DEFAULT_CONFIDENCE, DEFAULT_N_BOOT  # noqa: F401  (the bootstrap's defaults, part of this module's API)
 from sinkstudy import SinkstudyError
 
@@ -59,8 +60,6 @@ def comparison_side(c) -> int:
 
 def _tuples(cls, d: Mapping[str, Any]):
     """A statistics record from its `as_dict` form (JSON turns its CI tuples into lists)."""
-    from dataclasses import fields
-
     return cls(**{f.name: tuple(d[f.name]) if f.name.endswith("ci") and d.get(f.name) is not None else d[f.name]
                   for f in fields(cls) if f.name in d})
 
@@ -202,8 +201,6 @@ def _is_run(x) -> bool:
 
 
 def _default_metric(run, task: str) -> str:
-    from evals.lmeval import HEADLINE_METRICS
-
     metrics = run.metrics(task)
     if not metrics:
         raise SinkstudyError(f"run has no scores for task {task!r}")
@@ -288,6 +285,7 @@ def mcnemar_exact(before, after) -> tuple[float, int, int]:
 
 def mcnemar_counts(lost: int, gained: int) -> float:
     """Exact two-sided McNemar p-value from the discordant counts (binomial test at 1/2)."""
+    # lazy: loads scipy
     from scipy.stats import binomtest
 
     if min(lost, gained) < 0 or int(lost) != lost or int(gained) != gained:
@@ -511,6 +509,7 @@ def _tied(values: np.ndarray) -> np.ndarray:
 
 def _coefficients(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """(replicates, [spearman, pearson]) for resampled rows: Spearman = Pearson of ranks (ties averaged)."""
+    # lazy: loads scipy
     from scipy.stats import rankdata
 
     return np.stack([_rowwise_pearson(rankdata(xs, axis=-1), rankdata(ys, axis=-1)), _rowwise_pearson(xs, ys)], axis=-1)
@@ -518,6 +517,7 @@ def _coefficients(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 def _correlation(x: np.ndarray, y: np.ndarray, dist: np.ndarray, confidence: float) -> Correlation:
     """Correlation from the point estimates (scipy) and a (replicates, [spearman, pearson]) bootstrap."""
+    # lazy: loads scipy
     from scipy.stats import pearsonr, spearmanr
 
     rho, r = spearmanr(x, y), pearsonr(x, y)
@@ -536,6 +536,7 @@ def _rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def leave_one_out(x: Sequence[float], y: Sequence[float]) -> LeaveOneOut:
     """Leave-one-pair-out: predict each y from a least-squares line through the other pairs, and
     from their mean; mean absolute errors of both (the paper's predictor of Δ from S)."""
+    # lazy: loads scipy
     from scipy.stats import linregress
 
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)

@@ -18,13 +18,16 @@ per image (`answer_logprobs`).
 
 from __future__ import annotations
 
+import inspect
+import math
 import random
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from evals.vl.questions import SHORT, answers
+from evals.vl import digits, easyvqa, scenes
+from evals.vl.questions import SHORT, answers, digit_question, scene_questions
 
 _NUMBERS = {w: str(i) for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"))}
 _SYNONYMS = {"grey": "gray", "square": "rectangle", "centre": "center", "middle": "center"}
@@ -48,9 +51,6 @@ class Item:
 def heldout_items(n_easyvqa: int = 120, n_scenes: int = 120, n_digits: int = 60, seed: int = 0) -> list[Item]:
     """The held-out questions: a seeded sample of easy-VQA's test split, one question per held-out scene
     (types in turn), and held-out digits."""
-    from evals.vl import digits, easyvqa, scenes
-    from evals.vl.questions import digit_question, scene_questions
-
     rng = random.Random(seed)
     pool = easyvqa.questions("test")
     items = [Item(p, q[0].upper() + q[1:], a, t, "easyvqa", p) for q, a, p, t in (pool[i] for i in rng.sample(range(len(pool)), n_easyvqa))]
@@ -100,6 +100,7 @@ def score(predictions: list[str], items: list[Item]) -> VQAScore:
 
 def generate_answers(model, processor, items: list[Item], *, batch_size: int = 16, max_new_tokens: int = 8) -> list[str]:
     """Greedy answers of a LLaVA-style VLM (its processor's chat template and image processor)."""
+    # lazy: loads torch, numpy
     import torch
 
     tok = processor.tokenizer
@@ -132,8 +133,6 @@ def vqa_accuracy(model, processor, items: list[Item] | None = None, **kw) -> tup
 
 def image_of(key: str):
     """An item's image from its key: an easy-VQA file path, "scene:<split>:<i>" or "digit:<index>"."""
-    from evals.vl import digits, scenes
-
     kind, _, rest = key.partition(":")
     if kind == "scene":
         split, _, index = rest.partition(":")
@@ -144,6 +143,7 @@ def image_of(key: str):
 
 
 def _rgb(image):
+    # lazy: loads numpy, PIL
     import numpy as np
     from PIL import Image
 
@@ -162,8 +162,7 @@ def choice_accuracy(model, records: list[dict], choices: list[str], encode: Call
     `encode` turns a record with an assistant answer into model features and `collate` batches them: the
     caller's, so the prompts read as the model was trained on. `images_per_pass` images (each with every
     choice) share one forward pass."""
-    import math
-
+    # lazy: loads torch, numpy
     import torch
 
     correct, nll_true = 0, []
@@ -185,8 +184,7 @@ def answer_logprobs(vlm, batch: dict, rows_per_image: int):
     """(summed log-probability of each row's answer tokens, their count) for rows that come `rows_per_image` to an
     image, with one text up to where their answers differ: that prefix (image and question, most of each row) runs
     once per image and its KV cache serves each of the image's rows, a fraction of the work of scoring rows whole."""
-    import inspect
-
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import DynamicCache
 

@@ -21,10 +21,14 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from interventions.outputs import (RESULT_JSON, MergeError, check_disk_space, check_finite_checkpoint, check_pair, checkpoint_dtype,
-                                   estimate_output_bytes, replace_side_files, resolve_lm, side_files, write_result)
+import yaml
+
+from interventions.outputs import (RESULT_JSON, MergeError, check_disk_space, check_finite_checkpoint, check_pair,
+                                   checkpoint_dtype, estimate_output_bytes, language_model_of, replace_side_files,
+                                   side_files, write_result)
 from interventions.params import Selection, check_number
 from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import atomic_output_dir, check_output_dir
 
 LOG = logging.getLogger(__name__)
 
@@ -139,8 +143,6 @@ def merge_config(
 def config_yaml(cfg: dict[str, Any], seed: int | None, base: str | os.PathLike | None = None) -> str:
     """The YAML written beside a merge: runnable as is with `mergekit-yaml`. With a root, the
     header says which files to copy from the base LLM afterwards (what sinkstudy did)."""
-    import yaml
-
     seed_flag = f" --random-seed {seed}" if seed is not None else ""
     header = (
         "# Written by sinkstudy; reproduce these weights with:\n"
@@ -169,44 +171,42 @@ def run_mergekit_merge(
     root: str | os.PathLike | None = None,
     params: dict[str, Any] | None = None,
     seed: int = 0,
-    force: bool = False,
+    replace: bool = False,
     progress: bool = True,
-    cache_dir: str | os.PathLike | None = None,
     request: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
 ) -> Path:
     """Merge base and the VLM's LM with mergekit into `out_dir`; returns `out_dir`.
 
-    All checks (method, parameters, execution options, pair layout, disk space, existing output)
-    run before mergekit; the output is scanned for non-finite tensors before it is moved into place.
+    All checks (method, parameters, execution options, pair layout, disk space, an existing output: refused unless
+    `replace`) run before mergekit; the output is scanned for non-finite tensors before it is moved into place. A VLM
+    given as `vlm` is extracted for this merge (`interventions.outputs.language_model_of`).
     `request` (the registry's identity of this intervention) is stored in `intervention.json`.
     `options` go to mergekit's `MergeOptions` as `mergekit-yaml` flags would: cuda, lazy_unpickle,
     low_cpu_memory (recorded beside the request; `cuda` also changes what it computes, and the
     registry's request holds it).
     """
-    from sinkstudy.io import atomic_output_dir, check_output_dir
-
     validate_merge_args(method, weight, density, select, params, root)
     options = check_mergekit_options(options)
-    out_dir = check_output_dir(out_dir, force)
+    out_dir = check_output_dir(out_dir, replace)
     base_in, vlm_in = base, vlm
     base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
-    vlm_lm = resolve_lm(base, vlm, cache_dir)
-    check_pair(base, vlm_lm, root)
-    cfg = merge_config(method, base, vlm_lm, weight=weight, density=density, select=select, root=root, params=params)
-    check_disk_space(out_dir, estimate_output_bytes(base, cfg["out_dtype"]))
-    text = config_yaml(cfg, seed, base)
-    with atomic_output_dir(out_dir, force) as tmp:
-        _run_mergekit(cfg, text, tmp, seed, progress, options)
-        if root is None:
-            files = {f: "base LLM (mergekit base_model)" for f in side_files(tmp)}
-        else:  # mergekit took them from the root
-            files = {f: "base LLM (copied after mergekit)" for f in replace_side_files(base, tmp)}
-        check_finite_checkpoint(tmp)
-        write_result(tmp, method=method, base=base_in, vlm=vlm_in, vlm_lm=vlm_lm, root=root, seed=seed,
-                     settings={"weight": weight, "density": density, "select": str(select or "") or None, **(params or {})},
-                     extra={"mergekit_config": cfg, "mergekit_options": options, "files": {"weights": "mergekit", **files},
-                            **({"request": request} if request else {})}, config_file=MERGEKIT_YAML)
+    with language_model_of(base, vlm, out_dir) as vlm_lm:
+        check_pair(base, vlm_lm, root)
+        cfg = merge_config(method, base, vlm_lm, weight=weight, density=density, select=select, root=root, params=params)
+        check_disk_space(out_dir, estimate_output_bytes(base, cfg["out_dtype"]))
+        text = config_yaml(cfg, seed, base)
+        with atomic_output_dir(out_dir, replace) as tmp:
+            _run_mergekit(cfg, text, tmp, seed, progress, options)
+            if root is None:
+                files = {f: "base LLM (mergekit base_model)" for f in side_files(tmp)}
+            else:  # mergekit took them from the root
+                files = {f: "base LLM (copied after mergekit)" for f in replace_side_files(base, tmp)}
+            check_finite_checkpoint(tmp)
+            write_result(tmp, method=method, base=base_in, vlm=vlm_in, vlm_lm=vlm_lm, root=root, seed=seed,
+                         settings={"weight": weight, "density": density, "select": str(select or "") or None, **(params or {})},
+                         extra={"mergekit_config": cfg, "mergekit_options": options, "files": {"weights": "mergekit", **files},
+                                **({"request": request} if request else {})}, config_file=MERGEKIT_YAML)
     return out_dir
 
 
@@ -221,6 +221,7 @@ def check_mergekit_options(options: Mapping[str, Any] | None) -> dict[str, bool]
         raise MergeError(f"unknown mergekit option(s) {', '.join(unknown)}; known: {', '.join(_EXECUTION_OPTIONS)}")
     out = {k: bool(options.get(k, False)) for k in _EXECUTION_OPTIONS}
     if out["cuda"]:
+        # lazy: loads torch, numpy
         import torch
 
         if not torch.cuda.is_available():
@@ -232,6 +233,7 @@ def check_mergekit_options(options: Mapping[str, Any] | None) -> dict[str, bool]
 
 def _run_mergekit(cfg: dict[str, Any], yaml_text: str, out: Path, seed: int | None, progress: bool,
                   options: dict[str, bool]) -> None:
+    # lazy: loads mergekit, torch, transformers
     from mergekit.config import MergeConfiguration
     from mergekit.merge import MergeOptions, run_merge
 

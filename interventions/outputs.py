@@ -1,19 +1,28 @@
 """What every weight intervention's output checkpoint shares (mergekit and spectral merges, mitigations, the
 sink dose): the checks before anything is written (pair layout, disk space, finite weights), the VLM's
-language model extracted once into the cache (`resolve_lm`), and the files beside the weights
+language model extracted for the length of one intervention (`language_model_of`), and the files beside the weights
 (`intervention.json` and the model card, `write_result`; config and tokenizer side files)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
+import yaml
+from safetensors import safe_open
+
+from interventions.pairs import check_same_layout, load_tokenizer, plan_extraction, write_language_model
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
 from sinkstudy.checkpoint import WeightFiles, local_checkpoint, weight_files
-from sinkstudy.io import cache_root
+from sinkstudy.io import scratch_dir, write_json_atomic, write_text_atomic
+from sinkstudy.provenance import fingerprinted_files, model_fingerprint, provenance
 
 LOG = logging.getLogger(__name__)
 
@@ -47,8 +56,6 @@ def checkpoint_dtype(path: str | os.PathLike) -> str:
 
 def estimate_output_bytes(path: str | os.PathLike, out_dtype: str | None = None) -> int:
     """Bytes of the merged weights: the base's tensors, floating ones at `out_dtype` (default: as stored)."""
-    import math
-
     total = 0
     for t in checkpoint_weights(path).tensors.values():
         float_out = out_dtype is not None and t.torch_dtype is not None
@@ -72,40 +79,28 @@ def is_vlm_checkpoint(path: str | os.PathLike) -> bool:
     cfg = json.loads(cfg_file.read_text())
     return "vision_config" in cfg or any("ConditionalGeneration" in a for a in cfg.get("architectures") or [])
 
-# Bump when resolve_lm's output changes for the same inputs (2: streamed, in the VLM's stored dtype).
-_LM_CACHE_FORMAT = 2
-
-def resolve_lm(base: str | os.PathLike, vlm: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The VLM's language model as a causal-LM checkpoint on disk: a VLM checkpoint is extracted
-    once by the pair loader (base's class, vocabulary and tokenizer), streamed disk to disk in the
-    VLM's stored dtype (about one shard in memory, never the vision tower), into a cache keyed by
-    both models' fingerprints and the pair loader's code version."""
-    import hashlib
-
-    from sinkstudy.provenance import code_version, model_fingerprint
-
+@contextlib.contextmanager
+def language_model_of(base: str | os.PathLike, vlm: str | os.PathLike, out_dir: str | os.PathLike) -> Iterator[Path]:
+    """The VLM's language model as a causal-LM checkpoint while one intervention writes `out_dir`: `vlm` itself when it
+    is one, else extracted by the pair loader (the base's class, vocabulary and tokenizer), streamed disk to disk in the
+    VLM's stored dtype (about one shard in memory, never the vision tower) into a temporary folder beside `out_dir`,
+    removed after. Nothing is kept: a command extracts once, as a step of its plan
+    (`experiments.study.pair_steps.Extract`), and hands the extracted model to every intervention."""
     vlm = local_checkpoint(vlm)
     if not is_vlm_checkpoint(vlm):
-        return vlm
-    extracted = Path(cache_dir) if cache_dir else cache_root() / "vlm_lm"
-    key = "|".join([model_fingerprint(vlm), model_fingerprint(base), code_version(Path(__file__).parent / "pairs"),
-                    f"format:{_LM_CACHE_FORMAT}"])
-    target = extracted / hashlib.sha256(key.encode()).hexdigest()[:32]
-    if not (target / "config.json").is_file():
-        from interventions.pairs import load_tokenizer, plan_extraction, write_language_model
-
-        LOG.info("extracting the language model of %s into %s", vlm, target)
+        yield Path(vlm)
+        return
+    with scratch_dir(out_dir, "vlm-lm") as tmp:
+        LOG.info("extracting the language model of %s for this intervention", vlm)
         plan = plan_extraction(vlm, base)
-        write_language_model(plan, target, tokenizer=load_tokenizer(base), force=True,
-                             extra={"source": str(vlm), "extraction": plan.report.to_dict()})
-    return target
+        target = tmp / "lm"
+        write_language_model(plan, target, tokenizer=load_tokenizer(base), extra={"source": str(vlm), "extraction": plan.report.to_dict()})
+        yield target
+
 
 def check_pair(base: str | os.PathLike, vlm_lm: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
     """Same architecture, head layout, tensor names and shapes, before mergekit runs: configs
     (heads split out) and then the on-disk tensors, with the pair loader's one-line error."""
-    from interventions.pairs import check_same_layout
-    from interventions.pairs.resolve import load_config
-
     pairs = [(base, vlm_lm, ("base", "vlm"))] + ([(root, base, ("root", "base"))] if root is not None else [])
     for a, b, names in pairs:
         check_same_layout(load_config(a), load_config(b), names=names)
@@ -115,9 +110,6 @@ def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, setti
                  config_file: str | None = None) -> None:
     """`intervention.json`: what was done to which checkpoints, with provenance; and the model card
     `README.md` (`model_card`), in place of mergekit's (titled with its temporary folder's name)."""
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
-
     models = {"base": str(base), "vlm": str(vlm), "vlm_lm": str(vlm_lm)} | ({"root": str(root)} if root else {})
     write_text_atomic(out / "README.md", model_card(method, models, settings, seed, config_file))
     write_json_atomic(out / RESULT_JSON, {
@@ -134,8 +126,6 @@ def write_result(out: Path, *, method: str, base, vlm, vlm_lm, root, seed, setti
 def model_card(method: str, models: dict[str, str], settings: dict, seed, config_file: str | None = None) -> str:
     """A model card titled with the method and its inputs, listing the settings and where the VLM's
     language model came from (it may sit in the cache)."""
-    import yaml
-
     name = lambda p: Path(str(p).rstrip("/")).name or str(p)  # noqa: E731
     shown = {k: v for k, v in settings.items() if v is not None}
     title = f"{method} of {name(models['base'])} and the language model of {name(models['vlm'])}"
@@ -158,8 +148,6 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 def side_files(path: str | os.PathLike) -> list[str]:
     """Names of a checkpoint's config, generation config, tokenizer and processor files: every
     file its fingerprint covers except the weights (and their index)."""
-    from sinkstudy.provenance import fingerprinted_files
-
     return [f.name for f in fingerprinted_files(path)
             if not f.name.endswith(_WEIGHT_SUFFIXES) and not f.name.endswith(".index.json")]
 
@@ -178,8 +166,8 @@ def replace_side_files(src: str | os.PathLike, dst: Path) -> list[str]:
 
 def check_finite_checkpoint(path: str | os.PathLike) -> None:
     """Refuse a checkpoint with NaN or infinite weights (read shard by shard, tensor by tensor)."""
+    # lazy: loads torch, numpy
     import torch
-    from safetensors import safe_open
 
     files = checkpoint_weights(path)
     for f in files.files:
@@ -191,6 +179,7 @@ def check_finite_checkpoint(path: str | os.PathLike) -> None:
 
 def check_finite_model(model) -> None:
     """Refuse to save an in-memory model with NaN or infinite parameters or buffers."""
+    # lazy: loads torch, numpy
     import torch
 
     for name, t in model.state_dict().items():

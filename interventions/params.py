@@ -3,6 +3,7 @@ otherwise) and `Selection` (which tensors a merge touches)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -58,8 +59,6 @@ class Selection:
 def check_number(where: str, value, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
                  hi_open: bool = False, integer: bool = False) -> None:
     """A setting must be a finite real (an int with `integer`) inside [lo, hi] (open ends as given)."""
-    import math
-
     kind = "an integer" if integer else "a finite number"
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or not math.isfinite(value):

@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
+from evals.sink import sink_strength
+from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
 from sinkstudy import SinkstudyError
+from sinkstudy.io import atomic_output_dir, read_json, write_json_atomic
 
-INIT_MODES = ("identity-gain", "scale-preserving", "blend")
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2")
-TRAINABLE_MODES = ("gains", "attention", "all")
 SIDECAR = "sinkstudy_qknorm.json"
 GAINS_FILE = "qknorm.safetensors"
 # Sibling conversion is exact only for these (read in transformers 5.23: same decoder layer,
@@ -54,7 +56,7 @@ class QKRMSNorm(nn.Module):
         self.variance_epsilon = eps
         self.alpha = float(alpha)
         if self.alpha != 1.0:
-            # In the state dict, so model fingerprints (eval cache keys) tell blends apart.
+            # In the state dict, so model fingerprints (and so the keys of the steps that read them) tell blends apart.
             self.register_buffer("blend_alpha", torch.tensor(self.alpha))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -236,8 +238,6 @@ def init_report(original, injected, tokenizer, texts: Sequence[str], *, sink_ori
 
     `sink_original` reuses an already measured Sink Strength of `original` on the same texts.
     """
-    from evals.sink import sink_strength
-
     if sink_original is None:
         sink_original = float(sink_strength(original, tokenizer, texts=list(texts), progress=progress).value)
     s_inj = float(sink_strength(injected, tokenizer, texts=list(texts), progress=progress).value)
@@ -289,6 +289,7 @@ def checkpoint_format(model) -> str:
 
 def qwen3_config_for(config):
     """The Qwen3Config that runs `config`'s (Llama / Mistral / Qwen2) weights plus QK-norm."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import Qwen3Config
 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -333,15 +334,11 @@ def _norm_tensors(model) -> dict[str, torch.Tensor]:
     return {n: t.detach().contiguous() for n, t in model.state_dict().items() if n.rsplit(".", 2)[-2] in ("q_norm", "k_norm")}
 
 
-def save_injected(model, path: str | os.PathLike, *, tokenizer=None, metadata: dict | None = None, force: bool = False) -> Path:
+def save_injected(model, path: str | os.PathLike, *, tokenizer=None, metadata: dict | None = None, replace: bool = False) -> Path:
     """Save an injected model atomically (format per `checkpoint_format`), with a JSON sidecar."""
-    from safetensors.torch import save_file
-
-    from sinkstudy.io import atomic_output_dir, write_json_atomic
-
     fmt = checkpoint_format(model)
     alpha = _norm_alpha(model)
-    with atomic_output_dir(path, force=force) as tmp:
+    with atomic_output_dir(path, replace=replace) as tmp:
         if fmt == "qwen3-sibling":
             _save_qwen3_sibling(model, tmp)
         else:
@@ -371,6 +368,7 @@ def to_qwen3_sibling(model):
     Used for checkpoints ("qwen3-sibling") and to carry injected QK-norm inside a LLaVA build, whose
     text model is then an ordinary Qwen3 (`interventions.adapt.build`).
     """
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import Qwen3ForCausalLM
 
     if checkpoint_format(model) != "qwen3-sibling":
@@ -410,10 +408,8 @@ def twin_from_state(model_class, config, state: dict, source, *, what: str):
 
 def load_injected(path: str | os.PathLike, **from_pretrained_kwargs):
     """Load a checkpoint written by `save_injected` (either format), in eval mode."""
-    from safetensors.torch import load_file
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoModelForCausalLM
-
-    from sinkstudy.io import read_json
 
     path = Path(path)
     meta = read_json(path / SIDECAR)
@@ -463,10 +459,6 @@ def attach_norms(decoder, gains: dict[str, torch.Tensor], alpha: float) -> None:
 
 def save_vlm_norms(decoder, path: str | os.PathLike, metadata: dict | None = None) -> None:
     """Write the gains of a VLM's injected text-decoder norms beside its checkpoint (inside `path`)."""
-    from safetensors.torch import save_file
-
-    from sinkstudy.io import write_json_atomic
-
     gains, alpha = injected_norms(decoder)
     save_file({k: v.cpu() for k, v in gains.items()}, str(Path(path) / GAINS_FILE), metadata={"format": "pt"})
     write_json_atomic(Path(path) / SIDECAR, {"format": VLM_FORMAT, "source_model_type": _text_config(decoder).model_type,
@@ -475,10 +467,6 @@ def save_vlm_norms(decoder, path: str | os.PathLike, metadata: dict | None = Non
 
 def load_vlm_norms(path: str | os.PathLike, decoder) -> bool:
     """Re-attach the norms `save_vlm_norms` wrote in `path` to `decoder`; False when `path` has none."""
-    from safetensors.torch import load_file
-
-    from sinkstudy.io import read_json
-
     path = Path(path)
     if not (path / SIDECAR).is_file():
         return False

@@ -17,9 +17,10 @@ The request (`request`, `intervention_request`) is the identity of the result: t
 input model (base, vlm as given — a VLM or its extracted LM —, root), the full settings with the method's
 defaults filled in (calibration texts and sink maps by content), the seed, the device where that changes
 the numbers (a mergekit merge run with `cuda`; TSV / STAR's `device` setting), and the code that computes
-it (the method's modules, mergekit's version, or a plug-in's source). A finished `out_dir` made by the same
-request is reused; one made by anything else is refused in one line unless `force` replaces it. Settings
-are validated (`validate_intervention`) before any model is read.
+it (the method's modules, mergekit's version, or a plug-in's source). It is written into `intervention.json`
+and is the key of the step that applies the method (`experiments.study.pair_steps.Intervene`), which the engine
+reuses or refuses; nothing is reused here. Settings are validated (`validate_intervention`) before any model is
+read.
 """
 
 from __future__ import annotations
@@ -32,10 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
 from interventions import sink_dose
-from interventions.merge import _SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options, validate_merge_args
-from interventions.outputs import RESULT_JSON, MergeError
-from interventions.spectral import SPECTRAL_METHODS, validate_spectral_args
+from interventions.adapt import code as adapt_code
+from interventions.merge import (_SPARSE_METHODS, MERGEKIT_METHODS, PASSTHROUGH_PARAMS, check_mergekit_options,
+                                 run_mergekit_merge, validate_merge_args)
+from interventions.mitigations import list_mitigations, resolve_config, run_mitigation, source_hash
+from interventions.outputs import MergeError
+from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
+from interventions.spectral import SPECTRAL_METHODS, run_spectral_merge, validate_spectral_args
+from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import json_default, read_text
+from sinkstudy.provenance import file_digest, model_fingerprint, module_code_version, package_versions
 
 POSTHOC = ("mergekit", "spectral", "mitigation", "dose")  # families that change the VLM's language model after the fact
 INJECTION = "injection"  # a change to the base before adaptation (its own steps)
@@ -95,8 +104,6 @@ def _mergekit(name: str) -> Method:
                             {k: v for k, v in p.items() if k in PASSTHROUGH_PARAMS}, p.get("root"))
 
     def run(out_dir, base, vlm, params, options, **kw):
-        from interventions.merge import run_mergekit_merge
-
         own = {k: params[k] for k in ("weight", "density", "select", "root") if k in params}
         run_mergekit_merge(name, base, vlm, out_dir, params={k: v for k, v in params.items() if k in PASSTHROUGH_PARAMS},
                            options=options, **own, **kw)
@@ -114,8 +121,6 @@ def _spectral(name: str) -> Method:
         validate_spectral_args(name, p.get("weight"), p.get("eta", 40.0), p.get("k_fraction"), p.get("select"), p["device"])
 
     def run(out_dir, base, vlm, params, options, **kw):
-        from interventions.spectral import run_spectral_merge
-
         run_spectral_merge(name, base, vlm, out_dir, **params, **kw)
 
     return Method(name, "spectral", defaults, check, ("interventions.spectral", "interventions.outputs", "interventions.params"),
@@ -123,15 +128,11 @@ def _spectral(name: str) -> Method:
 
 
 def _mitigation(m) -> Method:
-    from interventions.mitigations import resolve_config, source_hash
-
     def check(p: dict) -> None:
         resolve_config(m, {k: v for k, v in p.items() if k != "texts"})
         _check_texts(p.get("texts"))
 
     def run(out_dir, base, vlm, params, options, **kw):
-        from interventions.mitigations import run_mitigation
-
         own = {k: v for k, v in params.items() if k not in ("texts", "sink_maps")}
         run_mitigation(m.name, base, vlm, out_dir, params=own, sink_maps=params.get("sink_maps"), texts=params.get("texts"), **kw)
 
@@ -143,15 +144,11 @@ SINK_DOSE = Method(sink_dose.NAME, "dose", sink_dose.DEFAULTS, sink_dose.check, 
                    description=sink_dose.DESCRIPTION)
 
 
-QKNORM_INITS = ("identity-gain", "scale-preserving", "blend")  # interventions.qknorm.INIT_MODES (that module imports torch)
-QKNORM_TRAINABLE = ("gains", "attention", "all")  # interventions.qknorm.TRAINABLE_MODES
-
-
 def _check_qknorm(p: dict) -> None:
-    if p["init"] not in QKNORM_INITS:
-        raise MergeError(f"qknorm init must be one of {', '.join(QKNORM_INITS)}, got {p['init']!r}")
-    if p["trainable"] not in QKNORM_TRAINABLE:
-        raise MergeError(f"qknorm trainable must be one of {', '.join(QKNORM_TRAINABLE)}, got {p['trainable']!r}")
+    if p["init"] not in INIT_MODES:
+        raise MergeError(f"qknorm init must be one of {', '.join(INIT_MODES)}, got {p['init']!r}")
+    if p["trainable"] not in TRAINABLE_MODES:
+        raise MergeError(f"qknorm trainable must be one of {', '.join(TRAINABLE_MODES)}, got {p['trainable']!r}")
     for key, low in (("train_steps", 0), ("batch_size", 1), ("seq_len", 2)):
         if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
             raise MergeError(f"qknorm {key} must be an integer >= {low}, got {p[key]!r}")
@@ -166,26 +163,22 @@ def _check_qknorm(p: dict) -> None:
 QKNORM = Method("qknorm", INJECTION,
                 {"init": "scale-preserving", "alpha": 0.5, "train_steps": 0, "trainable": "gains", "lr": 1e-3, "batch_size": 8,
                  "seq_len": 128, "vl": False},
-                _check_qknorm, ("interventions.qknorm", "interventions.training", "interventions.adapt"),
+                _check_qknorm, ("interventions.qknorm", "interventions.qknorm_modes", *adapt_code.TRAINING),
                 description="injection: QK-RMSNorm into the base (+ recovery training, + the study's VL recipe)")
 
 
 def _check_texts(texts) -> None:
     if texts is None:
         return
-    from evals.sink.calibration import resolve_texts
-    from sinkstudy.io import read_text
 
     if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
         read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
-    resolve_texts(texts, "ifeval15")  # a missing file or an unknown set name fails here
+    resolve_texts(texts, DEFAULT_SET)  # a missing file or an unknown set name fails here
 
 
 def methods() -> dict[str, Method]:
     """Every method by name: mergekit's, the spectral ones, the sink dose, QK-norm injection, then the mitigations (plug-ins
     loaded by now included)."""
-    from interventions.mitigations import list_mitigations
-
     table = {m.name: m for m in [*map(_mergekit, MERGEKIT_METHODS), *map(_spectral, SPECTRAL_METHODS), SINK_DOSE, QKNORM]}
     return table | {name: _mitigation(m) for name, m in list_mitigations().items() if name not in table}
 
@@ -246,8 +239,6 @@ def request(name: str, params: Mapping[str, Any] | None, seed: int, models: Mapp
     """The identity of intervention `name` with `params` and `seed` on the models whose fingerprints `models`
     gives ({"base", "vlm"[, "root"]}); `sink_maps` as a mitigation reads them (their fingerprints, files or
     loaded maps: by content); `mergekit_options` as `apply_intervention` takes them (only `cuda` counts)."""
-    from sinkstudy.provenance import file_digest, module_code_version, package_versions
-
     method = get_method(name)
     params = validate_intervention(name, params)
     public = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in sorted(params.items()) if k not in ("sink_maps", "root")}
@@ -273,8 +264,6 @@ def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None,
                          mergekit_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`request` of intervention `name` on the models at these paths or hub ids; `revisions` ({"base" | "vlm" |
     "root": revision}) pins hub ids, whose fingerprints then name the revision."""
-    from sinkstudy.provenance import model_fingerprint
-
     params = dict(params or {})
     revisions = revisions or {}
     models = {"base": model_fingerprint(base, revisions.get("base")), "vlm": model_fingerprint(vlm, revisions.get("vlm"))}
@@ -285,9 +274,6 @@ def intervention_request(name: str, base, vlm, params: Mapping[str, Any] | None,
 
 def _digest(obj) -> str:
     """Content digest of sink maps given as fingerprints, JSON paths, loaded JSON, SinkMaps or tensors."""
-    from sinkstudy.io import json_default
-    from sinkstudy.provenance import file_digest
-
     def plain(x):
         if isinstance(x, (str, os.PathLike)) and Path(x).is_file():
             return {"file_sha256": file_digest(x)}
@@ -301,33 +287,6 @@ def _digest(obj) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def recorded_request(out_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The request stored in a finished intervention's `intervention.json` (None if there is none)."""
-    f = Path(out_dir) / RESULT_JSON
-    try:
-        stored = json.loads(f.read_text(encoding="utf-8")).get("request")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return stored if isinstance(stored, dict) else None
-
-
-def finished(out_dir: str | os.PathLike, req: Mapping[str, Any]) -> bool:
-    """True when `out_dir` holds a finished intervention made by exactly `req`."""
-    return recorded_request(out_dir) == dict(req)
-
-
-def _refusal(out_dir: Path, existing: dict | None, req: dict) -> str:
-    if existing is None:
-        return f"output {out_dir} exists and holds no finished intervention; pass --force to replace it"
-    if existing.get("models") is not None and existing.get("models") != req["models"]:
-        which = ", ".join(k for k in sorted(set(existing["models"]) | set(req["models"]))
-                          if existing["models"].get(k) != req["models"].get(k))
-        return (f"output {out_dir} holds {existing.get('name')} of another pair of models (the content of {which} differs); "
-                "choose another --out or pass --force to replace it")
-    differ = ", ".join(k for k in sorted(set(existing) | set(req)) if existing.get(k) != req.get(k))
-    return f"output {out_dir} exists and was made by another request ({differ} differ); pass --force to replace it"
-
-
 def apply_intervention(
     name: str,
     base_path: str | os.PathLike,
@@ -336,20 +295,18 @@ def apply_intervention(
     out_dir: str | os.PathLike,
     *,
     seed: int = 0,
-    force: bool = False,
+    replace: bool = False,
     progress: bool = True,
     mergekit_options: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Apply post-hoc intervention `name` (see `list_interventions`) and return the output checkpoint dir.
+    """Apply post-hoc intervention `name` (see `list_interventions`) to `out_dir` and return it, with its request in
+    `intervention.json`; an existing `out_dir` is refused unless `replace` (whether an earlier result is reused is
+    decided by the engine that runs this as a step: `experiments.study.pair_steps.Intervene`).
 
-    Holds `out_dir`'s lock from the reuse check to the end: a second writer fails at once.
     `mergekit_options` (mergekit methods: cuda, lazy_unpickle, low_cpu_memory) say how mergekit runs,
     recorded in intervention.json; `cuda` also changes what it computes, so it is part of the request
     (a merge made on the CPU is not reused for a `cuda` one, nor the reverse).
     """
-    from sinkstudy.checkpoint import local_checkpoint
-    from sinkstudy.io import output_lock
-
     method = get_method(name)
     resolved = validate_intervention(name, params)
     options = execution_options(name, mergekit_options)
@@ -357,12 +314,5 @@ def apply_intervention(
     req = intervention_request(name, local_checkpoint(base_path), local_checkpoint(vlm_lm_path),
                                {**resolved, **({"root": local_checkpoint(root)} if root is not None else {})}, seed,
                                mergekit_options=options)
-    out_dir = Path(out_dir)
-    with output_lock(out_dir):
-        existing = recorded_request(out_dir)
-        if not force and existing == req:
-            return out_dir
-        if out_dir.exists() and not force:
-            raise MergeError(_refusal(out_dir, existing, req))
-        method.run(out_dir, base_path, vlm_lm_path, resolved, options, seed=seed, force=force, progress=progress, request=req)
-    return out_dir
+    method.run(out_dir, base_path, vlm_lm_path, resolved, options, seed=seed, replace=replace, progress=progress, request=req)
+    return Path(out_dir)

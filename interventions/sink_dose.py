@@ -30,11 +30,20 @@ part of a dosed model's identity: this one, the Sink Strength it solves for, the
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from evals.sink import MEASURE_CODE
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
+from interventions.outputs import (check_disk_space, check_finite_model, check_pair, checkpoint_dtype,
+                                   estimate_output_bytes, language_model_of, side_files, write_result)
+from interventions.pairs import load_causal_lm
+from interventions.params import check_number
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import load_tokenizer, local_checkpoint
+from sinkstudy.io import atomic_output_dir, check_output_dir, read_text
 
 NAME = "sink_dose"
 HEADS = ("all", "sink")
@@ -45,7 +54,7 @@ DEFAULTS: dict[str, Any] = {"target": None, "shift": None, "scale": None, "heads
 DTYPES = ("float32", "bfloat16", "float16")
 DESCRIPTION = ("dose: moves the model's Sink Strength to `target` (or by `shift` from its own, or by a logit temperature `scale`) "
                "in its last layers' heads")
-CODE = ("interventions.sink_dose", "evals.sink", "interventions.outputs")
+CODE = ("interventions.sink_dose", *MEASURE_CODE, "interventions.outputs")
 SCALE_RANGE = (1 / 64, 64.0)  # the temperatures searched for a target; beyond them attention is uniform or one-hot
 MAX_PASSES = 24
 
@@ -56,8 +65,6 @@ class DoseError(SinkstudyError):
 
 def check(params: Mapping[str, Any] | None) -> dict[str, Any]:
     """The dose's settings, complete and checked without reading any model (one line on error)."""
-    from interventions.params import check_number
-
     unknown = set(params or {}) - set(DEFAULTS)
     if unknown:
         raise DoseError(f"{NAME} has no parameter(s) {', '.join(sorted(unknown))}; it takes {', '.join(sorted(DEFAULTS))}")
@@ -80,13 +87,10 @@ def check(params: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(cfg["device"], str) or cfg["device"].split(":")[0] not in ("cpu", "cuda"):
         raise DoseError(f"{NAME} device must be cpu or cuda[:N], got {cfg['device']!r}")
     if cfg["texts"] is not None:
-        from evals.sink.calibration import resolve_texts
-        from sinkstudy.io import read_text
-
         texts = cfg["texts"]
         if isinstance(texts, (str, os.PathLike)) and Path(texts).is_file():
             read_text(texts, "texts file")  # a non-UTF-8 file fails here, named
-        resolve_texts(texts, "ifeval15")  # a missing file or an unknown set name fails here
+        resolve_texts(texts, DEFAULT_SET)  # a missing file or an unknown set name fails here
         cfg["texts"] = os.fspath(texts) if isinstance(texts, os.PathLike) else texts
     return cfg
 
@@ -99,6 +103,7 @@ class Temperature:
     checkpoint's dtype), so the model measured is the one saved."""
 
     def __init__(self, model, units: list[tuple[int, int]], stored=None):
+        # lazy: loads torch, numpy
         import torch
 
         self.stored = stored
@@ -149,6 +154,7 @@ def qk_norm_layers(model) -> bool:
 def select_units(model, heads: str, layers: int, maps=None) -> list[tuple[int, int]]:
     """The (layer, head) units a dose scales: the last `layers` layers' heads ("all"), or those of them whose
     median log-odds on the calibration maps is above 0 ("sink")."""
+    # lazy: loads torch, numpy
     import torch
 
     n_layers = len(model.get_decoder().layers)
@@ -170,6 +176,7 @@ def select_units(model, heads: str, layers: int, maps=None) -> list[tuple[int, i
 
 def measure(model, tokenizer, texts):
     """(S, sink maps) of the model as it stands: the default metric (the paper's S) on `texts`."""
+    # lazy: loads torch, numpy
     from evals.sink import compute_sink_maps, strength_from_maps
 
     maps = compute_sink_maps(model, tokenizer, texts, progress=False)
@@ -228,6 +235,7 @@ def solve_scale(strength, target: float, s1: float, tolerance: float, log=None) 
 def dose_model(model, tokenizer, cfg: Mapping[str, Any], *, stored=None, log=None) -> dict[str, Any]:
     """Apply the dose `cfg` (validated) to a loaded model in place, the edited values representable in `stored`
     (a torch dtype; None: the model's); returns the report (units, scale, S before and after)."""
+    # lazy: loads torch, numpy
     from evals.sink.metrics import DEFAULT_METRIC, get_metric
 
     layers = cfg["layers"] or get_metric(DEFAULT_METRIC).params["last_layers"]  # default: the layers S reads
@@ -252,40 +260,33 @@ def dose_model(model, tokenizer, cfg: Mapping[str, Any], *, stored=None, log=Non
 
 # --------------------------------------------------------------------------- the registered intervention
 
-def run(out_dir: str | os.PathLike, base, vlm, params: Mapping[str, Any], options=None, *, seed: int = 0, force: bool = False,
+def run(out_dir: str | os.PathLike, base, vlm, params: Mapping[str, Any], options=None, *, seed: int = 0, replace: bool = False,
         progress: bool = True, request: dict[str, Any] | None = None) -> Path:
     """Dose the pair's `vlm` (its language model; give the base as both to dose a backbone itself), measured with the
     base's tokenizer, and save it to `out_dir` with `intervention.json` (the request and the report)."""
-    import logging
-
+    # lazy: loads torch, numpy
     import torch
 
-    from interventions.outputs import (check_disk_space, check_finite_model, check_pair, checkpoint_dtype, estimate_output_bytes,
-                                       resolve_lm, side_files, write_result)
-    from interventions.pairs import load_causal_lm
-    from sinkstudy.checkpoint import load_tokenizer, local_checkpoint
-    from sinkstudy.io import atomic_output_dir, check_output_dir
-
     cfg = check(params)
-    out_dir = check_output_dir(out_dir, force)
+    out_dir = check_output_dir(out_dir, replace)
     base_dir = local_checkpoint(base)
-    model_dir = resolve_lm(base_dir, vlm)
-    check_pair(base_dir, model_dir)
-    check_disk_space(out_dir, estimate_output_bytes(model_dir))
-    tokenizer = load_tokenizer(base_dir)  # S is measured as the pair's other measurements are: with the base's tokenizer
-    stored = getattr(torch, checkpoint_dtype(model_dir))
-    # measured in `dtype` on `device`, edited values rounded to `stored`
-    model, _ = load_causal_lm(model_dir, dtype=getattr(torch, cfg["dtype"]), device=cfg["device"])
-    logger = logging.getLogger(__name__)
-    with torch.no_grad():
-        report = dose_model(model, tokenizer, cfg, stored=stored,
-                            log=(lambda c, s: logger.info("%s: scale %.4g -> S %+.4f", NAME, c, s)))
-    check_finite_model(model)
-    with atomic_output_dir(out_dir, force) as tmp:
-        model.to("cpu", stored).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_result(tmp, method=NAME, base=base, vlm=vlm, vlm_lm=model_dir, root=None, seed=seed, settings=cfg,
-                     extra={"report": report, "files": {"weights": f"{NAME} of the VLM LM", **{f: "base LLM tokenizer / config"
-                                                                                                for f in side_files(tmp)}},
-                            **({"request": request} if request else {})})
+    with language_model_of(base_dir, vlm, out_dir) as model_dir:
+        check_pair(base_dir, model_dir)
+        check_disk_space(out_dir, estimate_output_bytes(model_dir))
+        tokenizer = load_tokenizer(base_dir)  # S is measured as the pair's other measurements are: with the base's tokenizer
+        stored = getattr(torch, checkpoint_dtype(model_dir))
+        # measured in `dtype` on `device`, edited values rounded to `stored`
+        model, _ = load_causal_lm(model_dir, dtype=getattr(torch, cfg["dtype"]), device=cfg["device"])
+        logger = logging.getLogger(__name__)
+        with torch.no_grad():
+            report = dose_model(model, tokenizer, cfg, stored=stored,
+                                log=(lambda c, s: logger.info("%s: scale %.4g -> S %+.4f", NAME, c, s)))
+        check_finite_model(model)
+        with atomic_output_dir(out_dir, replace) as tmp:
+            model.to("cpu", stored).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            write_result(tmp, method=NAME, base=base, vlm=vlm, vlm_lm=model_dir, root=None, seed=seed, settings=cfg,
+                         extra={"report": report, "files": {"weights": f"{NAME} of the VLM LM", **{f: "base LLM tokenizer / config"
+                                                                                                    for f in side_files(tmp)}},
+                                **({"request": request} if request else {})})
     return out_dir

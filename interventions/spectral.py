@@ -25,14 +25,18 @@ low-rank, norm-preserving version of the VLM's change (lambda = 1 by default).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from interventions.outputs import (MergeError, check_disk_space, check_pair, checkpoint_weights, copy_side_files,
-                                   estimate_output_bytes, resolve_lm, write_result)
+                                   estimate_output_bytes, language_model_of, write_result)
 from interventions.params import Selection, check_number
-from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.checkpoint import TensorReader, local_checkpoint
+from sinkstudy.io import atomic_output_dir, check_output_dir
 
 SPECTRAL_METHODS = ("tsv", "star")
 SHARD_BYTES = 4 * 1024**3
@@ -42,6 +46,7 @@ SHARD_BYTES = 4 * 1024**3
 
 def polar(m):
     """Nearest matrix with orthonormal columns (or rows) to `m`: P Q^T from m = P D Q^T."""
+    # lazy: loads torch, numpy
     import torch
 
     p, _, qh = torch.linalg.svd(m, full_matrices=False)
@@ -50,6 +55,7 @@ def polar(m):
 
 def tsv_merge(deltas: list, alpha: float = 1.0, k_fraction: float | None = None):
     """TSV-Merge of T task matrices (same shape, 2-D), scaled by alpha; see the module doc."""
+    # lazy: loads torch, numpy
     import torch
 
     t = len(deltas)
@@ -67,6 +73,7 @@ def tsv_merge(deltas: list, alpha: float = 1.0, k_fraction: float | None = None)
 
 def star_truncate(delta, eta: float):
     """STAR on one matrix: keep eta percent of the nuclear norm, rescale to the full norm."""
+    # lazy: loads torch, numpy
     import torch
 
     if not 0 < eta <= 100:
@@ -88,6 +95,7 @@ def star_merge(deltas: list, eta: float = 40.0, lam: float | None = None):
 
 def merge_tensor(method: str, deltas: list, **p):
     """The merged delta of one tensor for `method` (2-D: spectral rule; else the 1-D rule)."""
+    # lazy: loads torch, numpy
     import torch
 
     if deltas[0].ndim == 2 and min(deltas[0].shape) > 1:
@@ -106,8 +114,6 @@ class _Tensors:
     """Lazy access to the tensors of a validated (possibly sharded) safetensors checkpoint."""
 
     def __init__(self, path: str | os.PathLike):
-        from sinkstudy.checkpoint import TensorReader
-
         self._reader = TensorReader(checkpoint_weights(path))
 
     def names(self) -> list[str]:
@@ -127,6 +133,7 @@ class _ShardWriter:
         self.shards: list[tuple[str, list[str]]] = []
 
     def add(self, name: str, tensor) -> None:
+        # lazy: loads torch, numpy
         import torch
 
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
@@ -138,6 +145,7 @@ class _ShardWriter:
         self.size += nbytes
 
     def _flush(self) -> None:
+        # lazy: loads torch, numpy
         from safetensors.torch import save_file
 
         tmp_name = f"shard-{len(self.shards):05d}.safetensors"
@@ -146,8 +154,6 @@ class _ShardWriter:
         self.current, self.size = {}, 0
 
     def close(self) -> None:
-        import json
-
         if self.current:
             self._flush()
         if len(self.shards) == 1:
@@ -192,10 +198,9 @@ def run_spectral_merge(
     select: Selection | str | None = None,
     root: str | os.PathLike | None = None,
     seed: int = 0,
-    force: bool = False,
+    replace: bool = False,
     progress: bool = True,
     device: str = "cpu",
-    cache_dir: str | os.PathLike | None = None,
     request: dict[str, Any] | None = None,
 ) -> Path:
     """TSV (`weight` = alpha, default 1) or STAR (`weight` = lambda, default 1/T) into `out_dir`.
@@ -205,43 +210,41 @@ def run_spectral_merge(
     non-finite merged tensor stops the merge before anything is moved into place.
     `device="cuda"` runs the SVDs on a GPU.
     """
+    # lazy: loads torch, numpy
     import torch
-    from tqdm.auto import tqdm
-
-    from sinkstudy.io import atomic_output_dir, check_output_dir
 
     selection = validate_spectral_args(method, weight, eta, k_fraction, select, device)
-    out_dir = check_output_dir(out_dir, force)
+    out_dir = check_output_dir(out_dir, replace)
     base_in = base
     base, root = local_checkpoint(base), (local_checkpoint(root) if root is not None else None)
-    vlm_lm = resolve_lm(base, vlm, cache_dir)
-    check_pair(base, vlm_lm, root)
-    check_disk_space(out_dir, estimate_output_bytes(base))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    with language_model_of(base, vlm, out_dir) as vlm_lm:
+        check_pair(base, vlm_lm, root)
+        check_disk_space(out_dir, estimate_output_bytes(base))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    base_t, vlm_t = _Tensors(base), _Tensors(vlm_lm)
-    root_t = _Tensors(root) if root is not None else None
-    params: dict[str, Any] = {"alpha": 1.0 if weight is None else weight} if method == "tsv" else {"eta": eta, "lam": weight}
-    if method == "tsv":
-        params["k_fraction"] = k_fraction
-    with atomic_output_dir(out_dir, force) as tmp, torch.no_grad():
-        writer = _ShardWriter(tmp)
-        for name in tqdm(base_t.names(), desc=f"{method} merge", disable=not progress):
-            b = base_t[name]
-            if not b.is_floating_point() or (selection is not None and not selection.matches(name)):
-                writer.add(name, b)
-                continue
-            anchor = (root_t[name] if root_t else b).to(device, torch.float32)
-            models = [b, vlm_t[name]] if root_t else [vlm_t[name]]
-            deltas = [m.to(device, torch.float32) - anchor for m in models]
-            merged = anchor + merge_tensor(method, deltas, **params)
-            writer.add(name, merged.to("cpu", b.dtype))
-        writer.close()
-        files = {f: "base LLM" for f in copy_side_files(base, tmp)}
-        write_result(tmp, method=method, base=base_in, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
-                     settings={"weight": weight, "eta": eta if method == "star" else None,
-                               "k_fraction": k_fraction if method == "tsv" else None,
-                               "select": str(selection) if selection else None, "device": device},
-                     extra={"files": {"weights": f"sinkstudy {method}", **files}, **({"request": request} if request else {})})
+        base_t, vlm_t = _Tensors(base), _Tensors(vlm_lm)
+        root_t = _Tensors(root) if root is not None else None
+        params: dict[str, Any] = {"alpha": 1.0 if weight is None else weight} if method == "tsv" else {"eta": eta, "lam": weight}
+        if method == "tsv":
+            params["k_fraction"] = k_fraction
+        with atomic_output_dir(out_dir, replace) as tmp, torch.no_grad():
+            writer = _ShardWriter(tmp)
+            for name in tqdm(base_t.names(), desc=f"{method} merge", disable=not progress):
+                b = base_t[name]
+                if not b.is_floating_point() or (selection is not None and not selection.matches(name)):
+                    writer.add(name, b)
+                    continue
+                anchor = (root_t[name] if root_t else b).to(device, torch.float32)
+                models = [b, vlm_t[name]] if root_t else [vlm_t[name]]
+                deltas = [m.to(device, torch.float32) - anchor for m in models]
+                merged = anchor + merge_tensor(method, deltas, **params)
+                writer.add(name, merged.to("cpu", b.dtype))
+            writer.close()
+            files = {f: "base LLM" for f in copy_side_files(base, tmp)}
+            write_result(tmp, method=method, base=base_in, vlm=vlm, vlm_lm=vlm_lm, root=root, seed=seed,
+                         settings={"weight": weight, "eta": eta if method == "star" else None,
+                                   "k_fraction": k_fraction if method == "tsv" else None,
+                                   "select": str(selection) if selection else None, "device": device},
+                         extra={"files": {"weights": f"sinkstudy {method}", **files}, **({"request": request} if request else {})})
     return out_dir

@@ -6,13 +6,18 @@ only" or "attention only" runs are one line.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from evals.sink.calibration import load_texts_file
+from interventions.adapt import encoding, sources
+from interventions.adapt.config import from_dict
 from sinkstudy import SinkstudyError
+from sinkstudy.io import read_text
 
 TrainableFilter = Callable[[str, torch.nn.Parameter], bool]
 
@@ -45,14 +50,13 @@ def train_causal_lm(
     loss curve and counts; the model is left in eval mode with its
     requires_grad flags as before.
     """
-    from interventions.adapt import data
-    from interventions.adapt.config import from_dict
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import train_stage
 
     if steps < 1:
         raise SinkstudyError(f"steps must be >= 1, got {steps}")
     records = [{"text": t} for t in texts]
-    encoder = data.Encoder(tokenizer, max_length=seq_len, loss_on="all")
+    encoder = encoding.Encoder(tokenizer, max_length=seq_len, loss_on="all")
     usable = [r for r in records if len(encoder(r)["input_ids"]) >= 2]
     if not usable:
         raise SinkstudyError("no training text: every text tokenised to fewer than 2 tokens")
@@ -62,10 +66,10 @@ def train_causal_lm(
         "warmup_ratio": min(warmup / steps, 0.999), "batch_size": batch_size, "micro_batch_size": batch_size,
         "steps": steps, "weight_decay": weight_decay, "loss_on": "all"}]})
     stage = config.stages[0]
-    dataset = data.EncodedDataset([data.Records(usable, "texts", None, "")], encoder)
+    dataset = encoding.EncodedDataset([sources.Records(usable, "texts", None, "")], encoder)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with tempfile.TemporaryDirectory(prefix="sinkstudy-train-") as work:
-        stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data.collate(f, pad_id), work_dir=Path(work),
+        stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: encoding.collate(f, pad_id), work_dir=Path(work),
                             tokenizer=tokenizer, trainable=trainable, callbacks=callbacks, progress=progress, desc=desc,
                             device=device)
     return {"steps": stats["steps"], "losses": stats["losses"], "final_loss": stats["final_loss"],
@@ -86,11 +90,6 @@ def read_training_texts(path, tokenizer) -> list[str]:
     """Training strings from a file: a .jsonl of chats ({"user", "assistant"}: in the tokenizer's chat template;
     an assistant of null: the user text alone, plain text), else texts as calibration files hold them
     (`evals.sink.calibration.load_texts_file`: .json, .jsonl of {"text"}, .txt one per line)."""
-    import json
-
-    from evals.sink.calibration import load_texts_file
-    from sinkstudy.io import read_text
-
     if str(path).endswith(".jsonl"):
         rows = [json.loads(line) for line in read_text(path, "training text").splitlines() if line.strip()]
         if rows and all(isinstance(r, dict) and "user" in r for r in rows):

@@ -84,7 +84,7 @@ def tiny(out: Path, hidden: int, layers: int, seed: int) -> dict:
 
 
 def same_outputs(a: Path, b: Path) -> dict:
-    from evals.lmeval import EvalRun
+    from evals.eval_run import EvalRun
 
     ra, rb = EvalRun.load(a), EvalRun.load(b)
     same = total = 0

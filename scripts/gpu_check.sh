@@ -89,7 +89,7 @@ if wanted extract; then
     t=$SECONDS
     if [ "$SMOKE" = 1 ]; then
         row "streaming extraction" skip "smoke run: the bench builds a >= 1B-parameter VLM" 0
-    elif timeout 240 "$PY" -m interventions.pairs.bench > "$RESULTS/extract.log" 2>&1; then  # = make bench-extract
+    elif timeout 240 "$PY" -m benchmarks.extract > "$RESULTS/extract.log" 2>&1; then  # = make bench-extract
         row "streaming extraction" ok "$(last_line "$RESULTS/extract.log")" $((SECONDS - t))
     else
         row "streaming extraction" fail "$(last_line "$RESULTS/extract.log")" $((SECONDS - t))

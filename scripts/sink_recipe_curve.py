@@ -59,7 +59,7 @@ def run_one(recipe, tok, texts, data: Path, out: Path, every: int, ifeval_limit:
 
         _set_generation_defaults(model, tok)
         model_dir = out / "models" / f"{recipe.name}-s{recipe.seed}"
-        with atomic_output_dir(model_dir, force=True) as tmp:
+        with atomic_output_dir(model_dir, replace=True) as tmp:
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
         ev = run_eval(model_dir, tasks=["sinkstudy_ifeval"], limit=ifeval_limit, batch_size=16, max_gen_toks=64,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from sinkstudy import SinkstudyError
+from sinkstudy import SinkstudyError, real_models, real_weights
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class TensorInfo:
 
     @property
     def torch_dtype(self):
+        # lazy: loads torch, numpy
         import torch
 
         return getattr(torch, _FLOAT_DTYPES[self.dtype]) if self.dtype in _FLOAT_DTYPES else None
@@ -190,8 +191,6 @@ class TensorReader:
 def local_model_path(path: str | os.PathLike) -> str:
     """The path to load: a `.gguf` file or a registered real LLM's name (`sinkstudy.real_models`; an existing
     local path of that name wins) becomes its converted checkpoint dir; anything else is returned as is."""
-    from sinkstudy import real_models, real_weights
-
     name = os.fspath(path)
     if name.endswith(".gguf"):
         return os.fspath(real_weights.convert_gguf(name))
@@ -202,8 +201,6 @@ def local_model_path(path: str | os.PathLike) -> str:
 
 def is_local_model(ref) -> bool:
     """Whether `ref` loads without the hub: an existing path or a registered real LLM's name."""
-    from sinkstudy import real_models
-
     return Path(os.fspath(ref)).expanduser().exists() or real_models.is_registered(ref)
 
 
@@ -230,6 +227,7 @@ def local_checkpoint(ref: str | os.PathLike, revision: str | None = None) -> Pat
 def hub_snapshot(name: str, revision: str | None = None) -> Path:
     """The local snapshot of hub id `name` at `revision` (configs, safetensors, tokenizer files; fetched
     once into the HF cache)."""
+    # lazy: loads huggingface_hub
     from huggingface_hub import snapshot_download
 
     try:
@@ -251,6 +249,7 @@ def load_tokenizer(path):
     a model would come back with another pre-tokenizer and an extra <|endoftext|> token. A tokenizer saved
     as generic is therefore loaded as generic; everything else goes through AutoTokenizer.
     """
+    # lazy: loads transformers, numpy, PIL
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     path = local_model_path(path)

@@ -274,22 +274,23 @@ def remove_stale_temps(parent: str | os.PathLike, *, recursive: bool = False) ->
 # --------------------------------------------------------------------------- atomic writes
 
 @contextlib.contextmanager
-def atomic_output_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+def atomic_output_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
     """Yield a temp dir beside `path`; on success it replaces `path` in one rename.
 
     Holds the output's lock throughout. On error the temp dir is removed and any existing `path`
-    is left untouched; a `path` that appeared meanwhile is never replaced without `force`.
+    is left untouched. An existing `path` (one that appeared meanwhile too) is replaced only with `replace`: the
+    caller has decided it may be (the engine running a step, a cache entry being filled), never this writer.
     """
-    path = check_output_dir(path, force)
+    path = check_output_dir(path, replace)
     with output_lock(path):
-        check_output_dir(path, force)
+        check_output_dir(path, replace)
         parent = path.parent
         remove_stale_temps(parent)
         tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path, "tmp"), dir=parent))
         try:
             yield tmp
             follow_umask(tmp)
-            if path.exists() and not force:
+            if path.exists() and not replace:
                 raise OutputExistsError(f"output {path} appeared while it was being written; pass --force to replace it")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -301,6 +302,20 @@ def atomic_output_dir(path: str | os.PathLike, force: bool = False) -> Iterator[
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def scratch_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
+    """A temporary folder beside `path` (same filesystem) for `what` a writer needs only while it writes, removed on
+    exit; named as every temporary is, so one a killed process leaves goes at the next write beside it (and with
+    `sinkstudy clean`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path.with_name(f"{path.name}-{what}"), "tmp"), dir=path.parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _umask() -> int:
@@ -398,17 +413,6 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(read_text(path))
     except ValueError as exc:
         raise UnreadableFileError(f"{path} is not valid JSON: {exc}") from None
-
-
-def reusable_json(path: str | os.PathLike | None, key: str) -> dict[str, Any] | None:
-    """The JSON at `path` when it was written under `key` (None: absent, unreadable or stale)."""
-    if path is None or not Path(path).is_file():
-        return None
-    try:
-        data = read_json(path)
-    except SinkstudyError:
-        return None
-    return data if isinstance(data, dict) and data.get("key") == key else None
 
 
 def json_default(obj: Any) -> Any:

@@ -41,6 +41,9 @@ import hashlib
 import json
 import os
 import sys
+import warnings
+
+from sinkstudy import SinkstudyError
 
 MODES = ("reproducible", "native", "native-aten-default")
 # The environment each non-reproducible mode is started with (what it pins on top of the native mode).
@@ -73,8 +76,6 @@ REPRODUCIBLE_ID = "reproducible-" + hashlib.sha256(json.dumps(_PINS, sort_keys=T
 def requested(flag: str | list[str] | None, default: str) -> str:
     """The mode a command computes in: its --numerics flag (of several paths, the first: the others run as
     processes of their own), else $SINKSTUDY_NUMERICS, else its default."""
-    from sinkstudy import SinkstudyError
-
     mode = (flag[0] if isinstance(flag, list) else flag) or os.environ.get(ENV) or default
     if mode not in MODES:
         raise SinkstudyError(f"{ENV}={mode!r}: the numeric mode is one of {', '.join(MODES)}")
@@ -136,8 +137,6 @@ def enter(mode: str, *, reexec: bool) -> None:
     """Make this process compute in `mode`. For `reproducible` when the process was not started with the
     pinned environment: re-execute the same command line with it (`reexec`, before torch or numpy are
     imported), else refuse in one line (a process cannot switch once its libraries are loaded)."""
-    from sinkstudy import SinkstudyError
-
     os.environ[ENV] = mode
     if _started_in(mode):
         return
@@ -161,6 +160,7 @@ def configure_torch() -> None:
     thread, no oneDNN, no NNPACK, the portable kernels. Nothing in `native`."""
     if current() != "reproducible":
         return
+    # lazy: loads torch, numpy
     import torch
 
     torch.set_num_threads(THREADS)
@@ -174,8 +174,7 @@ def _register_portable_kernels(torch):
     """aten's functional, in-place and out= forms of each PORTABLE_KERNELS op on CPU, computed by numpy (autograd
     still applies the op's own derivative above the CPU kernel). Half and bfloat16 go through float32,
     integers through the default float dtype, as torch's own kernels promote them."""
-    import warnings
-
+    # lazy: loads numpy
     import numpy as np
 
     def portable(ufunc):

@@ -4,7 +4,6 @@ entry-point group.
 A plug-in is ordinary Python that registers what it defines when imported: training-time protections
 (`interventions.protect.register_protection`) and post-hoc mitigations
 (`interventions.mitigations.register_mitigation`), any number of each. Ways in:
-
     sinkstudy adapt ... --plugin path/to/my_idea.py      # a file (also: mitigate, run)
     sinkstudy run study.yaml --plugin my_package.ideas   # an importable module
     plugins: [my_idea.py, my_package.ideas]              # in a study config
@@ -31,10 +30,13 @@ import importlib
 import importlib.util
 import inspect
 import marshal
+import math
 import os
+import pkgutil
 import sys
 import weakref
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -122,8 +124,6 @@ def _load_file(path: Path, ref: str) -> Plugin:
 
 def load_entry_points() -> list[Plugin]:
     """Load every not yet loaded entry point of the `sinkstudy.plugins` group; returns those loaded now."""
-    from importlib.metadata import entry_points
-
     new = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in _ENTRY_POINTS:
@@ -237,7 +237,6 @@ class Registry:
         """Import the package's own modules once; each registers what it ships."""
         if self.shipped_loaded:
             return
-        import pkgutil
 
         self.shipped_loaded = True  # first: the modules' registrations come back through `add`
         try:
@@ -277,8 +276,6 @@ class Registry:
     def resolve(self, name: str, defaults: dict, params, validate=None) -> dict[str, Any]:
         """`defaults` updated by `params`: unknown keys (typos must not pass silently), non-finite
         numbers and whatever `validate(config)` refuses are one-line errors."""
-        import math
-
         params = dict(params or {})
         unknown = set(params) - set(defaults)
         if unknown:

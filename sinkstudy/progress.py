@@ -23,6 +23,8 @@ import logging
 import os
 import warnings
 
+from tqdm import std
+
 # The libraries' own switches, read when they are first imported (inside `quiet`, or in a worker process started from it).
 _ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
         "TRANSFORMERS_VERBOSITY": "error", "DATASETS_VERBOSITY": "error", "LMEVAL_LOG_LEVEL": "ERROR"}
@@ -37,7 +39,6 @@ def quiet(enabled: bool = True):
     if not enabled:
         yield
         return
-    from tqdm import std
 
     original = std.tqdm.__init__
 

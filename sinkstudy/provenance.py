@@ -33,6 +33,7 @@ import fnmatch
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -42,7 +43,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from sinkstudy import real_models
+from sinkstudy.io import cache_root, write_json_atomic
 from sinkstudy.numerics import KERNEL_ENV, PINNED_ENV, identity
+from sinkstudy.threads import in_effect
 
 _PACKAGES = ("sinkstudy", "torch", "transformers", "mergekit", "lm_eval", "datasets", "scipy", "numpy", "tokenizers", "safetensors")
 
@@ -115,8 +119,6 @@ NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", *KE
 def hardware() -> dict[str, Any]:
     """What computed a result: CPU, torch's threads and kernels, CUDA device (see the module doc).
     torch's part only where torch is loaded (a result made without it did not use it)."""
-    from sinkstudy.threads import in_effect
-
     out = {**_cpu(), "numerics": identity(), "threads": in_effect(),
            "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}
     torch = sys.modules.get("torch")
@@ -155,6 +157,7 @@ def _cpu() -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _torch_build() -> dict[str, Any]:
     """torch's CPU kernel level and math libraries, from torch.__config__.show()."""
+    # lazy: loads torch, numpy
     import torch
 
     shown = torch.__config__.show()
@@ -172,6 +175,7 @@ def _torch_build() -> dict[str, Any]:
 
 
 def _cuda() -> dict[str, Any] | None:
+    # lazy: loads torch, numpy
     import torch
 
     if not torch.cuda.is_available():
@@ -242,18 +246,19 @@ def code_version(*paths: str | os.PathLike) -> str:
     return "code-sha256:" + h.hexdigest()[:24]
 
 
-def module_code_version(*modules: str) -> str:
-    """`code_version` of the source files of importable `modules` (dotted names; a package: its whole
-    directory), found through the import system: a module's identity follows it wherever it lives."""
-    import importlib.util
+def module_file(name: str) -> Path:
+    """The source file of importable module `name` (a dotted name; a package: its `__init__` alone, never the folder:
+    what a result's key names is the modules its code runs), found through the import system, so a module's identity
+    follows it wherever it lives."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"{name!r} is not an importable module")
+    return Path(spec.origin)
 
-    paths = []
-    for name in modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ValueError(f"{name!r} is not an importable module")
-        paths.append(Path(spec.origin).parent if spec.submodule_search_locations else Path(spec.origin))
-    return code_version(*paths)
+
+def module_code_version(*modules: str) -> str:
+    """`code_version` of the source files of importable `modules` (`module_file`)."""
+    return code_version(*map(module_file, modules))
 
 
 def state_dict_fingerprint(model) -> str:
@@ -264,6 +269,7 @@ def state_dict_fingerprint(model) -> str:
 
 
 def _hash_state_dict(h, model) -> None:
+    # lazy: loads torch, numpy
     import torch
 
     for name, tensor in sorted(model.state_dict().items()):
@@ -302,8 +308,6 @@ def checkpoint_fingerprint(path: str | os.PathLike, revision: str | None = None)
     """The content fingerprint of a local checkpoint dir or file; `hub:<id>[@revision]` otherwise."""
     p = Path(path).expanduser()
     if not p.exists():
-        from sinkstudy import real_models
-
         if real_models.is_registered(path):
             return real_models.fingerprint(os.fspath(path))
         return f"hub:{os.fspath(path)}" + (f"@{revision}" if revision else "")
@@ -357,8 +361,6 @@ def file_digest(path: str | os.PathLike) -> str:
 
 
 def _fingerprint_cache() -> Path:
-    from sinkstudy.io import cache_root
-
     return cache_root() / "fingerprints.json"
 
 
@@ -371,8 +373,6 @@ def _load_cache() -> dict[str, Any]:
 
 
 def _save_cache(cache: dict[str, Any]) -> None:
-    from sinkstudy.io import write_json_atomic
-
     try:
         write_json_atomic(_fingerprint_cache(), cache)
     except OSError:

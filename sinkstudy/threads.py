@@ -28,6 +28,9 @@ import socket
 import sys
 from pathlib import Path
 
+from sinkstudy.io import _pid_alive, cache_root, write_text_atomic
+from sinkstudy.numerics import _start_environment
+
 POLICY = "OMP_WAIT_POLICY"
 # What the libraries read when they load (OpenMP, MKL, OpenBLAS): a process's children and late imports follow it.
 COUNT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -42,8 +45,6 @@ def usable_cores() -> int:
 
 
 def _claims() -> Path:
-    from sinkstudy.io import cache_root
-
     return cache_root() / "threads"
 
 
@@ -53,8 +54,6 @@ def _mine() -> Path:
 
 def claimed_elsewhere() -> int:
     """Threads claimed by the other live sinkstudy processes on this host (dead ones' claims removed)."""
-    from sinkstudy.io import _pid_alive
-
     host, total = socket.gethostname(), 0
     with contextlib.suppress(OSError):
         for f in _claims().iterdir():
@@ -91,6 +90,7 @@ def prepare(threads: int) -> None:
 
 def apply(threads: int) -> None:
     """This process computes on `threads` intra-op threads from now on, and claims them for as long as it runs."""
+    # lazy: loads torch, numpy
     import torch
 
     torch.set_num_threads(threads)
@@ -99,8 +99,6 @@ def apply(threads: int) -> None:
 
 def claim(threads: int) -> None:
     """Record that this process computes on `threads` threads (0: it only waits, e.g. on its workers)."""
-    from sinkstudy.io import write_text_atomic
-
     with contextlib.suppress(OSError):  # a read-only cache: no claim, nothing else changes
         write_text_atomic(_mine(), f"{threads}\n")
         if not _registered:
@@ -135,7 +133,6 @@ def wait_policy() -> str | None:
     one it was started with (None: OpenMP's own default, which spins)."""
     if _set_before_torch:
         return _set_before_torch[0]
-    from sinkstudy.numerics import _start_environment
 
     return _start_environment().get(POLICY)
 

@@ -39,6 +39,7 @@ def train_bpe_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 51
     It has bos/eos/pad tokens, chat roles as special tokens and a chat template, so it goes through
     `save_pretrained` / `AutoTokenizer.from_pretrained` and lm-eval's chat path like a hub tokenizer.
     """
+    # lazy: loads transformers, numpy, PIL
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -76,6 +77,7 @@ _TEXT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2")
 
 def tiny_text_config(family: str, vocab_size: int = 512, **overrides):
     """A small config for one causal-LM family (2 layers, d=64, 4 query heads, 2 KV heads)."""
+    # lazy: loads transformers, numpy, PIL
     from transformers import AutoConfig
 
     if family not in _TEXT_FAMILIES:
@@ -103,6 +105,7 @@ def tiny_text_config(family: str, vocab_size: int = 512, **overrides):
 
 def tiny_causal_lm(family: str, vocab_size: int = 512, seed: int = 0, **overrides):
     """A randomly initialised float32 causal LM of the given family, in eval mode, eager attention."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM
 

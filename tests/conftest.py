@@ -132,7 +132,7 @@ def own_cache(tmp_path, monkeypatch) -> Path:
 def fake_measurements(monkeypatch):
     """The sink and eval steps without lm-eval (what a sweep reuses is decided by keys, not by scores): the names
     of the points they measured, in order."""
-    import experiments.report.treatments as rt
+    import experiments.study.treat as treat
     from experiments.study.pair_steps import MeasureEval, MeasureSink
 
     calls: list[str] = []
@@ -150,7 +150,7 @@ def fake_measurements(monkeypatch):
 
     monkeypatch.setattr(MeasureSink, "run", sink)
     monkeypatch.setattr(MeasureEval, "run", evaluate)
-    monkeypatch.setattr(rt, "measure_summary", lambda results, refs, point, tasks, **kw: {
+    monkeypatch.setattr(treat, "measure_summary", lambda results, refs, point, tasks, **kw: {
         "sink_strength": {"value": 1.0, "base": 1.0, "vlm": 0.5, "metric": "logodds"}, "tasks": {"t": {"recovery": 0.5, "ci": [0.4, 0.6]}},
         "caption_nll": None, "weight_distance_to_vlm": results[point["distance"]]["weight_distance_to_vlm"]})
     return calls

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from interventions.adapt.build import (
-    VisionSpec, build_vlm, causal_view, check_round_trip, donor_model, extract_lm, load_vlm, parameter_groups,
-    save_extracted_lm, save_vlm,
-)
+from interventions.adapt.build import build_vlm, check_round_trip, donor_model
+from interventions.adapt.config import VisionSpec
+from interventions.adapt.vlm_io import causal_view, extract_lm, load_vlm, parameter_groups, save_extracted_lm, save_vlm
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from interventions.adapt import data
-from interventions.adapt.build import VisionSpec, build_vlm
+from interventions.adapt import encoding, sources
+from interventions.adapt.build import build_vlm
+from interventions.adapt.config import VisionSpec
 from sinkstudy.tiny import tiny_causal_lm
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4}
@@ -21,7 +22,7 @@ def built(tokenizer):
 
 
 def _encoder(built, **kw):
-    return data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token, **kw)
+    return encoding.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token, **kw)
 
 
 def _png(path, value: int):
@@ -51,9 +52,9 @@ def _label_text(tok, enc) -> str:
 
 
 def test_llava_json_loads_with_images_text_only_records_and_assistant_labels(tmp_path, built):
-    records = data.load_records(f"json:{_llava_json(tmp_path)}@{tmp_path / 'img'}")
+    records = sources.load_records(f"json:{_llava_json(tmp_path)}@{tmp_path / 'img'}")
     assert len(records) == 3 and not records[2]["images"]
-    assert records[1]["messages"][0]["content"].startswith(data.IMAGE)  # marker added, as LLaVA's data does
+    assert records[1]["messages"][0]["content"].startswith(sources.IMAGE)  # marker added, as LLaVA's data does
     enc = _encoder(built)
     tok = built.tokenizer
     first = enc(records[0])
@@ -66,7 +67,7 @@ def test_llava_json_loads_with_images_text_only_records_and_assistant_labels(tmp
         if "image" in r:
             r["image"] = f"img/{r['image']}"
     (tmp_path / "rel.json").write_text(json.dumps(rows))
-    assert len(data.load_records(str(tmp_path / "rel.json"))[0]["images"]) == 1
+    assert len(sources.load_records(str(tmp_path / "rel.json"))[0]["images"]) == 1
 
 
 def test_labels_ignore_what_the_user_says(built):
@@ -93,12 +94,12 @@ def test_text_only_chat_set_and_plain_text(tmp_path, tokenizer):
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, {"role": "assistant", "content": "Hello!"}]},
         {"text": "Plain pretraining text."},
     ]))
-    records = data.load_records(str(path))
-    enc = data.Encoder(tokenizer)  # a text-only model: no processor
+    records = sources.load_records(str(path))
+    enc = encoding.Encoder(tokenizer)  # a text-only model: no processor
     assert _label_text(tokenizer, enc(records[0])) == "5<|end|>\n"
     plain = enc(records[2])
     assert torch.equal(plain["labels"], plain["input_ids"]) and plain["input_ids"][0] == tokenizer.bos_token_id
-    with pytest.raises(data.DataError, match="text-only model"):
+    with pytest.raises(sources.DataError, match="text-only model"):
         enc({"images": [np.zeros((8, 8, 3), np.uint8)], "messages": [{"role": "user", "content": "<image>"},
                                                                       {"role": "assistant", "content": "x"}]})
 
@@ -111,19 +112,19 @@ def test_datasets_image_text_sets_load_from_disk_and_from_a_data_folder(tmp_path
     ds = datasets.Dataset.from_dict({"image": images, "caption": ["black", "grey", "white"]},
                                     features=datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string")}))
     ds.save_to_disk(tmp_path / "saved")
-    records = data.load_records(f"hf:{tmp_path / 'saved'}")
+    records = sources.load_records(f"hf:{tmp_path / 'saved'}")
     assert len(records) == 3 and records[2]["messages"][1]["content"] == "white"
     assert len(_encoder(built)(records[1])["images"]) == 1
     # A plain folder of files goes through datasets' own builders (json here); VQA rows, images by path.
     (tmp_path / "folder").mkdir()
     _png(tmp_path / "folder" / "x.png", 7)
     (tmp_path / "folder" / "train.jsonl").write_text(json.dumps({"image": "x.png", "question": "Dark?", "answer": "Yes."}) + "\n")
-    rec = data.load_records(f"hf:{tmp_path / 'folder'}:train@{tmp_path / 'folder'}")[0]
+    rec = sources.load_records(f"hf:{tmp_path / 'folder'}:train@{tmp_path / 'folder'}")[0]
     assert _label_text(built.tokenizer, _encoder(built)(rec)) == "Yes.<|end|>\n"
 
 
 def test_digits_split(built):
-    train, held = data.load_records("digits"), data.digits_records("heldout", n_heldout=200)
+    train, held = sources.load_records("digits"), sources.digits_records("heldout", n_heldout=200)
     assert len(train) == 1797 - 200 and len(held) == 200
     assert train[0]["messages"][1]["content"].startswith("It is a ")
     px = _encoder(built)(train[0])["images"][0]["pixel_values"]
@@ -134,9 +135,9 @@ def test_mixed_batch_of_image_and_text_records_trains(built):
     from interventions.adapt.trainer import label_only_loss
 
     enc = _encoder(built)
-    feats = [enc(data.digits_records("heldout", n_heldout=2)[0]),
+    feats = [enc(sources.digits_records("heldout", n_heldout=2)[0]),
              enc({"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}]})]
-    batch = data.collate(feats, built.tokenizer.pad_token_id)
+    batch = encoding.collate(feats, built.tokenizer.pad_token_id)
     assert batch["pixel_values"].shape[0] == 1
     labels = batch.pop("labels")
     loss, _ = label_only_loss(built.model, batch, labels)
@@ -149,12 +150,12 @@ def test_bad_records_fail_in_one_line_naming_the_record(tmp_path):
     path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ho"}]},
                                 {"image": "a.png", "conversations": [{"from": "human", "value": "<image> <image>"},
                                                                      {"from": "gpt", "value": "x"}]}]))
-    with pytest.raises(data.DataError, match=r"bad.json record 1: 2 <image> marker\(s\) for 1 image"):
-        data.load_records(str(path))
-    with pytest.raises(data.DataError, match="data file not found"):
-        data.check_spec(str(tmp_path / "missing.json"))
-    with pytest.raises(data.DataError, match="unknown data spec"):
-        data.check_spec("imagenet")
+    with pytest.raises(sources.DataError, match=r"bad.json record 1: 2 <image> marker\(s\) for 1 image"):
+        sources.load_records(str(path))
+    with pytest.raises(sources.DataError, match="data file not found"):
+        sources.check_spec(str(tmp_path / "missing.json"))
+    with pytest.raises(sources.DataError, match="unknown data spec"):
+        sources.check_spec("imagenet")
 
 
 def test_truncation_drops_an_image_it_would_cut(built):

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from interventions.adapt import FreezeParameters, TrainingHook, adapt, from_dict
-from interventions.adapt import data
-from interventions.adapt.build import VisionSpec, build_vlm, parameter_groups
+from interventions.adapt import encoding, sources
+from interventions.adapt.build import build_vlm
+from interventions.adapt.config import VisionSpec
+from interventions.adapt.vlm_io import parameter_groups
 from interventions.adapt.trainer import label_only_loss, train_stage
 from sinkstudy.tiny import tiny_causal_lm
 
@@ -19,12 +21,12 @@ QA = [{"role": "user", "content": "<image>\nWhat digit is this?"}, {"role": "ass
 
 
 def _batch(built, n=4):
-    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
-    feats = [enc(r) for r in data.digits_records("heldout", n_heldout=n)]
+    enc = encoding.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    feats = [enc(r) for r in sources.digits_records("heldout", n_heldout=n)]
     feats.append(enc({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."},
                                    {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again."},
                                    {"role": "assistant", "content": "Hi again."}]}))
-    return data.collate(feats, built.tokenizer.pad_token_id)
+    return encoding.collate(feats, built.tokenizer.pad_token_id)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
@@ -80,9 +82,9 @@ def test_two_stages_change_exactly_what_each_stage_allows(tokenizer):
     built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
     vlm = built.model
     config = _stage_cfg(stage1={"steps": 3}, stage2={"steps": 3})
-    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
-    ds = data.EncodedDataset([data.load_records("digits")], enc)
-    collate = lambda f: data.collate(f, tokenizer.pad_token_id)  # noqa: E731
+    enc = encoding.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    ds = encoding.EncodedDataset([sources.load_records("digits")], enc)
+    collate = lambda f: encoding.collate(f, tokenizer.pad_token_id)  # noqa: E731
     groups = parameter_groups(vlm)
     changed = {}
     for stage in config.stages:
@@ -109,11 +111,11 @@ def test_a_group_lr_is_the_initial_lr_of_that_group_alone(tokenizer, tmp_path):
     vlm = built.model
     config = _stage_cfg(stage2={"steps": 1, "lr": 1e-5, "weight_decay": 0.0, "schedule": "constant", "warmup_ratio": 0.0,
                                 "trainable": ["projector", "lm"], "group_lr": {"projector": 1e-2}})
-    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
-    ds = data.EncodedDataset([data.load_records("digits")], enc)
+    enc = encoding.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    ds = encoding.EncodedDataset([sources.load_records("digits")], enc)
     groups = parameter_groups(vlm)
     before = {n: p.detach().clone() for n, p in vlm.named_parameters()}
-    train_stage(vlm, config.stages[0], config, ds, collate_fn=lambda f: data.collate(f, tokenizer.pad_token_id),
+    train_stage(vlm, config.stages[0], config, ds, collate_fn=lambda f: encoding.collate(f, tokenizer.pad_token_id),
                 work_dir=tmp_path, tokenizer=tokenizer, progress=False)
     moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in vlm.named_parameters()}
     projector = max(moved[n] for n in groups["projector"])
@@ -162,12 +164,12 @@ def test_hook_seam_order_and_bit_identical_rows_under_weight_decay(tokenizer, tm
     built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
     vlm = built.model
     config = _stage_cfg(stage2={"steps": 2, "trainable": ["projector", "lm"]})
-    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
-    ds = data.EncodedDataset([data.load_records("digits")], enc)
+    enc = encoding.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    ds = encoding.EncodedDataset([sources.load_records("digits")], enc)
     head0 = vlm.get_output_embeddings().weight.detach().clone()
     emb0 = vlm.get_input_embeddings().weight.detach().clone()
     rec = _Recorder()
-    stats = train_stage(vlm, config.stages[0], config, ds, collate_fn=lambda f: data.collate(f, 0), work_dir=tmp_path,
+    stats = train_stage(vlm, config.stages[0], config, ds, collate_fn=lambda f: encoding.collate(f, 0), work_dir=tmp_path,
                         tokenizer=tokenizer, hooks=[rec, FreezeParameters([r"embed_tokens"])], progress=False)
     head = vlm.get_output_embeddings().weight
     assert torch.equal(head[:10], head0[:10]) and not torch.equal(head[10:], head0[10:])
@@ -219,12 +221,14 @@ def test_kill_and_resume_ends_bit_identical_with_s_at_every_eval_step(tmp_path, 
     assert [p["sink_strength"] for p in whole["trajectory"]["points"]] == [p["sink_strength"] for p in resumed["trajectory"]["points"]]
     assert (tmp_path / "whole" / "trajectory.png").stat().st_size > 1000
     assert not (tmp_path / "whole" / "work").exists()  # checkpoints removed once done
-    # A finished run is reused as is; another request is refused.
-    assert adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "whole", progress=False) == whole
+    # Nothing is reused or replaced here (the engine decides that for the step that adapts): a run of the same request
+    # continues only when asked, another request's folder is refused.
+    with pytest.raises(Exception, match="pass --resume"):
+        adapt(tmp_path / "base", vision=vision, config=_run_cfg(), out=tmp_path / "whole", progress=False)
     other = _run_cfg()
     other.stages[1].lr = 2e-2
-    with pytest.raises(Exception, match="different adaptation run"):
-        adapt(tmp_path / "base", vision=vision, config=other, out=tmp_path / "whole", progress=False)
+    with pytest.raises(Exception, match="holds no run of this request"):
+        adapt(tmp_path / "base", vision=vision, config=other, out=tmp_path / "whole", resume=True, progress=False)
 
 
 class _Stage2Steps(TrainingHook):

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sinkstudy", "evals", "interventions", "experiments", "scripts")
+PACKAGES = ("sinkstudy", "evals", "interventions", "experiments", "benchmarks", "scripts")
 COVERED_BY_PACKAGE_ROW = ("experiments/demo/",)
 
 

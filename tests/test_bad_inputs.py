@@ -19,7 +19,7 @@ def inputs(tmp_path_factory, tokenizer):
     import yaml
     from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from evals.lmeval import EvalRun
+    from evals.eval_run import EvalRun
     from sinkstudy.tiny import tiny_causal_lm
     from tests.test_merge import _perturbed, _save_model
 

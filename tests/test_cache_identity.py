@@ -2,8 +2,10 @@
 
 A model's identity covers every file of its checkpoint that changes outputs (weights, config,
 generation config, tokenizer, chat template, sidecars), not the result files written beside it;
-a restored mtime does not hide an edit; the eval cache, the engine's sink/eval steps, a merge's
-measurements and plug-in-made models all re-run when any of these change.
+a restored mtime does not hide an edit; an eval, the engine's sink/eval steps, a merge's
+measurements and plug-in-made models all re-run when any of these change. A step's code is the code it runs:
+the modules its kind names and its own body, never a benchmark or a plot; editing one kind's body reruns
+exactly that kind's steps.
 """
 
 import importlib.util
@@ -104,42 +106,40 @@ def test_hub_ids_carry_their_revision():
 
 
 @pytest.mark.slow
-def test_eval_cache_reruns_when_config_generation_config_template_or_code_change(ckpt, tmp_path, monkeypatch):
+def test_an_eval_step_reruns_when_config_generation_config_template_or_code_change(ckpt, tmp_path, monkeypatch, own_cache):
+    """`sinkstudy eval` (one engine step) is made again exactly when the model's files or the eval code change."""
     from evals import lmeval
-    from evals.lmeval import run_eval
+    from experiments.cli import main
 
     calls = []
-    real = lmeval._evaluate
+    real = lmeval.evaluate
 
     def counting(model, tokenizer, specs, settings, *rest):
         calls.append([s.name for s in specs])
         return real(model, tokenizer, specs, settings, *rest)
 
-    monkeypatch.setattr(lmeval, "_evaluate", counting)
-    kw = dict(tasks="sinkstudy_gsm", limit=2, max_gen_toks=4, batch_size=2, progress=False, cache_dir=tmp_path / "cache")
-    run_eval(ckpt, **kw)
-    run_eval(ckpt, **kw)
+    monkeypatch.setattr(lmeval, "evaluate", counting)
+    runs = iter(range(100))
+
+    def evaluate() -> int:  # each into an --out of its own: a finished step with the same key is found by it all the same
+        return main(["eval", str(ckpt), "--tasks", "sinkstudy_gsm", "--limit", "2", "--max-gen-toks", "4", "--batch-size", "2",
+                     "--quiet", "--out", str(tmp_path / f"eval-{next(runs)}")])
+
+    assert evaluate() == 0 and evaluate() == 0
     assert len(calls) == 1  # reused
     _edit_json(ckpt / "config.json", **{"rope_parameters.rope_theta": 1e6})
-    run_eval(ckpt, **kw)
-    assert len(calls) == 2, "a config.json edit reused stale scores"
+    assert evaluate() == 0 and len(calls) == 2, "a config.json edit reused stale scores"
     _edit_json(ckpt / "generation_config.json", repetition_penalty=1.3)
-    run_eval(ckpt, **kw)
-    assert len(calls) == 3, "a generation_config.json edit reused stale scores"
+    assert evaluate() == 0 and len(calls) == 3, "a generation_config.json edit reused stale scores"
     template = ckpt / "chat_template.jinja"
     template.write_text(template.read_text().replace("<|assistant|>\n", "<|assistant|>\nAnswer: "))
-    run_eval(ckpt, **kw)
-    assert len(calls) == 4, "a chat template edit reused stale scores"
-    code = tmp_path / "grader.py"
-    code.write_text("# v1\n")
-    monkeypatch.setattr(lmeval, "EVAL_CODE", (code,), raising=False)
-    run_eval(ckpt, **kw)
-    assert len(calls) == 5
-    code.write_text("# v2: a grader fix\n")
-    run_eval(ckpt, **kw)
-    assert len(calls) == 6, "an edit of the eval code reused stale scores"
-    run_eval(ckpt, **kw)
-    assert len(calls) == 6
+    assert evaluate() == 0 and len(calls) == 4, "a chat template edit reused stale scores"
+    import experiments.study.kinds as kinds
+
+    code = kinds.module_code_version
+    monkeypatch.setattr(kinds, "module_code_version", lambda *m: "code-sha256:grader-fix" if "evals.tasks.utils" in m else code(*m))
+    assert evaluate() == 0 and len(calls) == 5, "an edit of the eval code reused stale scores"
+    assert evaluate() == 0 and len(calls) == 5
 
 
 def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_path, monkeypatch, tokenizer, own_cache):
@@ -183,8 +183,8 @@ def test_runner_sink_and_eval_steps_key_on_fingerprint_and_sink_code(ckpt, tmp_p
     run()
     assert counts == {"sink": 2, "eval": 2}, "the runner reused results of a model whose files changed"
     code = sinkstudy.provenance.module_code_version
-    monkeypatch.setattr(sinkstudy.provenance, "module_code_version",
-                        lambda *m: "code-sha256:edited" if "evals.sink" in m else code(*m))
+    monkeypatch.setattr("experiments.study.kinds.module_code_version",
+                        lambda *m: "code-sha256:edited" if "evals.sink.measure" in m else code(*m))
     run()
     assert counts == {"sink": 3, "eval": 2}, "an edit of the sink code reused old sink results"
 
@@ -257,9 +257,8 @@ def _load_plugin(path: Path, factor: float) -> None:
 def test_editing_a_plugin_reruns_what_it_made(tmp_path, tokenizer):
     from safetensors.torch import load_file
 
-    from interventions.merge import MergeError
     from interventions.mitigations import _REGISTRY
-    from interventions.registry import apply_intervention
+    from interventions.registry import apply_intervention, intervention_request
     from sinkstudy.tiny import tiny_causal_lm
 
     base_model = tiny_causal_lm("qwen2", seed=0)
@@ -271,14 +270,12 @@ def test_editing_a_plugin_reruns_what_it_made(tmp_path, tokenizer):
         _load_plugin(plugin, 2.0)
         apply_intervention("test_scale_head_plugin", base, vlm, {}, out, progress=False)
         torch.testing.assert_close(load_file(str(out / "model.safetensors"))["lm_head.weight"], 2.0 * head)
-        assert apply_intervention("test_scale_head_plugin", base, vlm, {}, out, progress=False) == out  # same source: reused
-        _load_plugin(plugin, 3.0)
-        with pytest.raises(MergeError, match="another request") as err:
-            apply_intervention("test_scale_head_plugin", base, vlm, {}, out, progress=False)
-        assert "\n" not in str(err.value)
-        apply_intervention("test_scale_head_plugin", base, vlm, {}, out, force=True, progress=False)
-        torch.testing.assert_close(load_file(str(out / "model.safetensors"))["lm_head.weight"], 3.0 * head)
+        first = intervention_request("test_scale_head_plugin", base, vlm, {})
         assert json.loads((out / "intervention.json").read_text())["request"]["code"]["plugin"].startswith("plugin-sha256:")
+        _load_plugin(plugin, 3.0)
+        assert intervention_request("test_scale_head_plugin", base, vlm, {})["code"] != first["code"]  # another step key
+        apply_intervention("test_scale_head_plugin", base, vlm, {}, out, replace=True, progress=False)
+        torch.testing.assert_close(load_file(str(out / "model.safetensors"))["lm_head.weight"], 3.0 * head)
         # through the command (`make mitigate NAME=... PLUGIN=file.py`), an edited plug-in reruns without --force
         from experiments.cli import main
 
@@ -293,3 +290,83 @@ def test_editing_a_plugin_reruns_what_it_made(tmp_path, tokenizer):
         torch.testing.assert_close(load_file(str(cli / "model" / "model.safetensors"))["lm_head.weight"], 4.0 * head)
     finally:
         _REGISTRY.pop("test_scale_head_plugin", None)
+
+
+# ----------------------------------------------------------------------------- code identity: the code a step runs
+
+ROOT = Path(__file__).resolve().parent.parent
+DRAWN = ("evals/sink/plot.py", "interventions/adapt/trajectory_plot.py", "experiments/report/plots.py")  # the figures
+
+
+def _kinds() -> list[type]:
+    """Every step kind of the tree (each module of `experiments` imported)."""
+    import importlib
+    import pkgutil
+
+    import experiments
+    from experiments.study.kinds import StepArgs
+
+    for m in pkgutil.walk_packages(experiments.__path__, "experiments."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+
+    def below(c):
+        for s in c.__subclasses__():
+            yield s
+            yield from below(s)
+
+    return sorted({k for k in below(StepArgs) if k.__module__.startswith("experiments.")}, key=lambda k: k.kind)
+
+
+def _code(kinds) -> dict[str, dict]:
+    from experiments.study.kinds import code_identity
+
+    return {k.kind: code_identity(k) for k in kinds}
+
+
+def _editing(monkeypatch, edited: dict[Path, "Callable[[str], str]"]) -> None:
+    """Every source file read (as the kinds' identities read them) with `edited[path](text)` in place of `path`'s text."""
+    edited = {Path(p).resolve(): fn for p, fn in edited.items()}
+    text, raw = Path.read_text, Path.read_bytes
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: edited.get(self.resolve(), str)(text(self, *a, **k)))
+    monkeypatch.setattr(Path, "read_bytes", lambda self: edited[self.resolve()](raw(self).decode()).encode()
+                        if self.resolve() in edited else raw(self))
+
+
+def test_editing_a_benchmark_or_a_plot_changes_no_step_key(monkeypatch):
+    """No kind runs a benchmark or draws a figure: editing any of them leaves every step's code (and so every key) as
+    it was, while an edit of a module a kind runs is seen."""
+    kinds = _kinds()
+    assert {"sink", "sink-map", "eval", "extract", "intervene", "qknorm", "adapt", "vl-skill", "template-openings"} <= {k.kind for k in kinds}
+    before = _code(kinds)
+    touched = [*ROOT.glob("benchmarks/*.py"), *(ROOT / f for f in DRAWN)]
+    assert len(touched) == 8 + len(DRAWN)
+    with monkeypatch.context() as m:
+        _editing(m, {f: lambda t: t + "\n# an edit\n" for f in touched})
+        assert _code(kinds) == before
+    with monkeypatch.context() as m:
+        _editing(m, {ROOT / "evals" / "sink" / "measure.py": lambda t: t + "\n# an edit\n"})
+        after = _code(kinds)
+    runs_it = {k.kind for k in kinds if "evals.sink.measure" in k.code}
+    assert {k for k in before if before[k] != after[k]} == runs_it >= {"sink", "sink-map", "qknorm", "demo-reference"}
+
+
+def test_editing_one_kinds_body_changes_exactly_its_keys(monkeypatch):
+    """Seven kinds share experiments/study/pair_steps.py: an edit of one's body changes that kind's code alone; an edit of
+    what several use (the `Loading` they load models with) changes exactly theirs."""
+    from experiments.study.pair_steps import MeasureSink
+
+    kinds = _kinds()
+    before = _code(kinds)
+    here = Path(importlib.util.find_spec(MeasureSink.__module__).origin)
+    line = "strength = strength_from_maps(maps, self.metric, **self.params)"
+    assert line in here.read_text()
+    with monkeypatch.context() as m:
+        _editing(m, {here: lambda t: t.replace(line, line + "  # an edit")})
+        after = _code(kinds)
+    assert [k for k in before if before[k] != after[k]] == ["sink"]
+    doc = '"""How models are loaded: dtype and device."""'
+    with monkeypatch.context() as m:
+        _editing(m, {here: lambda t: t.replace(doc, doc + "  # an edit")})
+        after = _code(kinds)
+    assert sorted(k for k in before if before[k] != after[k]) == ["eval", "qknorm", "sink", "sink-map"]

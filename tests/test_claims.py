@@ -5,7 +5,7 @@ the way `experiments.study.arms.protection_summary` writes them."""
 
 import pytest
 
-from evals.lmeval import HEADLINE_METRICS
+from evals.eval_run import HEADLINE_METRICS
 from evals.stats import ci_side, compare
 from tests.test_report import KW, TASKS, _outcomes, make_summary, maps_dir  # noqa: F401 (a fixture)
 
@@ -42,11 +42,13 @@ def test_each_claim_follows_the_side_of_every_units_ci(summary):
     assert q.answer == ("disagrees" if set(q_sides) == {1} else "not established")
     assert "59.9 to 11.0" in q.evidence
     m = c["Merging the base and the VLM LM after VL training does not recover the loss"]
-    recovered = [p for p, e in summary["pairs"].items() if ci_side(e["degradation"][t]["delta_points_ci"]) < 0
-                 and ci_side(e["interventions"]["linear"][t]["recovery"]["ci"]) > 0]
-    assert m.answer == ("disagrees" if recovered else "agrees") and f"{len(recovered)} of " in m.evidence
+    sides = [ci_side(e["interventions"]["linear"][t]["recovery"]["ci"]) for e in summary["pairs"].values()
+             if ci_side(e["degradation"][t]["delta_points_ci"]) < 0]
+    assert m.answer == ("agrees" if set(sides) == {-1} else "disagrees" if set(sides) == {1} else "not established")
+    assert f"{sides.count(1)} recovered, {sides.count(-1)} worse, {sides.count(0)} undecided of {len(sides)}" in m.evidence
     assert c["A stronger sink"].answer in ("agrees", "disagrees", "not established")
-    assert not any(k.startswith("Open direction") for k in c)  # text replay is the baseline, not a protection under test
+    # the open directions: text replay (the baseline every protection is also set against) and the mitigation
+    assert [k for k in c if k.startswith("Open direction")] == ["Open direction: does replay", "Open direction: does mitigation head_restore keep more text skill than its control"]
 
 
 def test_a_protection_is_answered_only_where_every_seed_agrees(summary):
@@ -68,10 +70,8 @@ def test_a_protection_is_answered_only_where_every_seed_agrees(summary):
     assert head.answer == "not established"
     assert "p1 (seed 0): vs control +16.7" in head.evidence and "p1 (seed 1): vs control -16.7" in head.evidence
     assert "p1 (seed 1) " in c["VL training costs text skill on strict graders"].evidence
-    from experiments.report.document import verdicts
-    line = next(v for v in verdicts(summary) if v.startswith("Does protection head "))
-    assert "on 1 of 2 pairs/seeds (worse on 1)" in line and "p1 seed 0:" in line and "p1 seed 1:" in line
-    assert not any(v.startswith("Does protection control-s1") for v in verdicts(summary))  # the seed's effect, not a protection
+    assert "1 of 2 agree, 1 disagree" in head.evidence  # the rule's count, in the one line that answers
+    assert not any("control-s1" in k for k in c)  # the seed's effect, not a protection
     del arms["head-s1"]
     assert next(x for k, x in _claims(summary).items() if k.startswith("Open direction: does head")).answer == "yes"
 
@@ -117,8 +117,8 @@ def test_each_line_states_its_rule_and_lists_harms_beside_recoveries(summary):
     named as a harm in the claim, the merge verdict and the findings (beside the recoveries), and as below both of its
     inputs; the native-QK-norm contrast carries a CI over pairs."""
     from evals.stats import recovery
+    from experiments.report.findings import findings
     from experiments.report.results import StudyResults
-    from experiments.report.verdicts import findings, verdicts
 
     t = "sinkstudy_ifeval"
     base, vlm, _ = _outcomes(20)
@@ -136,14 +136,48 @@ def test_each_line_states_its_rule_and_lists_harms_beside_recoveries(summary):
     if agree < 3:
         assert degradation.answer == "not established" and "undecided: " + ", ".join(p for p, s in sides.items() if s == 0) in degradation.evidence
     merges = _claims(summary)["Merging the base and the VLM LM after VL training does not recover the loss"]
-    assert "made it worse (CI below 0: below the VLM LM: p2/linear)" in merges.evidence
-    r = StudyResults.of(summary)
-    line = next(v for v in verdicts(r) if v.startswith("Does linear recover?"))
-    assert "worse than the VLM LM (CI below 0) on 2 of" in line  # both tasks of p2
-    found = findings(r)
+    assert "made it worse (CI below 0: below the VLM LM): p2/linear" in merges.evidence
+    found = findings(StudyResults.of(summary))
     recovered = next(f for f in found if f.startswith("Recovery on sinkstudy_ifeval"))
     assert "made it worse (CI below 0, i.e. scored below the VLM LM): p2/linear (-0.80" in recovered and "recovered part of the loss" in recovered
     assert any(f.startswith("Below both of its inputs on sinkstudy_ifeval") and "p2/linear (vs base -60.0" in f for f in found)
-    native = next(f for f in found if f.startswith("Native QK-norm backbones"))
-    assert "(1 pair) vs" in native and "no CI over pairs with one pair in a group: not established" in native
+    native = _claims(summary)["Backbones with QK-norm of their own lose less text skill through VL training"]
+    assert native.answer == "not established" and "with native QK-norm (1 pair) vs" in native.evidence
+    assert "with one pair in a group there is no CI over pairs" in native.evidence
+    assert not any("QK-norm" in f and "not established" in f for f in found)  # the findings describe; the claims decide
+
+
+def _merge(summary, pair: str, fixed) -> None:
+    """The pair's linear merge passing `fixed` (per prompt, on every task)."""
+    from evals.stats import recovery
+
+    base, vlm, _ = _outcomes(20)
+    summary["pairs"][pair]["interventions"]["linear"] = {
+        task: {"recovery": recovery(base, vlm, fixed, task, HEADLINE_METRICS[task], **KW).as_dict(),
+               "vs_base": compare(base, fixed, task, HEADLINE_METRICS[task], **KW).as_dict(),
+               "vs_vlm": compare(vlm, fixed, task, HEADLINE_METRICS[task], **KW).as_dict()} for task in TASKS}
+
+
+def test_the_merges_claim_follows_the_one_rule(summary):
+    """Each (pair, merge) with a significant loss is a unit that answers by its recovery CI: the claim (merging does not
+    recover the loss) agrees only where every merge scored below the VLM LM, disagrees only where every one won back
+    part of the loss, and is otherwise not established with its count; one merge recovering no longer refutes it."""
+    key = "Merging the base and the VLM LM after VL training does not recover the loss"
+    base, vlm, regained = _outcomes(20, 16)
+    worse = vlm.copy()
+    worse[20:36] = False
+    lossy = [p for p, e in summary["pairs"].items() if ci_side(e["degradation"]["sinkstudy_ifeval"]["delta_points_ci"]) < 0]
+    assert len(lossy) >= 2
+    for p in summary["pairs"]:
+        _merge(summary, p, worse)
+    claim = _claims(summary)[key]
+    assert claim.answer == "agrees" and f"0 recovered, {len(lossy)} worse, 0 undecided of {len(lossy)}" in claim.evidence
+    for p in summary["pairs"]:
+        _merge(summary, p, regained)
+    assert _claims(summary)[key].answer == "disagrees"
+    _merge(summary, lossy[0], worse)  # one recovered is not enough any more: every unit must say so
+    claim = _claims(summary)[key]
+    assert claim.answer == "not established" and f"{len(lossy) - 1} recovered, 1 worse, 0 undecided" in claim.evidence
+    assert "Rule: the claim agrees only where every unit's recovery CI lies below 0, disagrees only where every one lies above 0" \
+        in claim.evidence
 

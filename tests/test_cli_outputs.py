@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from evals.lmeval import EvalRun
+from evals.eval_run import EvalRun
 
 STRICT, FLEX = "exact_match,strict-match", "exact_match,flexible-extract"
 
@@ -164,7 +164,7 @@ def test_eval_writes_to_its_default_out_and_reuses_it(tmp_path, tokenizer, monke
     before = (default / "results.json").read_bytes()
     assert main(argv) == 0 and (default / "results.json").read_bytes() == before  # the same run: reused
     assert main([*argv[:-1], "--max-gen-toks", "5"]) == 2  # another run into it: one line, as `sink` refuses
-    assert "holds a different eval run; pass --force" in capsys.readouterr().err
+    assert "holds eval/run made by another request (protocol differ); pass --force" in capsys.readouterr().err
 
 
 def test_a_merge_below_both_of_its_inputs_says_so_and_few_prompts_say_they_decide_nothing():
@@ -257,11 +257,11 @@ def test_a_reused_sink_run_says_reused_not_wrote(tmp_path, tokenizer, own_cache,
 
 def test_an_eval_at_the_default_cap_says_so(tmp_path, monkeypatch, capsys):
     """The paper's tasks have caps of their own (gsm8k_cot, bbh_cot_fewshot): at the 256-token default the output says so."""
-    import evals.lmeval
+    import experiments.study.pair_steps
     from experiments.cli import main
 
     run = EvalRun.load(_run(tmp_path / "r", {STRICT: [1, 0], FLEX: [1, 1]}))
-    monkeypatch.setattr(evals.lmeval, "run_eval", lambda *a, **kw: run)
+    monkeypatch.setattr(experiments.study.pair_steps, "run_eval", lambda *a, out_dir, **kw: run.save(out_dir) and run)
     assert main(["eval", "some-org/some-model", "--tasks", "sinkstudy_gsm", "--out", str(tmp_path / "e")]) == 0
     printed = capsys.readouterr().out
     assert "generation capped at 256 tokens per prompt (the default); --max-gen-toks 0 keeps each task's own cap" in printed
@@ -281,16 +281,17 @@ def test_every_command_describes_itself_and_force_means_one_thing():
 
 def test_adapt_runs_on_the_cpu_unless_told_otherwise(tmp_path, monkeypatch):
     """Every command defaults to the CPU; adapt took a GPU when there was one."""
-    import experiments.study.runner as runner
+    import experiments.cli.cmd_adapt as cmd_adapt
     from experiments.cli import main
+    from sinkstudy import SinkstudyError
 
     planned = []
 
     def run_plan(plan, out, **kw):
         planned.append(next(iter(plan)).args)
-        raise runner.SinkstudyError("planned")
+        raise SinkstudyError("planned")
 
-    monkeypatch.setattr(runner, "run_plan", run_plan)
+    monkeypatch.setattr(cmd_adapt, "run_plan", run_plan)
     monkeypatch.setattr("interventions.adapt.run.check_inputs", lambda *a, **kw: None)
     assert main(["adapt", "--base", "some-org/base", "--tiny-vision", "--train-data", "digits", "--out", str(tmp_path / "a")]) == 2
     assert planned[0].device == "cpu"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.lmeval import EvalRun
+from evals.eval_run import EvalRun
 from experiments.cli import main as cli_main
 from sinkstudy.tiny import tiny_causal_lm
 

@@ -22,12 +22,12 @@ def test_atomic_output_dir_refuses_existing_and_keeps_it_on_failure(tmp_path):
         with atomic_output_dir(out):
             pass
     with pytest.raises(RuntimeError):
-        with atomic_output_dir(out, force=True) as tmp:
+        with atomic_output_dir(out, replace=True) as tmp:
             (tmp / "new.txt").write_text("new")
             raise RuntimeError("boom")
     assert (out / "keep.txt").read_text() == "old"
     assert not (out / "new.txt").exists()
-    with atomic_output_dir(out, force=True) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         (tmp / "new.txt").write_text("new")
     assert (out / "new.txt").read_text() == "new" and not (out / "keep.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp dirs left behind

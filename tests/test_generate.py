@@ -2,8 +2,10 @@
 at its default batch size 1 for prompts with until strings and max_gen_toks, whatever the batch size;
 finished rows leaving the batch (or being replaced) leave the other rows' tokens unchanged; the packed
 cache keeps each row's keys and values through removals; non-greedy requests go through HFLM's own
-loop; the backend is a distinct cache key with the same outputs through run_eval; bad input is refused
+loop; the backend is a distinct step key with the same outputs through run_eval; bad input is refused
 in one line before any work."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,15 +128,19 @@ def test_models_and_settings_it_cannot_run_exactly_are_refused_in_one_line(token
 
 
 @pytest.mark.slow
-def test_run_eval_backends_have_their_own_cache_keys_and_the_same_samples(tokenizer, tmp_path):
+def test_run_eval_backends_have_their_own_step_keys_and_the_same_samples(tokenizer):
     from evals.lmeval import run_eval
+    from evals.protocol import EvalProtocol
+    from experiments.study.kinds import Ref, step_key
+    from experiments.study.pair_steps import MeasureEval
 
     model = tiny_causal_lm("qwen2", seed=0)
-    kw = dict(tasks="sinkstudy_ifeval,sinkstudy_gsm", limit=4, max_gen_toks=16, progress=False, cache_dir=tmp_path)
+    kw = dict(tasks="sinkstudy_ifeval,sinkstudy_gsm", limit=4, max_gen_toks=16, progress=False)
     runs = {b: run_eval(model, tokenizer, backend=b, batch_size=n, **kw) for b, n in (("hf", 1), ("hf-continuous", 3))}
     hf, ours = runs["hf"], runs["hf-continuous"]
     assert hf.settings["backend"] == "hf" and ours.settings["backend"] == "hf-continuous"
-    assert set(hf.cache_keys) == set(ours.cache_keys) and not set(hf.cache_keys.values()) & set(ours.cache_keys.values())
+    keys = {b: step_key(MeasureEval(Ref("org/m"), Ref("org/m"), EvalProtocol(backend=b), out=Path("eval")), None)[0] for b in runs}
+    assert keys["hf"] != keys["hf-continuous"]  # an eval step on one backend is never reused for the other
     # HFLM at its default batch size 1 and ours at 3 give the same texts, hence the same scores.
     assert {t: [s["output"] for s in rows] for t, rows in hf.samples.items()} == \
            {t: [s["output"] for s in rows] for t, rows in ours.samples.items()}
@@ -142,7 +148,7 @@ def test_run_eval_backends_have_their_own_cache_keys_and_the_same_samples(tokeni
 
 
 def test_bench_divergence_names_the_first_differing_token_and_its_batch1_logit_gap(tokenizer):
-    from evals.generate.bench import divergence
+    from benchmarks.generate import divergence
 
     model = tiny_causal_lm("qwen2", seed=0)
     ids = tokenizer("the cat sat on").input_ids
@@ -157,7 +163,7 @@ def test_bench_divergence_names_the_first_differing_token_and_its_batch1_logit_g
 
 @pytest.mark.slow
 def test_bench_runs_end_to_end_on_a_tiny_checkpoint(tokenizer, tmp_path, capsys):
-    from evals.generate.bench import main
+    from benchmarks.generate import main
 
     tiny_causal_lm("llama", seed=3).save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")

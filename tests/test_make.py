@@ -293,7 +293,7 @@ def test_the_hub_probe_reads_the_offline_variables_and_a_real_connection(monkeyp
 def test_study_commands_take_the_eval_overrides():
     from experiments.cli import build_parser
     from experiments.cli.cmd_study import DEMO_CONFIG, _overrides
-    from experiments.study.config import load_study
+    from experiments.demo.study import load_study
 
     args = build_parser().parse_args(["run", str(DEMO_CONFIG), "--limit", "0.5", "--tasks", "sinkstudy_gsm", "--device", "cuda",
                                       "--dtype", "bfloat16"])

@@ -1,5 +1,6 @@
 """mergekit merges on tiny same-architecture pairs: each method's arithmetic on real tensors."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -258,14 +259,11 @@ def test_bad_input_refused_before_work(trio, tmp_path, monkeypatch):
 
 
 def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer, monkeypatch):
-    """A VLM checkpoint as `vlm`: its LM is streamed once into the cache (in the VLM's stored dtype, never
-    built in memory), then merged."""
-    import json
-
+    """A VLM checkpoint as `vlm`: its LM is streamed into a temporary folder beside the output (in the VLM's stored
+    dtype, never built in memory), merged, and removed: the merge of the extracted LM, bit for bit."""
     from vlm_factories import save_tiny_vlm, tiny_base
 
     from interventions.merge import run_mergekit_merge
-    from interventions.pairs import EXTRACTION_JSON
 
     def no_in_memory_lm(*args, **kwargs):
         raise AssertionError("the VLM's language model was built in memory")
@@ -274,30 +272,39 @@ def test_vlm_checkpoint_is_extracted_then_merged(tmp_path, tokenizer, monkeypatc
     monkeypatch.setattr("interventions.pairs.loading.build_causal_lm", no_in_memory_lm)
     base = _save_model(tiny_base("qwen2"), tokenizer, tmp_path / "base")
     vlm = save_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl", tokenizer=tokenizer, dtype=torch.bfloat16)
-    cache = tmp_path / "cache"
-    out = run_mergekit_merge("linear", base, vlm, tmp_path / "m", weight=1.0, cache_dir=cache, progress=False)
-    (lm_dir,) = list(cache.iterdir())
+    out = run_mergekit_merge("linear", base, vlm, tmp_path / "merges" / "m", weight=1.0, progress=False)
+    assert sorted(p.name for p in (tmp_path / "merges").iterdir()) == ["m"]  # the extraction lived only while the merge ran
+    recorded = json.loads((out / "intervention.json").read_text())
+    assert recorded["models"]["vlm"] == str(vlm) and recorded["provenance"]["fingerprints"]["vlm_lm"].startswith("ckpt-sha256:")
+    from interventions.pairs import plan_extraction, write_language_model
+
+    lm_dir = tmp_path / "lm"
+    write_language_model(plan_extraction(vlm, base), lm_dir)
     lm, m = _w(lm_dir), _w(out)
     assert set(m) == set(lm) and {t.dtype for t in lm.values()} == {torch.bfloat16}
-    assert json.loads((lm_dir / EXTRACTION_JSON).read_text())["provenance"]["source"] == str(vlm)
     for name in m:  # float32 like the base; the bf16 values exactly
         assert m[name].dtype == torch.float32
         torch.testing.assert_close(m[name], lm[name].float(), rtol=0, atol=0)
 
 
-def test_apply_intervention_reuses_finished_and_refuses_other_requests(trio, tmp_path):
-    from interventions.merge import MergeError, RESULT_JSON
-    from interventions.registry import apply_intervention, finished, intervention_request, list_interventions
+def test_apply_intervention_writes_its_request_and_never_reuses_nor_replaces_unasked(trio, tmp_path):
+    """The registry applies a method and records its request; reuse is the engine's (`Intervene`): an existing output
+    is refused unless `replace`."""
+    from interventions.merge import RESULT_JSON
+    from interventions.registry import apply_intervention, intervention_request, list_interventions
+    from sinkstudy.io import OutputExistsError
 
     kinds = list_interventions()
     assert kinds["ties"] == "mergekit" and kinds["star"] == "spectral" and kinds["head_restore"].startswith("mitigation")
     out = apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, tmp_path / "t", progress=False)
-    assert finished(out, intervention_request("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}))
-    stamp = (out / RESULT_JSON).stat().st_mtime_ns
-    assert apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2}, out) == out
-    assert (out / RESULT_JSON).stat().st_mtime_ns == stamp  # reused, not redone
-    with pytest.raises(MergeError, match="another request"):
+    recorded = json.loads((out / RESULT_JSON).read_text())["request"]
+    assert recorded == intervention_request("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.2})
+    before = _w(out)
+    with pytest.raises(OutputExistsError, match="already exists"):
         apply_intervention("ties", trio["base"], trio["vlm"], {"weight": 1.0, "density": 0.5}, out)
+    assert all(torch.equal(before[k], v) for k, v in _w(out).items())
+    from interventions.merge import MergeError
+
     with pytest.raises(MergeError, match="no parameter"):
         apply_intervention("star", trio["base"], trio["vlm"], {"density": 0.5}, tmp_path / "s")
     s = apply_intervention("tsv", trio["base"], trio["vlm"], {"alpha": 0.5}, tmp_path / "s", progress=False)
@@ -477,16 +484,16 @@ def test_root_merge_takes_config_and_tokenizer_from_the_base_and_says_so(trio, t
 
 def test_a_different_pair_into_the_same_out_is_refused_never_reused(trio, tmp_path, monkeypatch, capsys):
     from experiments.cli import main
-    from interventions.merge import MergeError
     from interventions.registry import apply_intervention
+    from sinkstudy.io import OutputExistsError
 
     out = apply_intervention("linear", trio["base"], trio["vlm"], {"weight": 0.5}, tmp_path / "o", progress=False)
     before = _w(out)
-    with pytest.raises(MergeError, match="another pair") as err:
+    with pytest.raises(OutputExistsError, match="already exists") as err:
         apply_intervention("linear", trio["base"], trio["root"], {"weight": 0.5}, out, progress=False)
     assert "\n" not in str(err.value)
     assert all(torch.equal(before[k], v) for k, v in _w(out).items())
-    apply_intervention("linear", trio["base"], trio["root"], {"weight": 0.5}, out, force=True, progress=False)
+    apply_intervention("linear", trio["base"], trio["root"], {"weight": 0.5}, out, replace=True, progress=False)
     b, r, m = _w(trio["base"]), _w(trio["root"]), _w(out)
     torch.testing.assert_close(m[UP], 0.5 * (b[UP] + r[UP]), rtol=1e-5, atol=1e-6)
     # Default outputs are pair-specific: two pairs never meet in one directory.
@@ -558,15 +565,15 @@ def test_sweep_reuses_points_only_for_the_same_pair_and_deletes_inside_its_dir(t
 def test_sweep_prints_its_plan_before_any_work_and_runs_the_spread(trio, tmp_path, monkeypatch, fake_measurements, own_cache, capsys):
     import yaml
 
-    import experiments.report.treatments as rt
-    import interventions.registry
+    import experiments.study.pair_steps as pair_steps
+    import experiments.study.sweep as sweep
     from experiments.cli import main
 
-    events = []
-    monkeypatch.setattr(interventions.registry, "apply_intervention", lambda method, b, v, params, out, **k: events.append(f"work {out.parent.name}") or
+    events = []  # the merge step's and the sweep's own calls, in order
+    monkeypatch.setattr(pair_steps, "apply_intervention", lambda method, b, v, params, out, **k: events.append(f"work {out.parent.name}") or
                         _copy_model(b, out))
-    plan = rt.format_plan
-    monkeypatch.setattr(rt, "format_plan", lambda *a: events.append("plan") or plan(*a))
+    plan = sweep.format_plan
+    monkeypatch.setattr(sweep, "format_plan", lambda *a: events.append("plan") or plan(*a))
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({"grid": [{"method": "linear", "weight": [0.1, 0.3, 0.5, 0.7, 0.9]}]}))
     out = tmp_path / "sweep"

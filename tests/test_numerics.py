@@ -173,7 +173,7 @@ def _start(out: Path, extra_env: dict, code: str, *args: str) -> subprocess.Pope
 # `sinkstudy demo` as a command: the way into the reproducible mode (it restarts itself with the mode's environment)
 DEMO = "-m experiments.cli demo --numerics reproducible --jobs 1 --quiet --config"
 # the native mode's control, up to the pretrained backbone: the steps one by one, in one process on one thread
-PRETRAIN = ["-c", "import sys, torch; from experiments.study.config import load_study; from experiments.study.runner import run_step; "
+PRETRAIN = ["-c", "import sys, torch; from experiments.demo.study import load_study; from experiments.study.runner import run_step; "
             "torch.set_num_threads(1); study = load_study(sys.argv[1], out=sys.argv[2]); "
             "[run_step(study, s, progress=False) for s in ('build/corpus', 'build/tokenizer', 'build/pretrain/qwen3')]"]
 

@@ -284,10 +284,14 @@ def test_cli_extract_and_diff(tmp_path, qwen_pair, capsys):
     lm = AutoModelForCausalLM.from_pretrained(out)
     assert lm.config.vocab_size == BASE_VOCAB
     before = (out / "model.safetensors").read_bytes()
-    assert main(["pair", "extract", "--base", str(base_dir), "--vlm", str(vlm_dir), "--out", str(out)]) == 2
-    assert "already exists; pass --force" in capsys.readouterr().err
+    argv = ["pair", "extract", "--base", str(base_dir), "--vlm", str(vlm_dir), "--out", str(out)]
+    assert main(argv) == 0  # one step of the engine: the same extraction is reused, its report said again
+    printed = capsys.readouterr().out
+    assert "reused pair/extract (finished before" in printed and "dropped rows 512..519" in printed
+    assert main([*argv, "--dtype", "bfloat16"]) == 2  # another request into it: one line, nothing touched
+    assert "holds pair/extract made by another request (dtype differ); pass --force" in capsys.readouterr().err
     assert (out / "model.safetensors").read_bytes() == before
-    assert main(["pair", "extract", "--base", str(base_dir), "--vlm", str(vlm_dir), "--out", str(out), "--force"]) == 0
+    assert main([*argv, "--force"]) == 0 and (out / "model.safetensors").read_bytes() == before  # made again: the same bytes
 
     report = tmp_path / "diff.json"
     assert main(["pair", "diff", "--base", str(base_dir), "--vlm", str(out), "--json", str(report)]) == 0

@@ -161,6 +161,7 @@ def test_a_plan_keys_made_models_on_their_steps_records(config, tmp_path, monkey
     read = []
     spy = lambda path, revision=None: read.append(str(path)) or "fp"  # noqa: E731
     monkeypatch.setattr(engine_mod, "model_fingerprint", spy)
+    monkeypatch.setattr("experiments.study.kinds.model_fingerprint", spy)
     monkeypatch.setattr(sinkstudy.provenance, "model_fingerprint", spy)
     plan = plan_study(load_study(config, out=out))
     assert not read  # a plan reads nothing

@@ -300,7 +300,7 @@ def test_preservation_term_through_the_engine_starts_at_zero(tmp_path, tokenizer
 # --------------------------------------------------------------------------- text_replay
 
 def test_mixed_dataset_puts_the_share_in_every_prefix_and_each_main_item_once():
-    from interventions.adapt.data import MixedDataset
+    from interventions.adapt.encoding import MixedDataset
 
     main, extra = list(range(50)), [f"t{i}" for i in range(7)]
     for share in (0.25, 0.3, 1 / 3):
@@ -328,7 +328,7 @@ class _BatchCounter(TrainingHook):
 
 
 def test_text_replay_mixes_the_configured_share_into_stage_2_batches(tmp_path, tokenizer):
-    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import VisionSpec
 
     base = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
     base.save_pretrained(tmp_path / "base")
@@ -353,7 +353,7 @@ def test_text_replay_replays_the_bases_own_replies_by_default(tmp_path, tokenize
     """No data named: the base's self-distilled replies (interventions.adapt.selfdistill), read from their cache
     entry for this base (a tiny random base ends no reply, so the entry is written here as generation would)."""
     from interventions.adapt import selfdistill
-    from interventions.adapt.build import VisionSpec
+    from interventions.adapt.config import VisionSpec
     from interventions.protect import validate_protection
     from sinkstudy.provenance import model_fingerprint
 

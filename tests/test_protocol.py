@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from evals import lmeval
-from evals.lmeval import EvalRun, run_eval
+from evals.eval_run import EvalRun
+from evals.lmeval import run_eval
 from evals.protocol import check_batch_size, parse_kwargs
 from experiments.cli import main as cli_main
 from sinkstudy import SinkstudyError
@@ -35,9 +36,15 @@ def model():
     return tiny_causal_lm("llama", seed=3)
 
 
-@pytest.fixture()
-def cache(tmp_path):
-    return tmp_path / "cache"
+def _eval_key(settings: dict) -> str:
+    """The key of an eval step (`experiments.study.pair_steps.MeasureEval`) under a run's recorded protocol knobs."""
+    from evals.protocol import EvalProtocol
+    from experiments.study.kinds import Ref, step_key
+    from experiments.study.pair_steps import MeasureEval
+
+    protocol = EvalProtocol(**{k: settings[k] for k in ("limit", "max_gen_toks", "batch_size", "chat_template_kwargs",
+                                                         "system_instruction", "gen_kwargs", "backend", "backend_args")})
+    return step_key(MeasureEval(Ref("org/model"), Ref("org/model"), protocol, out=Path("eval")), None)[0]
 
 
 def _prompts(run, task="sinkstudy_ifeval"):
@@ -83,54 +90,54 @@ def test_batch_size_accepts_integers_and_lm_eval_auto():
 # ----------------------------------------------------------------------------- knobs reach the prompt
 
 
-def test_chat_template_kwargs_reach_the_rendered_prompt(model, tokenizer, cache):
+def test_chat_template_kwargs_reach_the_rendered_prompt(model, tokenizer):
     import copy
 
     think = copy.deepcopy(tokenizer)
     think.chat_template = THINK_TEMPLATE
-    default = run_eval(model, think, cache_dir=cache, **QUICK)
-    off = run_eval(model, think, cache_dir=cache, chat_template_kwargs={"enable_thinking": False}, **QUICK)
+    default = run_eval(model, think, **QUICK)
+    off = run_eval(model, think, chat_template_kwargs={"enable_thinking": False}, **QUICK)
     for a, b in zip(_prompts(default), _prompts(off)):
         assert a.endswith("<|assistant|>\n") and b == a + "<think>\n\n</think>\n\n"
     assert off.settings["chat_template_kwargs"] == {"enable_thinking": False}  # recorded with the results
-    assert off.cache_keys != default.cache_keys  # and part of the cache key
+    assert _eval_key(off.settings) != _eval_key(default.settings)  # and part of the eval step's key
     # A template that does not read the variable renders exactly as without it (the paper config
     # sets it for all six pairs; only the Qwen3 bases' templates read it).
-    plain = run_eval(model, tokenizer, cache_dir=cache, chat_template_kwargs={"enable_thinking": False}, **QUICK)
+    plain = run_eval(model, tokenizer, chat_template_kwargs={"enable_thinking": False}, **QUICK)
     assert _prompts(plain) == _prompts(default)
 
 
-def test_unset_thinking_variable_is_warned_about(model, tokenizer, cache, caplog):
+def test_unset_thinking_variable_is_warned_about(model, tokenizer, caplog):
     import copy
 
     think = copy.deepcopy(tokenizer)
     think.chat_template = THINK_TEMPLATE
-    run_eval(model, think, cache_dir=cache, **QUICK)
+    run_eval(model, think, **QUICK)
     assert "reads enable_thinking and none was given" in caplog.text
 
 
-def test_system_instruction_reaches_the_rendered_prompt(model, tokenizer, cache):
-    run = run_eval(model, tokenizer, cache_dir=cache, system_instruction="Answer in one short line.", **QUICK)
+def test_system_instruction_reaches_the_rendered_prompt(model, tokenizer):
+    run = run_eval(model, tokenizer, system_instruction="Answer in one short line.", **QUICK)
     for p in _prompts(run):
         assert p.startswith("<|bos|><|system|>\nAnswer in one short line.<|end|>\n<|user|>\n")
     assert run.settings["system_instruction"] == "Answer in one short line."
-    bare = run_eval(model, tokenizer, cache_dir=cache, apply_chat_template=False, system_instruction="SYS:", **QUICK)
+    bare = run_eval(model, tokenizer, apply_chat_template=False, system_instruction="SYS:", **QUICK)
     assert all(p.startswith("SYS:") for p in _prompts(bare))  # without a chat template: lm-eval's prefix
 
 
-def test_gen_kwargs_reach_generation(model, tokenizer, cache):
-    free = run_eval(model, tokenizer, cache_dir=cache, **{**QUICK, "max_gen_toks": 12})
+def test_gen_kwargs_reach_generation(model, tokenizer):
+    free = run_eval(model, tokenizer, **{**QUICK, "max_gen_toks": 12})
     outputs = [s["output"] for s in free.samples["sinkstudy_ifeval"]]
     # a stop string cut at the first occurrence of a character the free output contains
     stop = next(ch for ch in outputs[0][1:] if ch.strip())
-    cut = run_eval(model, tokenizer, cache_dir=cache, gen_kwargs={"until": [stop]}, **{**QUICK, "max_gen_toks": 12})
+    cut = run_eval(model, tokenizer, gen_kwargs={"until": [stop]}, **{**QUICK, "max_gen_toks": 12})
     assert cut.samples["sinkstudy_ifeval"][0]["output"] == outputs[0][: outputs[0].index(stop)]
     assert cut.settings["gen_kwargs"] == {"until": [stop]}
     with pytest.raises(SinkstudyError, match="set max_gen_toks with --max-gen-toks"):
-        run_eval(model, tokenizer, cache_dir=cache, gen_kwargs={"max_gen_toks": 5}, **QUICK)
+        run_eval(model, tokenizer, gen_kwargs={"max_gen_toks": 5}, **QUICK)
 
 
-def test_batch_auto_is_detected_by_hflm(model, tokenizer, cache, monkeypatch):
+def test_batch_auto_is_detected_by_hflm(model, tokenizer, monkeypatch):
     from lm_eval.models.huggingface import HFLM
 
     detected = []
@@ -142,18 +149,18 @@ def test_batch_auto_is_detected_by_hflm(model, tokenizer, cache, monkeypatch):
 
     monkeypatch.setattr(HFLM, "_detect_batch_size", spy)
     # max_length bounds the probe batch lm-eval runs to find the largest batch that fits
-    auto = run_eval(model, tokenizer, cache_dir=cache, backend_args={"max_batch_size": 2, "max_length": 128},
+    auto = run_eval(model, tokenizer, backend_args={"max_batch_size": 2, "max_length": 128},
                     **{**QUICK, "batch_size": "auto"})
     assert detected == [2] and auto.settings["batch_size"] == "auto"
-    fixed = run_eval(model, tokenizer, cache_dir=cache, backend_args={"max_length": 128}, **QUICK)
+    fixed = run_eval(model, tokenizer, backend_args={"max_length": 128}, **QUICK)
     assert [s["output"] for s in auto.samples["sinkstudy_ifeval"]] == [s["output"] for s in fixed.samples["sinkstudy_ifeval"]]
 
 
-def test_reserved_backend_args_point_to_their_own_setting(model, tokenizer, cache):
+def test_reserved_backend_args_point_to_their_own_setting(model, tokenizer):
     with pytest.raises(SinkstudyError, match="use --chat-template-kwargs"):
-        run_eval(model, tokenizer, cache_dir=cache, backend_args={"chat_template_args": {"x": 1}}, **QUICK)
+        run_eval(model, tokenizer, backend_args={"chat_template_args": {"x": 1}}, **QUICK)
     with pytest.raises(SinkstudyError, match="use --batch-size"):
-        run_eval(model, tokenizer, cache_dir=cache, backend_args={"batch_size": 4}, **QUICK)
+        run_eval(model, tokenizer, backend_args={"batch_size": 4}, **QUICK)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -258,18 +265,17 @@ def test_lm_eval_cli_runs_the_shipped_task_and_agrees_with_sinkstudy(model_dir, 
 # ----------------------------------------------------------------------------- loading and layering
 
 
-def test_a_path_loads_through_the_callers_loader_only_when_needed(model_dir, tokenizer, tmp_path):
+def test_a_path_loads_through_the_callers_loader(model_dir, tokenizer):
+    from evals.lm_backends import auto_causal_lm
+
     calls = []
 
     def loader(path, *, device=None, dtype=None):
         calls.append((path, device, dtype))
-        return lmeval._auto_causal_lm(path, device=device, dtype=dtype)
+        return auto_causal_lm(path, device=device, dtype=dtype)
 
-    kw = dict(cache_dir=tmp_path, loader=loader, dtype="bfloat16", **QUICK)
-    first = run_eval(model_dir, tokenizer, **kw)
+    first = run_eval(model_dir, tokenizer, loader=loader, dtype="bfloat16", **QUICK)
     assert calls == [(str(model_dir), None, "bfloat16")] and first.settings["dtype"] == "bfloat16"
-    run_eval(model_dir, tokenizer, **kw)
-    assert len(calls) == 1  # cached: the weights were not loaded again
 
 
 def test_evals_imports_nothing_from_the_layers_above():
@@ -283,6 +289,7 @@ def test_evals_imports_nothing_from_the_layers_above():
 
 @pytest.mark.slow
 def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
+    from evals.eval_run import HEADLINE_METRICS
     from experiments.study.config import load_study
 
     study = load_study(ROOT / "experiments" / "configs" / "paper_six_pairs.yaml")
@@ -293,7 +300,7 @@ def test_paper_config_runs_the_papers_tasks_all_known_to_lm_eval():
     specs = lmeval.resolve_tasks(ev.tasks)  # lm-eval's own index: each a task or group, none a tag
     assert [s.name for s in specs] == list(ev.tasks)
     assert {s.name for s in specs if s.is_group} == {"mmlu", "mmlu_pro"}
-    assert all(lmeval.HEADLINE_METRICS.get(t) for t in ev.tasks)
+    assert all(HEADLINE_METRICS.get(t) for t in ev.tasks)
 
 
 @pytest.mark.parametrize("patch, needle", [

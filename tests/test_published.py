@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import yaml
 
-from evals.lmeval import EvalRun
+from evals.eval_run import EvalRun
 from evals.stats import compare, mcnemar_counts, sink_correlation
 from experiments.cli import main
 from experiments.report.published import PUBLISHED, PairChange, beside, correlate, load_published, paper_table
@@ -192,21 +192,25 @@ def _results(summary):
     return StudyResults.of({"study": "t", "headline": {}, **summary})
 
 
-def test_report_verdict_names_the_convention_and_reads_the_sign_right():
-    from experiments.report.verdicts import paper_rows, verdicts
+def test_the_sink_claim_names_the_convention_and_reads_the_sign_right():
+    from experiments.report.claims import claims
+    from experiments.report.findings import paper_rows
+
+    def sink_claim(r):
+        return next(c for c in claims(r) if "Spearman ρ(S, Δ points)" in c.evidence)
 
     strengths = [0.2, 0.6, 1.0, 1.4, 1.8, 2.2]
     # The paper's relation: a stronger sink, less loss (Δ closer to 0): ρ(S, Δ) > 0.
     r = _results(_summary(strengths, [_outcomes(k) for k in (30, 24, 18, 12, 6, 1)]))
-    paper_like = next(line for line in verdicts(r) if "Spearman ρ(S, Δ points)" in line)
-    assert "yes, in the paper's direction" in paper_like and "ρ(S, Δ points) = +1.000" in paper_like
-    assert "Δ = VLM LM − base in points (negative = capability lost)" in paper_like
-    assert "ρ = +0.971 on points and +0.794 on Δ/base" in paper_like
+    paper_like = sink_claim(r)
+    assert paper_like.answer == "agrees" and "ρ(S, Δ points) = +1.000" in paper_like.evidence
+    assert "(ρ > 0: a stronger sink, less loss" in paper_like.evidence
+    assert "ρ = +0.971 on points and +0.794 on Δ/base" in paper_like.evidence
     assert [row[-1] for row in paper_rows(r) if row[0].startswith("ρ(S")] == ["same sign", "same sign"]
     # The opposite relation (a stronger sink, more loss) must not be called agreement.
     r = _results(_summary(strengths, [_outcomes(k) for k in (1, 6, 12, 18, 24, 30)]))
-    opposite = next(line for line in verdicts(r) if "Spearman ρ(S, Δ points)" in line)
-    assert "= -1.000" in opposite and "the opposite of the paper's direction" in opposite and "yes" not in opposite.split(":")[0]
+    opposite = sink_claim(r)
+    assert "= -1.000" in opposite.evidence and opposite.answer == "disagrees"
     assert [row[-1] for row in paper_rows(r) if row[0].startswith("ρ(S")] == ["different sign", "different sign"]
 
 

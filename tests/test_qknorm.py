@@ -188,11 +188,13 @@ def test_training_gains_only_changes_only_gains(tokenizer):
         assert changed == name.endswith(("q_norm.weight", "k_norm.weight")), name
 
 
-def test_the_registrys_choices_match_the_library():
+def test_the_registry_and_the_library_read_one_list_of_choices():
     import interventions.qknorm as lib
-    from interventions import registry
+    from interventions import qknorm_modes, registry
 
-    assert (registry.QKNORM_INITS, registry.QKNORM_TRAINABLE) == (lib.INIT_MODES, lib.TRAINABLE_MODES)
+    assert lib.INIT_MODES is qknorm_modes.INIT_MODES and lib.TRAINABLE_MODES is qknorm_modes.TRAINABLE_MODES
+    with pytest.raises(registry.MergeError, match="init must be one of identity-gain, scale-preserving, blend"):
+        registry.QKNORM.resolve({"init": "unit"})
 
 
 def test_train_steps_per_stage_belongs_to_the_recipe(tmp_path, capsys):

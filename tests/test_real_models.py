@@ -108,7 +108,7 @@ def test_eval_bridge_runs_ifeval_on_the_real_model(gemma, tmp_path):
 
     _, converted = gemma
     run = run_eval(converted, tasks=["sinkstudy_ifeval"], limit=2, max_gen_toks=24, batch_size=2,
-                   apply_chat_template=False, use_cache=False, out_dir=tmp_path / "eval")
+                   apply_chat_template=False, out_dir=tmp_path / "eval")
     score = run.scores["sinkstudy_ifeval"]["prompt_level_strict_acc,none"]
     assert 0.0 <= score <= 1.0 and len(run.samples["sinkstudy_ifeval"]) >= 2
 

@@ -1,9 +1,9 @@
-"""The study report: verdict lines first (one per question the summary holds, number + CI + convention),
+"""The study report: the answers first (one line per question the summary holds, number + CI + convention + rule),
 the paper beside ours, readable HTML (tables that scroll in their box, examples as text, every file
 linked), and figures that follow the data they claim (colour ranges, ρ in the scatter's title,
 recovery dots and CIs, per-layer profiles, trajectories, Pareto).
 
-The summary is built the way `experiments.report.summarise.summarise` builds it: real sink maps of tiny
+The summary is built the way `experiments.study.summarise.summarise` builds it: real sink maps of tiny
 models (`compute_sink_maps`), real paired statistics (`evals.stats`) over per-prompt outcomes; the report
 is rendered from it alone.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from evals.lmeval import HEADLINE_METRICS
+from evals.eval_run import HEADLINE_METRICS
 
 TASKS = ["sinkstudy_ifeval", "sinkstudy_gsm"]
 TEXTS = ["The cat sat on the mat and looked at the bird.", "def add(a, b):\n    return a + b\n",
@@ -137,42 +137,46 @@ def _section(md: str, heading: str) -> str:
     return md.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
-# --------------------------------------------------------------------------- verdicts first
+# --------------------------------------------------------------------------- the answers first
 
 
-def test_the_report_opens_with_one_verdict_line_per_question(report):
+def test_the_report_opens_with_one_line_per_question_and_no_second_decision(report):
+    from experiments.report.fmt import ci_text
+
     md, summary = report.md, report.summary
-    assert re.findall(r"^## .*", md, flags=re.M)[:3] == ["## The paper's claims", "## Verdicts", "## Paper vs ours"]
-    verdicts = [x[2:] for x in _section(md, "Verdicts").strip().splitlines()]
-    questions = [v.split("?")[0] for v in verdicts]
-    assert questions == ["Does S track degradation on sinkstudy_ifeval", "Does S track degradation on sinkstudy_gsm",
-                         "Does injected QK-norm protect p0 on sinkstudy_ifeval", "Does injected QK-norm protect p1 on sinkstudy_ifeval",
-                         "Does injected QK-norm protect p2 on sinkstudy_ifeval", "Does linear recover",
-                         "Does protection replay beat the control", "Does mitigation head_restore beat its control (the unmitigated VLM LM)"]
-    # S: both relations with the number and CI the summary holds, the convention and the paper's direction in it.
+    assert re.findall(r"^## .*", md, flags=re.M)[:2] == ["## The paper's claims", "## Paper vs ours"]
+    assert "## Verdicts" not in md  # every answer is the claims'
+    lines = [x[2:] for x in _section(md, "The paper's claims").strip().splitlines()]
+    questions = [x.split(" — ")[0] for x in lines]
+    assert questions == ["VL training costs text skill on strict graders (sinkstudy_ifeval)",
+                         "A stronger sink (higher S of the base) predicts less loss",
+                         "Backbones with QK-norm of their own lose less text skill through VL training",
+                         "QK-RMSNorm injected after pretraining does not protect text skill through VL training",
+                         "Merging the base and the VLM LM after VL training does not recover the loss",
+                         "Open direction: does replay (text_replay) keep more text skill than the unprotected adaptation",
+                         "Open direction: does mitigation head_restore keep more text skill than its control (the unmitigated VLM LM)"]
+    # S: both relations with the number and CI the summary holds, the convention and the paper's figures in it.
     corr = summary["correlation"]["sinkstudy_ifeval"]
     pts, rel = corr["points"], corr["relative"]
-    sink = verdicts[0]
-    assert f"ρ(S, Δ points) = {pts['spearman']:+.3f} [{pts['spearman_ci'][0]:+.3f}, {pts['spearman_ci'][1]:+.3f}]" in sink
-    assert f"ρ(S, Δ/base) = {rel['spearman']:+.3f} [{rel['spearman_ci'][0]:+.3f}, {rel['spearman_ci'][1]:+.3f}]" in sink
-    assert "Δ = VLM LM − base in points (negative = capability lost)" in sink and "(ρ > 0: a stronger sink, less loss)" in sink
-    assert "The paper, same convention: ρ = +0.971 on points and +0.794 on Δ/base" in sink
-    # QK-norm: against the control (Δ = qknorm-vl − VLM LM, CI above 0 here: it regained lost − 2 prompts) and the native pair.
+    sink = lines[1]
+    assert f"ρ(S, Δ points) = {pts['spearman']:+.3f} {ci_text(pts['spearman_ci'], '.3f')}" in sink
+    assert f"ρ(S, Δ/base) = {rel['spearman']:+.3f} {ci_text(rel['spearman_ci'], '.3f')}" in sink
+    assert "(ρ > 0: a stronger sink, less loss" in sink and "ρ = +0.971 on points and +0.794 on Δ/base" in sink
+    # QK-norm: against the control (Δ = qknorm-vl − VLM LM) and against the base (Δ/base), with the native pair's.
     c = summary["pairs"]["p2"]["interventions"]["qknorm-vl"]["sinkstudy_ifeval"]["vs_vlm"]
-    q = verdicts[4]
-    assert q.startswith("Does injected QK-norm protect p2 on sinkstudy_ifeval? yes, against the control:")
-    assert f"Δ = qknorm-vl − VLM LM = {c['delta_points']:+.1f} pts [{c['delta_points_ci'][0]:+.1f}, {c['delta_points_ci'][1]:+.1f}]" in q
-    assert "native QK-norm pairs: p0 Δ/base =" in q and "The paper: no (Qwen2.5-3B-Instruct" in q
-    # Merges: the share recovered with its CI, only where the pair lost beyond noise.
-    merge = verdicts[5]
+    q = lines[3]
+    assert f"p2 qknorm-vl: Δ = injected + VL − VLM LM = {c['delta_points']:+.1f} [{c['delta_points_ci'][0]:.1f}, " \
+           f"{c['delta_points_ci'][1]:.1f}] pts, against the base Δ/base = " in q
+    assert "native QK-norm pairs from VL training: p0 Δ/base =" in q and "Qwen2.5-3B-Instruct" in q
+    # Merges: per (pair, merge) with a significant loss, the share recovered with its CI, and the one rule's count.
+    merge = lines[4]
     for p in ("p1", "p2"):
         r = summary["pairs"][p]["interventions"]["linear"]["sinkstudy_ifeval"]["recovery"]
-        assert f"{p} sinkstudy_ifeval {r['recovery']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]" in merge
+        assert f"{p}/linear {r['recovery']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]" in merge
     assert "none of its 7 merges recovered IFEval" in merge
-    # Protection vs control, mitigation vs its control, each with Δ in points and CI.
-    assert verdicts[6].startswith("Does protection replay beat the control? yes on sinkstudy_ifeval")
-    assert "(VL skill 0.35 vs control 0.40)" in verdicts[6]
-    assert verdicts[7].split("?")[1].strip().startswith("not established")  # it regained nothing
+    # The protection and the mitigation, each against its control with Δ in points and CI.
+    assert lines[5].split(" — ")[1].startswith("yes: ") and "VL skill 0.35" in lines[5]
+    assert lines[6].split(" — ")[1].startswith("not established")  # it regained nothing
 
 
 def test_paper_vs_ours_table_sets_each_published_figure_beside_ours(report):
@@ -193,8 +197,8 @@ def test_paper_vs_ours_table_sets_each_published_figure_beside_ours(report):
 def test_pairs_and_unit_gain_arms_the_paper_did_not_measure_stand_beside_its_range_and_its_injection(maps_dir):
     """A pair without published figures is set beside the range of the paper's six Δs (per control seed); an arm
     trained from a base with the paper's unit-gain QK-norm beside the paper's injection, a scale-preserving one not."""
+    from experiments.report.findings import paper_rows
     from experiments.report.results import StudyResults
-    from experiments.report.verdicts import paper_rows
 
     summary = make_summary(maps_dir)
     arms = summary["pairs"]["p2"]["protection"]["arms"]
@@ -211,13 +215,15 @@ def test_pairs_and_unit_gain_arms_the_paper_did_not_measure_stand_beside_its_ran
 
 
 def test_missing_parts_are_skipped_not_printed_empty(maps_dir, tmp_path):
-    from experiments.report.document import build_blocks, verdicts
+    from experiments.report.document import answers, build_blocks
 
     summary = make_summary(maps_dir, n_pairs=2, interventions=False, protection=False)
-    assert verdicts(summary) == []  # two pairs: no correlation; no intervention, no arm
+    assert [a.split(" — ")[0] for a in answers(summary)] == [  # two pairs: no correlation; no intervention, no arm
+        "VL training costs text skill on strict graders (sinkstudy_ifeval)", "A stronger sink (higher S of the base) predicts less loss",
+        "Backbones with QK-norm of their own lose less text skill through VL training"]
     blocks = build_blocks(summary, tmp_path)
     headings = [b[2] for b in blocks if b[0] == "h"]
-    assert "Verdicts" not in headings and "Recovery per intervention" not in headings and "Training-time protections" not in headings
+    assert "Recovery per intervention" not in headings and "Training-time protections" not in headings
     assert "Paper vs ours" in headings  # p1 carries a published Δ
     for i, b in enumerate(blocks):  # every heading is followed by content
         if b[0] == "h" and b[1] == 2:

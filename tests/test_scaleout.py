@@ -42,11 +42,12 @@ def test_lazy_unpickle_merge_is_identical_and_recorded(pair, tmp_path, capsys):
     assert plain["request"] == info["request"]
 
 
-def test_a_cpu_merge_is_not_reused_for_a_cuda_one(pair, tmp_path, monkeypatch):
+def test_a_cpu_merge_is_not_reused_for_a_cuda_one(pair, tmp_path):
     """mergekit on a GPU keeps other entries at a TIES / magnitude cut (its argsort breaks ties another way) and
     draws DARE's drops from the CUDA generator: --cuda is part of the request, the other options are not."""
-    from interventions.merge import MergeError
-    from interventions.registry import apply_intervention, intervention_request
+    from experiments.study.kinds import Ref, step_key
+    from experiments.study.pair_steps import Intervene
+    from interventions.registry import intervention_request
 
     base, vlm = pair
     params = {"weight": 1.0, "density": 0.2}
@@ -54,12 +55,9 @@ def test_a_cpu_merge_is_not_reused_for_a_cuda_one(pair, tmp_path, monkeypatch):
     assert intervention_request("ties", base, vlm, params, mergekit_options={"lazy_unpickle": True}) == cpu
     cuda = intervention_request("ties", base, vlm, params, mergekit_options={"cuda": True, "low_cpu_memory": True})
     assert cuda == {**cpu, "device": "cuda"}
-    out = apply_intervention("ties", base, vlm, params, tmp_path / "m")
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the no-GPU refusal, up to the reuse check
-    with pytest.raises(MergeError, match=r"made by another request \(device differ\)"):
-        apply_intervention("ties", base, vlm, params, out, mergekit_options={"cuda": True})
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    step = lambda options: Intervene("ties", Ref(str(base)), Ref(str(vlm)), params, mergekit=options, out=tmp_path / "m")  # noqa: E731
+    assert step_key(step({}), None)[0] == step_key(step({"lazy_unpickle": True}), None)[0]
+    assert step_key(step({"cuda": True}), None)[0] != step_key(step({}), None)[0]  # never reused for the other
 
 
 @pytest.mark.parametrize("extra, needle", [

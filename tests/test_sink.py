@@ -247,7 +247,7 @@ def test_cli_default_logodds_on_shipped_prompts(tiny_model_dir, tmp_path, capsys
 
 
 def test_bench_cases_report_time_and_memory_and_the_table_both_ratios_per_length():
-    from evals.sink.bench import METHODS, format_table, run_case
+    from benchmarks.sink_pass import METHODS, format_table, run_case
 
     rows = {}
     for length in (24, 48):

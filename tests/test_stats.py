@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from evals.lmeval import EvalRun
+from evals.eval_run import EvalRun
 from evals.stats import (
     Comparison, compare, compare_runs, correlation, format_table, leave_one_out, mcnemar_counts, mcnemar_exact, outcomes_from_counts,
     paired, recovery, sink_correlation,

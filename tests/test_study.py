@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.study.config import StudyConfigError, deep_merge, load_study, validate
+from experiments.demo.study import validate  # the study's validate, with the demo's build section read
+from experiments.study.config import StudyConfigError, deep_merge, load_study
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "experiments" / "configs"
@@ -146,7 +147,9 @@ def test_cli_reports_config_error_in_one_line(tmp_path, capsys):
 
 
 def test_shipped_configs_validate():
-    demo = load_study(CONFIGS / "demo.yaml")
+    from experiments.demo.study import load_study as load_demo
+
+    demo = load_demo(CONFIGS / "demo.yaml")
     assert [p.name for p in demo.pairs] == [b["name"] for b in demo.build.backbones]  # one pair per backbone
     assert [p.native_qk_norm for p in demo.pairs] == [b["family"] == "qwen3" for b in demo.build.backbones]
     assert demo.evals.protocol.data_files["sinkstudy_ifeval"] == "runs/demo/data/heldout_ifeval.jsonl"
@@ -350,20 +353,28 @@ def test_a_plan_reads_no_input_file_and_a_run_checks_them_before_any_work(config
     assert err.count("\n") == 1 and ("not found" in err or "does not exist" in err) and not out.exists()
 
 
+def test_a_build_section_is_read_by_the_reader_its_loader_hands_over():
+    """The study never imports the demo: the demo's build section is read by the reader the demo's loader hands over
+    (`experiments.demo.study`, what `sinkstudy run` / `demo` load configs with); without one it is one line."""
+    with pytest.raises(StudyConfigError, match=r"demo.yaml: build: no reader for a build section"):
+        load_study(CONFIGS / "demo.yaml")
+
+
 @pytest.mark.parametrize("config", ["demo.yaml", "demo_real.yaml"])
 def test_inputs_the_plan_makes_itself_are_checked_when_the_step_that_reads_them_runs(config, tmp_path, monkeypatch, capsys):
     """demo.yaml (make study's default CONFIG) evaluates on held-out files its own build/corpus step writes: the run
     starts, it does not stop at load on files that do not exist yet."""
-    import experiments.study.runner as runner
+    import experiments.study.launch as launch
     from experiments.cli import main
+    from sinkstudy import SinkstudyError
 
     started = []
 
     def run_study(study, **kw):
         started.append(study.name)
-        raise runner.SinkstudyError("stopped here: the steps would run now")
+        raise SinkstudyError("stopped here: the steps would run now")
 
-    monkeypatch.setattr(runner, "run_study", run_study)
+    monkeypatch.setattr(launch, "run_study", run_study)
     out = tmp_path / "out"
     assert main(["run", str(CONFIGS / config), "--out", str(out), "--numerics", "native"]) == 2
     assert started and "stopped here" in capsys.readouterr().err and not (out / "data").exists()

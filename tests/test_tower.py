@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from interventions.adapt import tower
-from interventions.adapt.build import VisionSpec, build_vlm, check_round_trip
+from interventions.adapt.build import build_vlm, check_round_trip
+from interventions.adapt.config import VisionSpec
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm
 

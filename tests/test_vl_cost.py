@@ -10,7 +10,9 @@ import torch
 import yaml
 
 from evals import template_share as ts
-from interventions.adapt.build import VisionSpec, build_vlm, check_round_trip, implant_lm
+from interventions.adapt.build import build_vlm, check_round_trip
+from interventions.adapt.config import VisionSpec
+from interventions.adapt.vlm_io import implant_lm
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm
 
@@ -84,7 +86,7 @@ def test_vl_eval_probe_settings_fail_in_one_line(tmp_path):
 
 @pytest.mark.slow(seconds=60)
 def test_a_study_reports_template_share_per_model_and_each_merges_vl_cost(tmp_path, tokenizer, own_cache):
-    from evals.lmeval import EvalRun
+    from evals.eval_run import EvalRun
     from experiments.report.document import write_report
     from experiments.study.config import load_study
     from experiments.study.runner import run_study

@@ -12,8 +12,9 @@ from evals import template_share as ts
 from evals import vqa
 from evals.vl import digits, easyvqa, scenes
 from evals.vl.questions import SHORT
-from interventions.adapt import data, generated, selfdistill
-from interventions.adapt.build import VisionSpec, build_vlm
+from interventions.adapt import encoding, generated, selfdistill, sources
+from interventions.adapt.build import build_vlm
+from interventions.adapt.config import VisionSpec
 from sinkstudy import SinkstudyError
 from sinkstudy.tiny import tiny_causal_lm
 
@@ -72,9 +73,9 @@ def test_heldout_images_never_appear_in_training():
 
 def test_every_kind_encodes_with_answer_only_labels(tokenizer):
     built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
-    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    enc = encoding.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
     for kind in generated.KINDS:
-        records = data.load_records({"generated": kind, "n": 3})
+        records = sources.load_records({"generated": kind, "n": 3})
         assert len(records) == 3
         r = records[0]
         out = enc(r)
@@ -92,10 +93,10 @@ def test_bad_generated_and_selfdistill_specs_fail_in_one_line():
                         ({"selfdistill": "base", "prompts": 100000}, "between 1 and"),
                         ({"selfdistill": "base", "max_new_tokens": "many"}, "positive integer")]:
         with pytest.raises(SinkstudyError, match=words) as err:
-            data.check_spec(spec)
+            sources.check_spec(spec)
         assert "\n" not in str(err.value)
     with pytest.raises(SinkstudyError, match="needs the run's base"):
-        data.load_records({"selfdistill": "base", "prompts": 2})
+        sources.load_records({"selfdistill": "base", "prompts": 2})
 
 
 def test_neutral_prompts_are_stable_and_carry_no_format_constraint():
@@ -124,7 +125,7 @@ def test_selfdistill_cuts_unended_replies_at_their_last_sentence_and_refuses_whe
     tiny_causal_lm("qwen2", vocab_size=len(tokenizer)).save_pretrained(base)
     tokenizer.save_pretrained(base)
     with pytest.raises(SinkstudyError, match="no reply holds a whole sentence within 1 tokens"):
-        data.load_records({"selfdistill": "base", "prompts": 3, "max_new_tokens": 1}, base=str(base))
+        sources.load_records({"selfdistill": "base", "prompts": 3, "max_new_tokens": 1}, base=str(base))
     assert not list((tmp_path / "cache").rglob("*.jsonl"))  # nothing cached for a failed run
 
 
@@ -185,14 +186,14 @@ def test_the_lm_eval_vqa_task_reads_the_heldout_items(monkeypatch):
 
 
 def test_vqa_answers_a_saved_vlm_from_the_prompt_training_formats(tmp_path, tokenizer):
-    from interventions.adapt.build import load_vlm, save_vlm
+    from interventions.adapt.vlm_io import load_vlm, save_vlm
 
     built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
     save_vlm(built, built.processor, tmp_path / "vlm")
     model, processor = load_vlm(tmp_path / "vlm")
     items = vqa.heldout_items(2, 5, 2)
     # the eval's prompt tokens are the engine's for the same user turn (the training format)
-    enc = data.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
+    enc = encoding.Encoder(built.tokenizer, processor=built.processor, image_token=built.image_token)
     record = {"images": [items[0].image], "messages": [{"role": "user", "content": items[0].prompt}, {"role": "assistant", "content": "x"}]}
     user = items[0].prompt.replace("<image>", processor.image_token)
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
@@ -203,7 +204,7 @@ def test_vqa_answers_a_saved_vlm_from_the_prompt_training_formats(tmp_path, toke
 
 
 def _vlm_dir(tmp_path, tokenizer, name: str):
-    from interventions.adapt.build import save_vlm
+    from interventions.adapt.vlm_io import save_vlm
 
     built = build_vlm(tiny_causal_lm("qwen2", vocab_size=len(tokenizer)), tokenizer, VisionSpec("tiny", tiny=TINY))
     save_vlm(built, built.processor, tmp_path / name)
@@ -230,7 +231,7 @@ def test_the_lm_eval_vqa_task_runs_on_a_saved_vlm_with_its_chat_template_and_agr
     template writes it)."""
     import copy
 
-    from interventions.adapt.build import load_vlm
+    from interventions.adapt.vlm_io import load_vlm
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     plain = copy.deepcopy(tokenizer)

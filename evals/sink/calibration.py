@@ -12,8 +12,10 @@ from typing import Sequence, Union
 
 from sinkstudy import SinkstudyError
 
+# The calibration texts wherever none are named (the paper's S, QK-norm gains, doses, the training trajectory).
+DEFAULT_SET = "ifeval15"
 SHIPPED_SETS = {
-    "ifeval15": "ifeval15.json",  # 15 short IFEval-style prompts: the paper metric's default
+    DEFAULT_SET: "ifeval15.json",  # 15 short IFEval-style prompts: the paper metric's default
     "passages64": "passages64.json",  # 64 English + code passages of 128-512 tokens: mass metrics
 }
 

@@ -74,6 +74,7 @@ def attention_layers(model) -> list[torch.nn.Module]:
 def check_supported_config(config) -> None:
     """`attention_layers`' refusal from a causal-LM config alone: the same check on a weightless
     (meta-device) instance, so an unsupported architecture fails before any weights are loaded."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoModelForCausalLM
 
     try:
@@ -138,6 +139,7 @@ def _register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -171,6 +173,7 @@ def _fast_attention(model, cap: _Capture) -> Iterator[None]:
 
 def _sink_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """SDPA for the output; sink statistics on the side when a capture is active for `module`."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     for unsupported in ("s_aux", "position_bias"):

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from sinkstudy import SinkstudyError
+from sinkstudy.io import read_json
 
 FORMAT = "sinkstudy.sink_maps/1"
 # Per-query log-odds go into the JSON only up to this many values (L*H*Q); above, only in memory.
@@ -125,8 +126,6 @@ class SinkMaps:
     @classmethod
     def from_json(cls, data: dict[str, Any] | str | os.PathLike) -> "SinkMaps":
         if not isinstance(data, dict):
-            from sinkstudy.io import read_json
-
             data = read_json(data)
         if data.get("format") != FORMAT:
             raise SinkstudyError(f"not a sink-maps JSON (format {data.get('format')!r}, expected {FORMAT!r})")

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from evals.sink.calibration import encode_texts, resolve_texts, texts_fingerprint
 from evals.sink.capture import attention_layers, capture_layer_stats
@@ -43,8 +44,6 @@ def compute_sink_maps(
     replaces every token after the first by random embeddings matched per dimension to the
     embedding table's mean and std (the robustness form).
     """
-    from tqdm.auto import tqdm
-
     L = len(attention_layers(model))  # an unsupported architecture fails here, before any work
     spec = get_metric(metric or DEFAULT_METRIC)
     if method not in ("fast", "eager"):

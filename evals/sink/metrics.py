@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sinkstudy import SinkstudyError
+from evals.sink.calibration import DEFAULT_SET
 from evals.sink.maps import SinkMaps
 
 DEFAULT_METRIC = "logodds"
@@ -85,7 +86,7 @@ def _robustness(maps: SinkMaps, noise_maps: SinkMaps | None, *, first_layer: int
 SINK_METRICS: dict[str, SinkMetric] = {
     "logodds": SinkMetric(
         "logodds", "paper S: median log-odds of attention on each head's argmax key, last 10 layers",
-        calibration="ifeval15", skip_queries=1, chat_template=True, compute=_logodds,
+        calibration=DEFAULT_SET, skip_queries=1, chat_template=True, compute=_logodds,
         params={"last_layers": 10, "argmax": "head"}),
     "mass": SinkMetric(
         "mass", "mean attention on the sink position over layers 2..L and all heads",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from evals.sink.maps import SinkMaps
+from sinkstudy.io import save_figure_atomic
 
 LOGODDS = "logodds"
 ANNOTATE_CELLS = 128  # maps with at most this many (layer, head) cells carry their values as text
@@ -81,9 +83,11 @@ def axis_facts(ax) -> dict[str, Any]:
 
 
 def pyplot():
+    # lazy: loads matplotlib, PIL
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: loads matplotlib, PIL
     import matplotlib.pyplot as plt
 
     # Numbers read as they are: no "1e−8 −6e−4" in an axis corner (offset or multiplier) for S ≈ −0.0006.
@@ -96,8 +100,6 @@ def save_png_svg(fig, path: str | os.PathLike, on_drawn: Callable[[Any], None] |
     the two, when the figure is laid out and drawn: what it reads off the axes (axis_facts) is what was drawn,
     without a draw of its own (each draw is about a quarter of a figure's cost). `bottom`: the share of the height
     kept below the axes for a footer (the layout does not count figure texts)."""
-    from sinkstudy.io import save_figure_atomic
-
     path = Path(path)
     try:
         fig.tight_layout(rect=(0, bottom, 1, 1))
@@ -114,8 +116,7 @@ FOOTER_POINTS = 7  # the note's font size
 
 def _heatmaps(panels: list[dict[str, Any]], title: str, note: str):
     """(figure, the share of its height its footer takes): the note wrapped to the figure's width, below the axes."""
-    import textwrap
-
+    # lazy: loads matplotlib, PIL
     from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
@@ -219,6 +220,7 @@ def plot_layer_profiles(series: dict[str, SinkMaps], path: str | os.PathLike, *,
     """One line per model: the per-layer sink statistic (`layer_profile`); `emphasise` names drawn bold."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
+    # lazy: loads matplotlib, PIL
     from matplotlib.ticker import MaxNLocator
 
     # One statistic for every line: mass where any model's maps stored no per-query log-odds.

@@ -19,6 +19,7 @@ def sink_shift(maps_a: SinkMaps, maps_b: SinkMaps, *, eps: float = LOST_EPS) -> 
     mean delta, the fraction of A's sink heads (mass > eps) whose mass in B is <= eps, and the
     Pearson and Spearman correlations (scipy) of the two flattened maps.
     """
+    # lazy: loads scipy
     from scipy import stats
 
     if maps_a.mass.shape != maps_b.mass.shape:

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+from unittest import mock
 
 from evals.ifbench import REQUIREMENT as IFBENCH_REQUIREMENT
+from evals.nltk_offline import ensure_punkt_tab
+from evals.tasks.utils import PACKAGE_PREFIX, data_path
 from sinkstudy import SinkstudyError
-from sinkstudy.provenance import file_sha256
+from sinkstudy.io import atomic_file, cache_root, output_lock
+from sinkstudy.provenance import file_sha256, package_versions
 
 TASKS_DIR = Path(__file__).resolve().parent
 SHIPPED_TASKS = {
@@ -48,6 +54,12 @@ class TaskSpec:
 
     def identity(self) -> dict[str, Any]:
         return {"task": self.name, "version": self.version, "data_sha256": self.data_sha256}
+
+
+def shipped_task_digest(name: str) -> str:
+    """The content of shipped task `name`: its YAML and the data beside it (`<name>.jsonl`), part of every eval's key."""
+    files = [SHIPPED_TASKS[name], *sorted(TASKS_DIR.glob(f"{name}.jsonl"))]
+    return "|".join(f"{f.name}:{file_sha256(f)[:24]}" for f in files)
 
 
 def parse_task_list(tasks: str | Iterable[str]) -> list[str]:
@@ -85,13 +97,9 @@ def parse_data_files(data_files: Mapping[str, str] | str | Iterable[str] | None)
 def builtin_task_manager():
     """lm-eval's full task index. lm-eval builds it by parsing its ~15k task files (~13 s on 2 cores); it is kept
     in the cache, keyed by lm-eval's version and the task tree's paths, sizes and times, and read back (~2 s)."""
-    import pickle
-    from unittest import mock
-
+    # lazy: loads lm_eval, datasets, numpy
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._index import TaskIndex
-
-    from sinkstudy.io import atomic_file, cache_root, output_lock
 
     path = cache_root() / "lm-eval-index" / f"{_task_tree_key()}.pickle"
 
@@ -115,10 +123,6 @@ def builtin_task_manager():
 
 
 def _task_tree_key() -> str:
-    import hashlib
-
-    from sinkstudy.provenance import package_versions
-
     digest = hashlib.sha256(f"{package_versions().get('lm_eval')}\0{_lm_eval_tasks_dir()}".encode())
     for folder, dirs, files in sorted(os.walk(_lm_eval_tasks_dir())):
         dirs.sort()
@@ -130,12 +134,14 @@ def _task_tree_key() -> str:
 
 def empty_task_manager():
     """A TaskManager with no index, for runs made only of inline config dicts."""
+    # lazy: loads lm_eval, datasets, numpy
     from lm_eval.tasks import TaskManager
 
     return TaskManager(include_defaults=False)
 
 
 def _lm_eval_tasks_dir() -> Path:
+    # lazy: loads lm_eval, datasets, numpy
     import lm_eval.tasks
 
     return Path(lm_eval.tasks.__file__).resolve().parent
@@ -144,9 +150,8 @@ def _lm_eval_tasks_dir() -> Path:
 def load_task_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """Load a shipped task YAML with lm-eval's loader (`!function` resolved); data paths made absolute (relative
     to the YAML, or inside an installed package: `pkg:PACKAGE/PATH`, see `utils.data_path`)."""
+    # lazy: loads lm_eval, datasets, numpy
     from lm_eval.tasks._yaml_loader import load_yaml
-
-    from evals.tasks.utils import PACKAGE_PREFIX, data_path
 
     path = Path(path)
     cfg = load_yaml(path, resolve_func=True)
@@ -182,8 +187,6 @@ def close_matches(name: str, candidates: Iterable[str]) -> str:
 
 def resolve_tasks(tasks: str | Iterable[str], data_files: Mapping[str, str] | str | Iterable[str] | None = None) -> list[TaskSpec]:
     """Turn task names (+ local data files) into TaskSpecs, failing on unknown names before any work."""
-    from evals.nltk_offline import ensure_punkt_tab
-
     # Loading task configs imports lm-eval's IFEval graders, which try a download when punkt_tab is missing.
     ensure_punkt_tab()
     names = parse_task_list(tasks)
@@ -206,6 +209,7 @@ def resolve_tasks(tasks: str | Iterable[str], data_files: Mapping[str, str] | st
 
 
 def _resolve_builtin(name: str, data_file: str | None) -> TaskSpec:
+    # lazy: loads lm_eval, datasets, numpy
     from lm_eval.tasks._index import Kind
     from lm_eval.tasks._yaml_loader import load_yaml
 

@@ -21,6 +21,9 @@ import random
 import sys
 from pathlib import Path
 
+from evals.nltk_offline import ensure_punkt_tab
+from sinkstudy.io import write_text_atomic
+
 OUT = Path(__file__).resolve().parent / "sinkstudy_ifeval_large.jsonl"
 N_PROMPTS = 400
 SEED = 2026
@@ -141,9 +144,8 @@ def _kwargs(iid: str, rng: random.Random, topic: list[str]) -> dict:
 
 
 def _registry():
-    from evals.nltk_offline import ensure_punkt_tab
-
     ensure_punkt_tab()  # before lm-eval's IFEval modules are imported (they try a download when Punkt is missing)
+    # lazy: loads lm_eval, datasets, numpy
     from lm_eval.tasks.ifeval import instructions_registry
 
     conflicts = instructions_registry.conflict_make(copy.deepcopy(instructions_registry.INSTRUCTION_CONFLICTS))
@@ -206,7 +208,6 @@ def main(argv=None) -> int:
         same = OUT.is_file() and OUT.read_text(encoding="utf-8") == text
         print(f"{OUT.name}: {'up to date' if same else 'differs from the generator output'}")
         return 0 if same else 1
-    from sinkstudy.io import write_text_atomic
 
     write_text_atomic(OUT, text)
     print(f"wrote {OUT} ({N_PROMPTS} prompts)")

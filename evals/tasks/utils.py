@@ -13,6 +13,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from evals.ifbench import NEEDS_NLTK_DATA, grade
+from evals.vl.questions import SHORT
+from evals.vqa import heldout_items, image_of, normalise
+
 _HERE = Path(__file__).resolve().parent
 PACKAGE_PREFIX = "pkg:"
 
@@ -33,6 +37,7 @@ def load_jsonl(data_files=None, **_metadata):
 
     lm-eval calls it with the task's metadata and dataset_kwargs as keyword arguments.
     """
+    # lazy: loads datasets, numpy, huggingface_hub
     import datasets
 
     if not data_files:
@@ -48,10 +53,12 @@ def _ifeval():
         pass
     else:
         ensure_punkt_tab()
+    # lazy: loads langdetect
     from langdetect import DetectorFactory
 
     if DetectorFactory.seed is None:  # three checkers detect languages; lm-eval never seeds them
         DetectorFactory.seed = 0
+    # lazy: loads lm_eval, datasets, numpy
     from lm_eval.tasks.ifeval import utils
 
     return utils
@@ -67,14 +74,10 @@ def agg_inst_level_acc(items):
 
 def load_ifbench(data_files=None, **metadata):
     """IFBench's prompts less those whose verifiers need NLTK data that no package ships (`evals.ifbench`)."""
-    from evals.ifbench import NEEDS_NLTK_DATA
-
     return load_jsonl(data_files, **metadata).filter(lambda doc: not set(doc["instruction_id_list"]) & set(NEEDS_NLTK_DATA))
 
 
 def process_results_ifbench(doc, results):
-    from evals.ifbench import grade
-
     return grade(doc, results[0])
 
 
@@ -82,9 +85,8 @@ def process_results_ifbench(doc, results):
 
 def load_vqa(n_easyvqa=120, n_scenes=120, n_digits=60, seed=0, **_metadata):
     """lm-eval `custom_dataset`: the held-out VQA items (`evals.vqa.heldout_items`), images named by key."""
+    # lazy: loads datasets, numpy, huggingface_hub
     import datasets
-
-    from evals.vqa import heldout_items
 
     items = heldout_items(n_easyvqa, n_scenes, n_digits, seed)
     rows = [{"question": it.question, "answer": it.answer, "type": it.type, "source": it.source, "image": it.key} for it in items]
@@ -93,19 +95,13 @@ def load_vqa(n_easyvqa=120, n_scenes=120, n_digits=60, seed=0, **_metadata):
 
 def vqa_image(doc):
     """The doc's image, redrawn from its key (an easy-VQA file, a held-out scene, a digit)."""
-    from evals.vqa import image_of
-
     return [image_of(doc["image"])]
 
 
 def vqa_prompt(doc):
-    from evals.vl.questions import SHORT
-
     return f"<image>\n{doc['question']}\n{SHORT}"
 
 
 def vqa_process(doc, results):
     """Normalised exact match (`evals.vqa.normalise`), overall and under the question's type."""
-    from evals.vqa import normalise
-
     return {"exact_match": float(normalise(results[0]) == normalise(doc["answer"]))}

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import functools
 
+from sinkstudy import SinkstudyError
+
 SPLITS = ("train", "heldout")
 
 
 def split_indices(split: str, *, n_heldout: int = 200, seed: int = 0) -> list[int]:
     """Indices of the bundled digits in `split` (the seeded permutation's head is held out)."""
+    # lazy: loads numpy
     import numpy as np
-
-    from sinkstudy import SinkstudyError
 
     if split not in SPLITS:
         raise SinkstudyError(f"digits split must be train or heldout, got {split!r}")
@@ -25,6 +26,7 @@ def split_indices(split: str, *, n_heldout: int = 200, seed: int = 0) -> list[in
 
 def rgb(index: int, upscale: int = 1):
     """Digit `index` as an HxWx3 uint8 array (greys), enlarged `upscale` times."""
+    # lazy: loads numpy
     import numpy as np
 
     pixels = images_and_labels()[0][index]
@@ -40,6 +42,7 @@ def label(index: int) -> int:
 @functools.lru_cache(maxsize=1)
 def images_and_labels():
     """The bundled digits as 8-bit greys and labels, read-only: parsed once per process (about 0.3 s a time)."""
+    # lazy: loads sklearn, scipy, numpy
     import numpy as np
     from sklearn.datasets import load_digits
 

@@ -10,8 +10,11 @@ left out of the test split, so a held-out question never shows a training image.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from pathlib import Path
+
+from sinkstudy import SinkstudyError
 
 SHAPES = ("circle", "rectangle", "triangle")
 COLOURS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
@@ -19,10 +22,8 @@ SPLITS = ("train", "test")
 
 
 def data_dir() -> Path:
-    from sinkstudy import SinkstudyError
-
     try:
-        import easy_vqa
+        import easy_vqa  # its absence is said in one line
     except ImportError:
         raise SinkstudyError("easy-VQA is not installed: pip install easy-vqa==1.0") from None
     return Path(easy_vqa.__file__).parent / "data"
@@ -35,8 +36,6 @@ def question_type(answer: str) -> str:
 @functools.lru_cache(maxsize=2)
 def questions(split: str) -> tuple[tuple[str, str, str, str], ...]:
     """(question, answer, image path, type) of `split`; the test split without images a train image equals."""
-    from sinkstudy import SinkstudyError
-
     if split not in SPLITS:
         raise SinkstudyError(f"easy-VQA split must be train or test, got {split!r}")
     root = data_dir() / split
@@ -47,8 +46,6 @@ def questions(split: str) -> tuple[tuple[str, str, str, str], ...]:
 
 @functools.lru_cache(maxsize=1)
 def _test_images_seen_in_train() -> frozenset:
-    import hashlib
-
     def digests(split):
         folder = data_dir() / split / "images"
         return {int(p.stem): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("*.png")}

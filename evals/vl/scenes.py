@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 
 from evals.vl.easyvqa import COLOURS, SHAPES
+from sinkstudy import SinkstudyError
 
 SIZE = 64
 SPLITS = ("train", "heldout")
@@ -83,8 +84,6 @@ def location(place: str) -> str:
 
 
 def scene(split: str, index: int) -> Scene:
-    from sinkstudy import SinkstudyError
-
     if split not in SPLITS:
         raise SinkstudyError(f"scene split must be train or heldout, got {split!r}")
     rng = random.Random(_SALT[split] * 1_000_003 + index)
@@ -97,6 +96,7 @@ def scene(split: str, index: int) -> Scene:
 
 def render(s: Scene):
     """The scene as a 64x64 RGB PIL image."""
+    # lazy: loads PIL
     from PIL import Image, ImageDraw
 
     image = Image.new("RGB", (SIZE, SIZE), s.background)
@@ -109,6 +109,7 @@ def render(s: Scene):
 def patch_labels(s: Scene, patch: int) -> list[int]:
     """Per patch (row-major), 1 + the index in `s.things` of the object covering most of the patch, or 0
     where objects cover under a sixteenth of it."""
+    # lazy: loads numpy, PIL
     import numpy as np
     from PIL import Image, ImageDraw
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 import argparse
 import math
 
+from evals.protocol import check_batch_size
+from sinkstudy import SinkstudyError
+from sinkstudy.numerics import path_list
+from sinkstudy.plugins import load_plugins
+
 
 
 def _number(text: str) -> float:
@@ -61,9 +66,6 @@ def limit(text: str) -> int | float:
 
 def batch_size(text: str) -> int | str:
     """An integer >= 1, or lm-eval's adaptive auto / auto:N (`evals.protocol.check_batch_size`)."""
-    from evals.protocol import check_batch_size
-    from sinkstudy import SinkstudyError
-
     try:
         return check_batch_size(text)
     except SinkstudyError as exc:
@@ -79,8 +81,6 @@ def confidence(text: str) -> float:
 
 def numeric_modes(text: str) -> list[str]:
     """`--numerics`: one numeric mode, or several separated by commas (`sinkstudy.numerics.path_list`)."""
-    from sinkstudy.numerics import path_list
-
     try:
         return path_list(text)
     except ValueError as exc:
@@ -95,6 +95,4 @@ def add_plugin_option(parser) -> None:
 
 def load_plugin_options(args) -> list:
     """Import the plug-ins named by `--plugin` (one-line error for a missing or failing one)."""
-    from sinkstudy.plugins import load_plugins
-
     return load_plugins(getattr(args, "plugin", None) or [])

@@ -4,6 +4,7 @@ with the command's wall time, so every command ends the same way."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,4 @@ def existing(*paths) -> list[Path]:
 
 def cmd(*parts) -> str:
     """A shell line from its words (paths quoted where needed), for `Summary.next`."""
-    import shlex
-
     return shlex.join(str(p) for p in parts if p is not None)

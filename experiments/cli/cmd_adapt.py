@@ -15,14 +15,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from experiments.cli import options
+from experiments.cli.argtypes import add_plugin_option, load_plugin_options
 from experiments.cli.closing import Summary, cmd
+from experiments.report.adapt_tables import format_adapt
 from experiments.report.fmt import brief as _f
+from experiments.study.adapt_section import stage_recipe
+from experiments.study.arms import Adapt
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.runner import run_plan
+from interventions.adapt import from_dict, load_config, paper_recipe, text_recipe
+from interventions.adapt.estimate import estimate, format_estimate
+from interventions.qknorm_modes import INIT_MODES
+from sinkstudy import SinkstudyError
+from sinkstudy.io import read_json
 
 
 def register(subparsers) -> None:
-    from experiments.cli.argtypes import add_plugin_option
-
     p = subparsers.add_parser("adapt", help="VL-adapt a base LLM (LLaVA two stages on HF Trainer), with a Sink Strength trajectory",
                               description="LLaVA-style VL adaptation of --base: a vision side (--vision, --donor, --tiny-vision, "
                               "--scenes-vision, or --text-only), the paper's two stages unless --recipe gives others, data per "
@@ -35,7 +47,7 @@ def register(subparsers) -> None:
     options.add_train_data_option(t, help="training data")
     options.add_recipe_option(t, help="adaptation recipe (default: the paper's two stages)")
     options.add_train_steps_option(t)
-    t.add_argument("--qknorm", metavar="INIT", help="inject QK-RMSNorm into the base first (identity-gain, scale-preserving, blend)")
+    t.add_argument("--qknorm", metavar="INIT", help=f"inject QK-RMSNorm into the base first ({', '.join(INIT_MODES)})")
     t.add_argument("--protect", action="append", default=[], metavar="NAME",
                    help="a training-time protection (repeatable; `--protect list` lists them; docs/protect.md)")
     t.add_argument("--protect-param", action="append", default=[], metavar="[NAME.]KEY=VALUE",
@@ -61,57 +73,28 @@ PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}  # --dtype -> the recipe's 
 
 def build_request(args):
     """(VisionSpec | None, AdaptConfig) from the command line, validated before any work."""
-    from interventions.adapt import VisionSpec, load_config, paper_recipe, text_recipe
-    from sinkstudy import SinkstudyError
-
     if not args.base:
         raise SinkstudyError("adapt needs --base (the base causal LM: hub id or local path)")
     if not (args.vision or args.donor or args.tiny_vision or args.scenes_vision or args.text_only):
         raise SinkstudyError("adapt needs a vision side: --vision ID|PATH, --donor ID|PATH, --tiny-vision, --scenes-vision or --text-only")
     config = load_config(args.recipe) if args.recipe else text_recipe() if args.text_only else paper_recipe()
     names = [s.name for s in config.stages]
-    for stage, specs in options.parse_stage_values(args.train_data, names, "train-data").items():
-        config.stage(stage).data = list(specs)
-    for stage, steps in options.parse_stage_values(args.train_steps, names, "train-steps").items():
-        config.stage(stage).steps = _int(steps[-1], "--train-steps")
+    config = from_dict(stage_recipe(config.to_dict(), options.parse_stage_values(args.train_data, names, "train-data"),
+                                    options.stage_counts(args.train_steps, names)))
     if args.dtype is not None:  # the weights' dtype in training: fp32, or bf16 autocast (the recipe's `precision`)
         if args.dtype not in PRECISIONS:
             raise SinkstudyError(f"--dtype {args.dtype}: adapt trains in {' or '.join(PRECISIONS)} (the recipe's precision)")
         config.precision = PRECISIONS[args.dtype]
-    if args.vision:
-        vision = VisionSpec("fresh", args.vision, seed=config.seed)
-    elif args.donor:
-        vision = VisionSpec("donor", args.donor, seed=config.seed)
-    elif args.tiny_vision:
-        vision = VisionSpec("tiny", seed=config.seed)
-    elif args.scenes_vision:
-        vision = VisionSpec("scenes", seed=config.seed)
-    else:
-        vision = None
-    if args.qknorm and args.qknorm not in ("identity-gain", "scale-preserving", "blend"):
-        raise SinkstudyError(f"--qknorm {args.qknorm}: choose identity-gain, scale-preserving or blend")
+    if args.qknorm and args.qknorm not in INIT_MODES:
+        raise SinkstudyError(f"--qknorm {args.qknorm}: choose {', '.join(INIT_MODES)}")
     args.out = args.out or str(options.default_out("adapt", args.base, *args.protect))
-    return vision, config
-
-
-def _int(value: str, flag: str) -> int:
-    from sinkstudy import SinkstudyError
-
-    try:
-        n = int(value)
-    except ValueError:
-        raise SinkstudyError(f"{flag} {value}: not an integer") from None
-    if n < 1:
-        raise SinkstudyError(f"{flag} must be positive, got {n}")
-    return n
+    return options.vision_spec(args, config.seed), config
 
 
 def protections(args) -> list:
     """The --protect hooks with their --protect-param settings, validated before any work."""
-    import yaml
-
+    # lazy: loads torch, numpy
     from interventions.protect import get_protection, make_protection
-    from sinkstudy import SinkstudyError
 
     for name in args.protect:
         get_protection(name)
@@ -135,6 +118,7 @@ def protections(args) -> list:
 
 
 def print_protections() -> None:
+    # lazy: loads torch, numpy
     from interventions.protect import list_protections
 
     for name, spec in list_protections().items():
@@ -143,8 +127,6 @@ def print_protections() -> None:
 
 
 def main(args) -> Summary | int:
-    from experiments.cli.argtypes import load_plugin_options
-
     load_plugin_options(args)
     if args.protect == ["list"]:
         print_protections()
@@ -152,20 +134,12 @@ def main(args) -> Summary | int:
     vision, config = build_request(args)
     hooks = protections(args)
     if args.estimate:
-        from interventions.adapt.estimate import estimate, format_estimate
-
-        examples = {stage: _int(v[-1], "--examples") for stage, v in
-                    options.parse_stage_values(args.examples, [s.name for s in config.stages], "examples").items()}
+        examples = options.stage_counts(args.examples, [s.name for s in config.stages], "examples")
         print(format_estimate(estimate(args.base, vision, config, gpu=args.gpu, world=args.gpus,
                                        tokens_per_example=args.tokens_per_example, examples=examples)))
         return 0
-    from experiments.report.adapt_tables import format_adapt
-    from experiments.study.arms import Adapt
-    from experiments.study.graph import Plan, Step
-    from experiments.study.kinds import Ref
-    from experiments.study.runner import run_plan
+    # lazy: loads torch, numpy
     from interventions.adapt.run import REPORT, check_inputs
-    from sinkstudy.io import read_json
 
     check_inputs(args.base, vision, config, hooks)  # data, tower, stages: before anything is written
     out = Path(args.out)
@@ -185,6 +159,7 @@ def main(args) -> Summary | int:
             print(f"wrote {args.out} (model: {report['model']})")
     if not report:
         return 0  # a data-parallel worker: rank 0 reports
+    # lazy: loads torch, numpy
     from interventions.adapt.run import run_summary
 
     s = run_summary(report)

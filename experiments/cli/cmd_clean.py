@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.cli.options import add_progress_options
 from experiments.cli.closing import Summary
+from experiments.cli.options import add_progress_options
+from sinkstudy import SinkstudyError
+from sinkstudy.io import cache_root, remove_stale_temps
 
 
 def register(subparsers) -> None:
@@ -20,9 +22,6 @@ def register(subparsers) -> None:
 
 
 def run_clean(args) -> Summary | int:
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import cache_root, remove_stale_temps
-
     missing = [d for d in args.dirs if not Path(d).is_dir()]
     if missing:
         raise SinkstudyError(f"not a directory: {', '.join(missing)}")

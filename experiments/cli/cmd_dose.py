@@ -5,15 +5,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.sink.calibration import DEFAULT_SET
+from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd, existing
+from experiments.cli.options import default_out
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Intervene
+from experiments.study.runner import run_plan
+from interventions.registry import validate_intervention
+from interventions.sink_dose import HEADS
+from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import read_json
 
 MODEL_DIR = "model"  # OUT/model: the dosed checkpoint and its intervention.json
 
 
 def register(subparsers) -> None:
-    from experiments.cli import argtypes, options
-    from interventions.sink_dose import HEADS
-
     p = subparsers.add_parser("dose", help="move a model's Sink Strength to a level (a weight-only edit of its query heads)",
                               description="Scale the attention logits of the query heads in MODEL's last layers until its Sink "
                               "Strength (the paper's log-odds S) reaches the level asked; the dosed model goes to OUT/model "
@@ -29,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=argtypes.positive_int, default=None, help="how many final layers (default: those S reads, 10)")
     p.add_argument("--tolerance", type=argtypes.finite_float, default=None, help="how close to the level S must come (default 0.02)")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
-                   help="texts S is measured on: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
+                   help=f"texts S is measured on: a shipped set (default {DEFAULT_SET}) or a .json/.jsonl/.txt file")
     options.add_model_options(p, dtype="float32: the dtype S is measured in while the dose is searched; the dosed model keeps "
                                        "its own", tokenizer=False)
     options.add_output_options(p, out="runs/dose/<model>-<level>")
@@ -39,15 +47,6 @@ def register(subparsers) -> None:
 
 
 def run_dose(args) -> Summary | int:
-    from experiments.cli.options import default_out
-    from experiments.study.graph import Plan, Step
-    from experiments.study.kinds import Ref
-    from experiments.study.pair_steps import Intervene
-    from experiments.study.runner import run_plan
-    from interventions.registry import validate_intervention
-    from sinkstudy.checkpoint import local_checkpoint
-    from sinkstudy.io import read_json
-
     given = {k: getattr(args, k) for k in ("target", "shift", "scale", "heads", "layers", "tolerance", "device", "dtype")
              if getattr(args, k) is not None}
     params = given | ({"texts": args.calibration} if args.calibration else {})

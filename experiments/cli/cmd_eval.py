@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
-from experiments.cli import argtypes
-from experiments.cli import options
-from experiments.cli.options import DEFAULT_TASKS, PAPER_TASKS, check_hub_tasks, eval_cache, eval_protocol
+from evals.eval_run import RESULTS_FILE, SAMPLES_DIR, EvalRun
+from evals.runs import check_same_data, data_sources, headline, resolve_run
+from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd
+from experiments.cli.options import DEFAULT_TASKS, PAPER_TASKS, check_hub_tasks, eval_protocol
+from experiments.report.published import PUBLISHED_METRIC, beside_run, published_task
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Loading, MeasureEval
+from experiments.study.runner import run_plan
+from sinkstudy import SinkstudyError
+from sinkstudy.io import check_output_dir, check_replaceable, read_json, write_json_atomic
+from sinkstudy.provenance import provenance
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="strict-grader evals of a model through lm-eval (cached per task)",
+    p = subparsers.add_parser("eval", help="strict-grader evals of a model through lm-eval (a finished run is reused)",
                               description="Evaluate MODEL (local path or hub id) on lm-eval tasks: by default the shipped "
                               f"offline task sets {DEFAULT_TASKS}; lm-eval's own tasks (e.g. the paper's {PAPER_TASKS}) "
                               "need the hub, or --data TASK=FILE. The run (results.json + samples/) is written to --out "
-                              "(default runs/eval/<model>); a rerun with the same settings reuses it.")
+                              "(default runs/eval/<model>); a rerun with the same settings reuses it, another run with the same settings "
+                              "(a study's eval of the same model) is reused too.")
     p.add_argument("model", help=f"the model: {options.model_forms()}")
     options.add_eval_options(p)
     options.add_model_options(p, dtype="float32 on hf, the checkpoint's on vllm")
@@ -50,24 +62,24 @@ def register(subparsers) -> None:
 
 
 def _eval(args) -> Summary | int:
-    from evals.lmeval import run_eval
-    from evals.runs import data_sources, headline
-    from experiments.study.loaders import load_model
-
-    from sinkstudy.io import check_replaceable
-
+    """The eval as one step (`experiments.study.pair_steps.MeasureEval`) through the engine: reused when this --out (or,
+    without --no-cache, another run) finished it, refused when other settings made the run in --out."""
     protocol = eval_protocol(args)
     check_hub_tasks(protocol.tasks, protocol.data_files)
     out = Path(args.out) if args.out else options.default_out("eval", args.model)
-    check_replaceable(out, args.force, not_mine=_not_an_eval_run)
-    run = run_eval(args.model, args.tokenizer, protocol=protocol, out_dir=out, force=args.force, device=args.device, dtype=args.dtype,
-                   seed=args.seed, loader=load_model, progress=not args.quiet, **eval_cache(args))
-    if run is None:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
+    dtype = args.dtype or (None if protocol.backend == "vllm" else "float32")  # None: vLLM's "auto", the checkpoint's own
+    step = Step("eval/run", MeasureEval(Ref(str(args.model)), Ref(str(args.tokenizer or args.model)), protocol, args.seed,
+                                        Loading(dtype, args.device), out=out), outputs=(out,))
+    engine = run_plan(Plan([step]), out, force=args.force, progress=not args.quiet, guarded=("run",), not_mine=_not_an_eval_run,
+                      **options.sharing(args))
+    if not engine.main:  # a data-parallel worker (accelerate launch): rank 0 prints and writes
         return 0
+    run = EvalRun.load(out)
     for task, source in data_sources(run).items():  # the run header: a task on other data says so
         print(f"{task}: prompts from {source}, not the task's default data")
     print(run.summary())
-    print(f"eval run written to {out}")
+    if not engine.log[0]["reused"]:  # a reuse was said by the engine
+        print(f"eval run written to {out}")
     limited = f" (first {args.limit} prompts per task)" if args.limit else ""
     capped = _cap_note(protocol)
     if capped:
@@ -86,14 +98,11 @@ def _cap_note(protocol) -> str | None:
 
 
 def _not_an_eval_run(path: Path) -> str | None:
-    """None when `path` is an eval run and nothing else (--force replaces it whole); else what is not one."""
-    import os
-
-    from evals.lmeval import RESULTS_FILE, SAMPLES_DIR
-
+    """None when `path` is an eval run (its results, samples and step record) and nothing else (--force replaces it
+    whole); else what is not one."""
     if not (path / RESULTS_FILE).is_file():
         return f"no {RESULTS_FILE}"
-    other = sorted(n for n in os.listdir(path) if not n.startswith(".") and n not in (RESULTS_FILE, SAMPLES_DIR))
+    other = sorted(n for n in os.listdir(path) if not n.startswith(".") and n not in (RESULTS_FILE, SAMPLES_DIR, "steps"))
     return f"{', '.join(other[:3])}{' ...' if len(other) > 3 else ''} beside its {RESULTS_FILE}" if other else None
 
 
@@ -101,16 +110,10 @@ COMPARE_KEYS = ("run_a", "run_b", "comparisons", "provenance")  # what `compare 
 
 
 def _compare(args) -> Summary | int:
-    from evals.lmeval import EvalRun
-    from evals.runs import check_same_data, resolve_run
+    # lazy: loads numpy
     from evals.stats import compare_runs, format_table
-    from experiments.report.published import PUBLISHED_METRIC, beside_run, published_task
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import write_json_atomic
-    from sinkstudy.provenance import provenance
 
     if args.json:  # only an earlier `compare --json` is replaced, and only with --force
-        from sinkstudy.io import check_output_dir, check_replaceable
 
         check_replaceable(args.json, args.force, flag="--json", directory=False,
                           not_mine=lambda f: options.json_made_with(f, COMPARE_KEYS, "compare"))
@@ -152,11 +155,6 @@ def _compare(args) -> Summary | int:
 
 def _published_sink(args) -> float | None:
     """S of run A for --published, from --sink-strength or a sink.json; refuses what cannot be compared."""
-    import math
-
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import read_json
-
     if not args.published:
         if args.sink_strength is not None or args.sink_json:
             raise SinkstudyError("--sink-strength / --sink-json only apply with --published")

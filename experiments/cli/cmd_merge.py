@@ -9,14 +9,17 @@ from typing import Any
 
 from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd, existing
+from experiments.report.treatments import format_measure, recoveries
+from experiments.study.treat import Treatment, run_treatments
+from interventions.merge import MERGEKIT_METHODS
+from interventions.registry import execution_options, format_methods, validate_intervention
+from interventions.spectral import SPECTRAL_METHODS
+from sinkstudy.checkpoint import local_checkpoint
 
 MODEL_DIR = "model"  # OUT/model: the checkpoint and its card; the measurements sit beside it in OUT
 
 
 def register(subparsers) -> None:
-    from interventions.merge import MERGEKIT_METHODS
-    from interventions.spectral import SPECTRAL_METHODS
-
     m = subparsers.add_parser("merge", help="merge base LLM and VLM LM (mergekit, TSV, STAR), then measure",
                               description="Merge the base LLM with the VLM's language model into OUT/model (the checkpoint "
                               "and its card), then measure it beside: OUT/measure.json, OUT/sink.json, OUT/eval.")
@@ -63,8 +66,6 @@ def run_merge(args) -> Summary | int:
 def run_mitigate(args) -> Summary | int:
     argtypes.load_plugin_options(args)
     if args.list:
-        from interventions.registry import format_methods
-
         print(format_methods())
         return 0
     options.check_pair_options(args, "mitigate")
@@ -75,11 +76,6 @@ def run_mitigate(args) -> Summary | int:
 
 def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Summary:
     """Check everything, then treat the pair (`experiments.study.treat.run_treatments`)."""
-    from experiments.report.treatments import format_measure
-    from experiments.study.treat import Treatment, run_treatments
-    from interventions.registry import execution_options, validate_intervention
-    from sinkstudy.checkpoint import local_checkpoint
-
     resolved = validate_intervention(method, params)
     execution = execution_options(method, mergekit) or {}
     m = options.measurement(args)
@@ -90,7 +86,8 @@ def _treat(args, command: str, method: str, params: dict, mergekit: dict) -> Sum
     # one step name whatever the method: another treatment into this --out is another request of it, never beside it
     done = run_treatments(str(base), str(vlm), [Treatment("treatment", method, params, execution)], out, m, seed=args.seed,
                           n_boot=args.n_boot, confidence=args.confidence, force=args.force, progress=not args.quiet,
-                          tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)), root=str(root) if root else None,
+                          sharing=options.sharing(args), tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)),
+                          root=str(root) if root else None,
                           captions=args.captions, one=True, measure=args.eval)
     tp = done["plan"]
     if not any(e["reused"] for e in done["engine"].log if e["step"].endswith("/intervene/treatment")):  # a reuse was said
@@ -118,8 +115,6 @@ def settings_name(method: str, resolved: dict, given: dict, execution: dict, see
 def _summary(command: str, what: str, out: Path, measured: dict[str, Any] | None, args, extracted: Path | None):
     """The closing summary of merge / mitigate: Sink Strength and each task's recovery with its CI
     (or "no loss to recover"), every headline metric named; the extracted VLM LM among the outputs."""
-    from experiments.report.treatments import recoveries
-
     if measured is None:
         result = f"{what}: written, not measured (--no-eval)"
     else:

@@ -6,11 +6,24 @@ model in memory), `diff` reads one tensor of each model at a time.
 
 from __future__ import annotations
 
+import argparse
+import re
+from pathlib import Path
+
+from experiments.cli import options
 from experiments.cli.closing import Summary, cmd
+from experiments.cli.options import add_pair_options, check_pair_options, default_out, json_made_with
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Extract
+from experiments.study.runner import run_plan
+from interventions.pairs import (EXTRACTION_JSON, ExtractionReport, diff_summary, format_diff_table, plan_extraction,
+                                 resolve, tensors_of, weight_diff)
+from interventions.pairs.resolve import resolve_dtype
+from sinkstudy.io import check_output_dir, check_replaceable, write_json_atomic
+from sinkstudy.provenance import model_fingerprint, provenance
 
 def register(subparsers) -> None:
-    from experiments.cli import options
-
     pair = subparsers.add_parser("pair", help="extract a VLM's language model / diff it against its base LLM")
     sub = pair.add_subparsers(dest="pair_command", metavar="SUBCOMMAND", required=True)
 
@@ -41,8 +54,6 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-    from experiments.cli.options import add_pair_options
-
     add_pair_options(p)
 
 
@@ -50,61 +61,33 @@ DIFF_KEYS = ("base", "vlm", "summary", "rows", "provenance")  # what `pair diff 
 
 
 def _bytes(text: str) -> int:
-    import argparse
-    import re
-
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*", text.upper())
     if not m or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 1GB, 500MB)")
     return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)])
 
 
-def _provenance_extra(args, report) -> dict:
-    from sinkstudy.provenance import model_fingerprint
-
-    return {
-        "base": args.base, "vlm": args.vlm, "dtype": args.dtype,
-        "base_fingerprint": model_fingerprint(args.base), "vlm_fingerprint": model_fingerprint(args.vlm),
-        "extraction": report.to_dict(),
-    }
-
-
 def run_extract(args) -> Summary | int:
-    from interventions.pairs import EXTRACTION_JSON, plan_extraction, resolve, write_language_model
-    from interventions.pairs.resolve import resolve_dtype
-    from sinkstudy.checkpoint import try_load_tokenizer
-    from sinkstudy.io import check_output_dir, check_replaceable
-
-    from experiments.cli.options import check_pair_options, default_out
-
+    """The extraction as one step (`experiments.study.pair_steps.Extract`) through the engine: reused when this --out
+    (or, from the same models, another run) holds it, refused when other settings made the one in --out."""
     check_pair_options(args, "pair extract")
-    args.out = args.out or str(default_out("pair", args.vlm, "lm"))
-    # before any loading: only an earlier extraction (its record) is replaced, and only with --force
-    check_replaceable(args.out, args.force, not_mine=lambda p: None if (p / EXTRACTION_JSON).is_file() else f"no {EXTRACTION_JSON}")
-    check_output_dir(args.out, args.force)
+    out = Path(args.out or default_out("pair", args.vlm, "lm"))
     if args.dtype is not None:
         resolve_dtype(args.dtype)
-    base = resolve(args.base)
-    plan = plan_extraction(args.vlm, base)  # every check before any weight is read
-    print(plan.report.summary())
-    out = write_language_model(plan, args.out, tokenizer=try_load_tokenizer(base.tokenizer_path or args.base),
-                               dtype=args.dtype, force=args.force, max_shard_bytes=args.max_shard_size,
-                               extra=_provenance_extra(args, plan.report), progress=not args.quiet)
-    print(f"wrote {out}")
-    return Summary("pair extract", f"{plan.report.source_arch} -> {plan.report.target_class}: the language model of {args.vlm} "
+    step = Step("pair/extract", Extract(Ref(str(args.base)), Ref(str(args.vlm)), args.dtype, args.max_shard_size, out=out), outputs=(out,))
+    engine = run_plan(Plan([step]), out, force=args.force, progress=not args.quiet, guarded=("extract",),
+                      not_mine=lambda p: None if (p / EXTRACTION_JSON).is_file() else f"no {EXTRACTION_JSON}")
+    report = ExtractionReport(**engine.results[step.id]["report"])
+    print(report.summary())
+    if not engine.log[0]["reused"]:  # a reuse was said by the engine
+        print(f"wrote {out}")
+    return Summary("pair extract", f"{report.source_arch} -> {report.target_class}: the language model of {args.vlm} "
                    f"in {args.base}'s architecture", outputs=[out],
                    next=[cmd("sinkstudy", "pair", "diff", "--base", args.base, "--vlm", args.vlm),
                          cmd("sinkstudy", "sink", out), cmd("sinkstudy", "eval", out)])
 
 
 def run_diff(args) -> Summary | int:
-    from interventions.pairs import diff_summary, format_diff_table, plan_extraction, resolve, tensors_of, weight_diff
-    from interventions.pairs.resolve import resolve_dtype
-    from sinkstudy.io import check_output_dir, check_replaceable, write_json_atomic
-    from sinkstudy.provenance import provenance
-
-    from experiments.cli.options import check_pair_options, json_made_with
-
     check_pair_options(args, "pair diff")
     if args.json:  # before any loading: only an earlier `pair diff --json` is replaced, and only with --force
         check_replaceable(args.json, args.force, flag="--json", directory=False,
@@ -121,7 +104,8 @@ def run_diff(args) -> Summary | int:
         write_json_atomic(args.json, {
             "base": args.base, "vlm": args.vlm,
             "summary": diff_summary(rows), "rows": rows,
-            "provenance": provenance(**_provenance_extra(args, plan.report)),
+            "provenance": provenance(base=args.base, vlm=args.vlm, dtype=args.dtype, base_fingerprint=model_fingerprint(args.base),
+                                     vlm_fingerprint=model_fingerprint(args.vlm), extraction=plan.report.to_dict()),
         })
         print(f"wrote {args.json}")
     changed = [r for r in diff_summary(rows) if r["rel_change"] is not None]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from experiments.cli import options
 from experiments.cli.closing import Summary, cmd
+from experiments.report.published import PUBLISHED, format_paper_table, load_published, paper_table
+from sinkstudy.io import write_json_atomic
+from sinkstudy.provenance import provenance
 
 
 def register(subparsers) -> None:
-    from experiments.cli import options
-
     p = subparsers.add_parser("paper-table", help="the paper's published six pairs and panel: rho, leave-one-out error, McNemar",
                               description="Recompute the seed paper's statistics from its published tables "
                               "(experiments/data/published_choi2026.yaml): Spearman/Pearson of S against IFEval Δ in "
@@ -22,10 +24,6 @@ def register(subparsers) -> None:
 
 
 def run_paper_table(args) -> Summary | int:
-    from experiments.report.published import PUBLISHED, format_paper_table, load_published, paper_table
-    from sinkstudy.io import write_json_atomic
-    from sinkstudy.provenance import provenance
-
     tables = load_published(args.tables or PUBLISHED)
     result = paper_table(tables, n_boot=args.n_boot, confidence=args.confidence, seed=args.seed)
     print(format_paper_table(result))

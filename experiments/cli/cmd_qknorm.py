@@ -16,13 +16,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from evals.sink.calibration import DEFAULT_SET
+from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd, existing
+from experiments.cli.options import check_hub_tasks, default_out as out_for, eval_protocol, sharing
+from experiments.demo.steps import RECOVERY_RECORDS, recovery_chats
 from experiments.report.fmt import brief as _f
+from experiments.study.kinds import Ref
+from experiments.study.pair_steps import InjectQKNorm, Loading, texts_ref
+from experiments.study.qknorm_plans import GROUP, arms_recipe, native, recovery_text, run_arms, run_recovery
+from interventions.adapt import load_config
+from interventions.qknorm_modes import INIT_MODES, TRAINABLE_MODES
+from interventions.registry import QKNORM
+from sinkstudy import SinkstudyError
 
 def register(subparsers) -> None:
-    from experiments.cli import argtypes, options
-    from interventions.registry import QKNORM, QKNORM_INITS, QKNORM_TRAINABLE
-
     d = QKNORM.defaults
     p = subparsers.add_parser("qknorm", help="inject QK-RMSNorm into BASE, optionally recovery-train, measure vs the original",
                               description="Inject QK-RMSNorm into BASE (--init), optionally recovery-train it on text "
@@ -32,15 +40,15 @@ def register(subparsers) -> None:
                               "side (OUT/report.md). docs/qknorm.md.")
     p.add_argument("base", metavar="BASE", help=f"base LLM: {options.model_forms()}; Llama, Mistral, Qwen2, Gemma or Gemma2")
     p.add_argument("--init", default=d["init"],
-                   help=f"gain initialisation: {', '.join(QKNORM_INITS)}; with --recipe a comma list (one arm each) (default {d['init']})")
+                   help=f"gain initialisation: {', '.join(INIT_MODES)}; with --recipe a comma list (one arm each) (default {d['init']})")
     p.add_argument("--alpha", type=argtypes.finite_float, default=d["alpha"],
                    help=f"blend weight for --init blend: (1-a) x + a norm(x) (default {d['alpha']})")
     p.add_argument("--calibration", default=None, metavar="SET|FILE",
-                   help="calibration texts for gains, KL and Sink Strength: a shipped set (default ifeval15) or a .json/.jsonl/.txt file")
+                   help=f"calibration texts for gains, KL and Sink Strength: a shipped set (default {DEFAULT_SET}) or a .json/.jsonl/.txt file")
     p.add_argument("--native-ok", action="store_true", help="measure a native QK-norm backbone (same recipe) instead of refusing it")
     t = p.add_argument_group("training (recovery training on text, or with --recipe the VL adaptation)")
     options.add_train_steps_option(t)
-    t.add_argument("--trainable", default=d["trainable"], choices=QKNORM_TRAINABLE,
+    t.add_argument("--trainable", default=d["trainable"], choices=TRAINABLE_MODES,
                    help=f"what recovery training updates (default {d['trainable']})")
     t.add_argument("--train-texts", default=None, metavar="FILE",
                    help="recovery training text (.json/.jsonl/.txt); default: the demo corpus (synthetic chats)")
@@ -67,40 +75,17 @@ def register(subparsers) -> None:
     p.set_defaults(func=main)
 
 
-def recovery_steps(args) -> int:
-    """--train-steps: of recovery training (one text stage), a plain N (0 = no training); with --recipe, each
-    [STAGE=]N replaces the recipe's steps of that stage (every stage without STAGE=), as in `sinkstudy adapt`."""
-    from sinkstudy import SinkstudyError
-
-    if not args.train_steps:
-        return 0
-    for value in args.train_steps if args.recipe else args.train_steps[-1:]:
-        _, sep, count = value.rpartition("=")
-        if sep and not args.recipe:
-            raise SinkstudyError(f"--train-steps {value}: recovery training is one stage; give a plain N (STAGE=N is for --recipe's stages)")
-        try:
-            n = int(count)
-        except ValueError:
-            raise SinkstudyError(f"--train-steps {value}: not an integer") from None
-        if n < 0 or (args.recipe and n < 1):
-            raise SinkstudyError(f"--train-steps must be >= {1 if args.recipe else 0}, got {n}")
-    return 0 if args.recipe else n
-
-
 def default_out(args) -> str:
     """runs/qknorm/<base>-<init>-s<steps>, or <base>-adapt with --recipe (the base as `options.model_label` names it)."""
-    from experiments.cli.options import default_out as out_for
-
-    return str(out_for("qknorm", args.base, *(["adapt"] if args.recipe else [args.init, f"s{recovery_steps(args)}"])))
+    return str(out_for("qknorm", args.base, *(["adapt"] if args.recipe else [args.init, f"s{options.recovery_steps(args.train_steps)}"])))
 
 
 def _validate(args):
     """Every input checked before any work; the eval protocol (None with --no-eval)."""
-    from experiments.cli.options import check_hub_tasks, eval_protocol
-    from interventions.registry import QKNORM
-    from sinkstudy import SinkstudyError
-
-    recovery_steps(args)
+    if args.recipe:
+        options.check_counts(args.train_steps)  # each [STAGE=]N; the stages are the recipe's, read below
+    else:
+        options.recovery_steps(args.train_steps)  # a plain N: STAGE=N is for --recipe's stages
     protocol = eval_protocol(args)  # bad eval flags fail before any training
     if args.eval:
         check_hub_tasks(protocol.tasks, protocol.data_files)
@@ -112,7 +97,7 @@ def _validate(args):
         raise SinkstudyError("--train-data is the adaptation's data (with --recipe); recovery training reads --train-texts")
     inits = [i.strip() for i in args.init.split(",") if i.strip()]
     if not inits or (len(inits) > 1 and not args.recipe):
-        raise SinkstudyError(f"--init {args.init}: choose {'a comma list' if args.recipe else 'one'} of identity-gain, scale-preserving, blend")
+        raise SinkstudyError(f"--init {args.init}: choose {'a comma list' if args.recipe else 'one'} of {', '.join(INIT_MODES)}")
     for init in inits:
         QKNORM.resolve({"init": init, "alpha": args.alpha, "trainable": args.trainable, "lr": args.train_lr,
                         "batch_size": args.train_batch_size, "seq_len": args.train_seq_len})
@@ -122,48 +107,40 @@ def _validate(args):
 
 
 def main(args) -> Summary | int:
-    from experiments.cli.options import eval_cache
-    from experiments.study.pair_steps import Loading
-
     protocol = _validate(args)
     args.out = args.out or default_out(args)
     out = Path(args.out)
     loading = Loading(args.dtype or "float32", args.device)
     if args.recipe:
+        # lazy: loads numpy
         from experiments.report.qknorm_tables import format_arms
-        from experiments.study.qknorm_plans import run_arms
 
         vision, recipe = _arms_recipe(args)
         report = run_arms(args.base, [i.strip() for i in args.init.split(",") if i.strip()], args.native, args.native_ok, out,
                           recipe_file=args.recipe, force=args.force, progress=not args.quiet, recipe=recipe, vision=vision,
                           protocol=protocol or _no_eval(), calibration=args.calibration, alpha=args.alpha, seed=args.seed,
-                          loading=loading, **eval_cache(args))
+                          loading=loading, sharing=sharing(args))
         print(format_arms(report))
     else:
+        # lazy: loads numpy
         from experiments.report.qknorm_tables import format_injection
-        from experiments.study.qknorm_plans import DEMO_TRAIN_RECORDS, native, recovery_text, run_recovery
 
-        steps = recovery_steps(args)
-        before, text = recovery_text(steps, args.train_texts, out, args.seed)
+        steps = options.recovery_steps(args.train_steps)
+        before, text = recovery_text(steps, args.train_texts, lambda: recovery_chats(f"{GROUP}/text", out / "recovery.jsonl", args.seed))
         args_ = _inject_args(args, native(args.base, args.native_ok), steps, text, loading)
         report = run_recovery(args.base, out, args_, protocol, before=before, tokenizer=args.tokenizer, force=args.force,
                               progress=not args.quiet,
-                              training_text=args.train_texts or f"demo corpus ({DEMO_TRAIN_RECORDS} records)", **eval_cache(args))
+                              training_text=args.train_texts or f"demo corpus ({RECOVERY_RECORDS} records)", sharing=sharing(args))
         print(format_injection(report))
     print(f"wrote {args.out}")
     return _summary(args, report)
 
 
 def _no_eval():
-    from sinkstudy import SinkstudyError
-
     raise SinkstudyError("--recipe measures each arm by its evals: drop --no-eval")
 
 
 def _inject_args(args, is_native: bool, steps: int, text, loading):
-    from experiments.study.kinds import Ref
-    from experiments.study.pair_steps import InjectQKNorm, texts_ref
-
     return InjectQKNorm(Ref(str(args.base)), None if is_native else args.init, args.alpha, texts_ref(args.calibration),
                         tokenizer=Ref(str(args.tokenizer)) if args.tokenizer else None, train_steps=steps, trainable=args.trainable,
                         lr=args.train_lr, batch_size=args.train_batch_size, seq_len=args.train_seq_len, training_text=text,
@@ -172,14 +149,10 @@ def _inject_args(args, is_native: bool, steps: int, text, loading):
 
 def _arms_recipe(args) -> tuple[dict, dict]:
     """The arms' (vision, recipe) from --recipe with --train-data and --train-steps per stage, --vision / --donor."""
-    from experiments.cli.options import parse_stage_values
-    from experiments.study.qknorm_plans import arms_recipe
-    from interventions.adapt import load_config
-
     config = load_config(args.recipe)
     names = [s.name for s in config.stages]
-    steps = {stage: int(v[-1]) for stage, v in parse_stage_values(args.train_steps or [], names, "train-steps").items()}  # checked by recovery_steps
-    return arms_recipe(config, parse_stage_values(args.train_data, names, "train-data"), steps, vision=args.vision, donor=args.donor)
+    return arms_recipe(config.to_dict(), options.parse_stage_values(args.train_data, names, "train-data"),
+                       options.stage_counts(args.train_steps, names), options.vision_spec(args, config.seed))
 
 
 def _summary(args, report: dict):

@@ -5,15 +5,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.sink.calibration import resolve_texts
+from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd, existing
+from experiments.cli.options import default_out as out_for
+from experiments.study.graph import Plan, Step
+from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Loading, SinkMap, texts_ref
+from experiments.study.runner import run_plan
+from interventions.pairs import archs
+from interventions.pairs.resolve import load_config
+from sinkstudy import SinkstudyError
+from sinkstudy.io import read_json, read_text
 
 RESULT_JSON = "sink.json"
 MAP_PNG = "sink_map.png"
 
 
 def register(subparsers) -> None:
-    from experiments.cli import argtypes, options
-
     p = subparsers.add_parser("sink", help="sink maps and Sink Strength of a model (default: the paper's log-odds S)",
                               description="Per-layer sink table, Sink Strength, sink.json and a heat map of the metric's "
                               "statistic, written to --out (default runs/sink/<model>-<metric>); a rerun with the same "
@@ -39,20 +48,12 @@ def register(subparsers) -> None:
 
 
 def default_out(model: str, metric: str) -> Path:
-    from experiments.cli.options import default_out as out_for
-
     return out_for("sink", model, metric)
 
 
 def run_sink(args) -> Summary | int:
+    # lazy: loads torch, numpy
     from evals.sink import DEFAULT_METRIC, get_metric
-    from evals.sink.calibration import resolve_texts
-    from experiments.study.graph import Plan, Step
-    from experiments.study.kinds import Ref
-    from experiments.study.pair_steps import Loading, SinkMap, texts_ref
-    from experiments.study.runner import run_plan
-    from sinkstudy import SinkstudyError
-    from sinkstudy.io import read_json, read_text
 
     # Every input is checked before the model is loaded.
     spec = get_metric(args.metric or DEFAULT_METRIC)
@@ -83,6 +84,7 @@ def run_sink(args) -> Summary | int:
 
 def _print_maps(data: dict) -> None:
     """The per-layer table and the heads whose most-attended key is not the sink."""
+    # lazy: loads torch, numpy
     from evals.sink import SinkMaps
 
     maps = SinkMaps.from_json(data["maps"])
@@ -99,9 +101,8 @@ def _print_maps(data: dict) -> None:
 def _check_architecture(model: str) -> None:
     """Refuse an architecture the sink pass cannot measure from its config, before any weights load
     (a VLM is measured as the causal LM its language model extracts to)."""
+    # lazy: loads torch, numpy
     from evals.sink import check_supported_config
-    from interventions.pairs import archs
-    from interventions.pairs.resolve import load_config
 
     config = load_config(model)
     if archs.classify(config) == "vlm":

@@ -5,11 +5,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 from pathlib import Path
 
+import yaml
+
 from experiments.cli import options
+from experiments.cli.argtypes import add_plugin_option, load_plugin_options, seed_list
 from experiments.cli.closing import Summary, cmd, existing
+from experiments.demo.build import quick_overrides
+from experiments.demo.study import load_study
+from experiments.study.graph import format_records
+from experiments.study.jobs import default_jobs
+from experiments.study.launch import check_out, launch, step_command
+from experiments.study.paper import check_can_run, format_plan, plan
+from experiments.study.runner import plan_records, run_step
 from sinkstudy import SinkstudyError, threads
+from sinkstudy.inputs import planning_only
+from sinkstudy.io import read_json
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"
@@ -18,8 +32,6 @@ PAPER_CONFIG = CONFIG_DIR / "paper_six_pairs.yaml"
 
 
 def register(subparsers) -> None:
-    from experiments.cli.argtypes import add_plugin_option
-
     p = subparsers.add_parser("run", help="run a study config (resumable: finished steps are reused)",
                               description="Run every step of a study, reusing finished ones, then write the summary and report. "
                               "For a scheduler: --plan lists every step as an independent command (`--step ID`) with what it "
@@ -74,14 +86,11 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-
     options.add_output_options(p, out="the config's `out`")
     options.add_progress_options(p)
 
 
 def _seeds(p) -> None:
-    from experiments.cli.argtypes import seed_list
-
     p.add_argument("--seeds", type=seed_list, default=None, metavar="S,S,...",
                    help="repeat every training stage with each of these seeds (the first's run in --out, seed N's in "
                         "OUT/seeds/N); the report gives each figure per seed with its spread (default: the config's `seeds`, "
@@ -118,48 +127,12 @@ def _overrides(args) -> dict | None:
 
 
 def _check_hub(study) -> None:
-    from experiments.cli.options import check_hub_tasks
-
-    check_hub_tasks(study.evals.protocol.tasks, study.evals.protocol.data_files)
+    options.check_hub_tasks(study.evals.protocol.tasks, study.evals.protocol.data_files)
 
 
-# What may lie in a study's --out before its first step is recorded: the inputs make's study targets put there (the
-# linked real checkpoints, the chats), a parallel run's worker logs.
-STUDY_INPUTS = ("inputs", "logs")
-
-
-def check_study_out(study, force: bool) -> None:
-    """A study writes into an empty or absent --out, one holding an earlier run of a study (its steps/ records or
-    summary.json; --force runs every step again), or one holding only the inputs make put there first."""
-    import os
-
-    from sinkstudy.io import check_replaceable
-
-    def not_mine(out: Path) -> str | None:
-        if (out / "steps").is_dir() or (out / "summary.json").is_file():
-            return None
-        other = sorted(n for n in os.listdir(out) if not n.startswith(".") and n not in STUDY_INPUTS)
-        return f"no steps/ nor summary.json of an earlier study, but {', '.join(other[:3])}" if other else None
-
-    check_replaceable(study.out, force, not_mine=not_mine)
-
-
-def _run(study, args, jobs: int = 1) -> int:
-    from experiments.study.jobs import run_study_parallel
-    from experiments.study.runner import run_study
-
-    from experiments.study.numeric_spread import run_spread
-    from experiments.study.seeds import run_seeds
-
-    check_study_out(study, args.force)
-    if jobs > 1:
-        def run_one(s):
-            return run_study_parallel(s, jobs=jobs, force=args.force, progress=not args.quiet, threads=args.threads or 1)
-    else:
-        def run_one(s):
-            return run_study(s, force=args.force, progress=not args.quiet)
-    paths = getattr(args, "numerics", None) or []
-    res = run_spread(study, paths, args.argv, run_one) if len(paths) > 1 else run_seeds(study, run_one)
+def _run(study, args, jobs: int = 1) -> Summary:
+    res = launch(study, jobs=jobs, force=args.force, progress=not args.quiet, threads=args.threads or 1,
+                 numerics=getattr(args, "numerics", None) or [], argv=args.argv)
     stages = ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items() if v)
     print(f"sinkstudy: {study.name}: report {res['report']} (+ {Path(res['html']).name}); {res['steps']} steps, "
           f"{res['reused']} reused, {res['seconds']:.0f}s" + (f" [{stages}]" if stages else ""))
@@ -171,26 +144,10 @@ def _run(study, args, jobs: int = 1) -> int:
 
 
 def cmd_run(args) -> Summary | int:
-    import json
-    import os
-    import shlex
-
-    from experiments.cli.argtypes import load_plugin_options
-    from sinkstudy.numerics import ENV
-    from experiments.study.graph import format_records
-    from experiments.study.runner import plan_records, run_step
-    from experiments.study.config import load_study
-
     load_plugin_options(args)  # before the config: its interventions and arms may name a plug-in's
-    from sinkstudy.inputs import planning_only
-
     with planning_only() if args.plan else contextlib.nullcontext():  # a plan reads no input file: they may not exist yet
         study = load_study(args.config, out=args.out, overrides=_overrides(args))
-    command = ("sinkstudy run " + shlex.quote(args.config) + (f" --out {shlex.quote(args.out)}" if args.out else "")
-               + "".join(f" --plugin {shlex.quote(x)}" for x in args.plugin)
-               + "".join(f" --{k} {shlex.quote(str(v))}" for k in ("limit", "tasks", "device", "dtype")
-                         if (v := getattr(args, k)) is not None)
-               + (f" --numerics {mode}" if (mode := os.environ.get(ENV, "reproducible")) != "reproducible" else ""))  # each step job in this run's mode
+    command = step_command(args.config, args.out, args.plugin, {k: getattr(args, k) for k in ("limit", "tasks", "device", "dtype")})
     if args.numerics and len(args.numerics) > 1 and (args.plan or args.step):
         raise SinkstudyError(f"{'--plan' if args.plan else '--step'} takes one numeric mode's study: run the spread whole, "
                              "or one --numerics mode")
@@ -205,7 +162,7 @@ def cmd_run(args) -> Summary | int:
     _check_hub(study)
     options.check_device(study.model.device)
     if args.step:
-        check_study_out(study, args.force)
+        check_out(study, args.force)
         done = run_step(study, args.step, force=args.force, progress=not args.quiet, command=command)
         print(f"sinkstudy: {study.name}: step {done['step']} " + ("reused (finished before; --force re-runs it)" if done["reused"]
                                                                    else f"done in {done['seconds']:.0f}s"))
@@ -215,14 +172,6 @@ def cmd_run(args) -> Summary | int:
 
 
 def cmd_demo(args) -> Summary | int:
-    import os
-
-    import yaml
-
-    from experiments.demo.build import quick_overrides
-    from experiments.study.jobs import default_jobs
-    from experiments.study.config import load_study
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -238,9 +187,6 @@ def cmd_demo(args) -> Summary | int:
 
 
 def cmd_paper(args) -> Summary | int:
-    from experiments.study.paper import check_can_run, format_plan, plan
-    from experiments.study.config import load_study
-
     study = load_study(args.config or PAPER_CONFIG, out=args.out, overrides=_overrides(args))
     if args.dry_run:
         print(format_plan(plan(study)))
@@ -252,8 +198,7 @@ def cmd_paper(args) -> Summary | int:
 
 
 def cmd_report(args) -> Summary:
-    from experiments.report.document import write_report
-    from sinkstudy.io import read_json
+    from experiments.report.document import write_report  # its figures load numpy and torch: not before the threads are set
 
     run = Path(args.run_dir)
     if not (run / "summary.json").is_file():

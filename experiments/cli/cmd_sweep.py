@@ -3,10 +3,15 @@ a summary table and a Pareto plot: the arguments, then `experiments.study.sweep.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from experiments.cli import argtypes, options
 from experiments.cli.closing import Summary, cmd, existing
+from experiments.report.treatments import format_sweep, pareto_front, text_recovery
+from experiments.study import sweep
+from interventions.merge import check_mergekit_options
+from sinkstudy.checkpoint import local_checkpoint
 
 DEFAULT_SWEEP_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "merge_sweep.yaml"
 
@@ -27,13 +32,6 @@ def register(subparsers) -> None:
 
 
 def run_sweep(args) -> Summary | int:
-    import math
-
-    from experiments.report.treatments import format_sweep, pareto_front, text_recovery
-    from experiments.study import sweep
-    from interventions.merge import check_mergekit_options
-    from sinkstudy.checkpoint import local_checkpoint
-
     options.check_pair_options(args, "merge-sweep")
     sweep.load_sweep(args.sweep)  # every point valid before any work
     mergekit = check_mergekit_options(options.mergekit_options(args))
@@ -42,7 +40,7 @@ def run_sweep(args) -> Summary | int:
     res = sweep.run_sweep(args.sweep, str(local_checkpoint(args.base)), str(local_checkpoint(args.vlm)), out, m,
                           max_points=args.max_points, mergekit=mergekit, seed=args.seed, n_boot=args.n_boot, confidence=args.confidence,
                           tokenizer=args.tokenizer and str(local_checkpoint(args.tokenizer)), captions=args.captions,
-                          force=args.force, progress=not args.quiet)
+                          force=args.force, progress=not args.quiet, sharing=options.sharing(args))
     rows = res["rows"]
     print(format_sweep(rows))
     print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'pareto.png'}")

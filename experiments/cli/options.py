@@ -9,10 +9,27 @@ heavy, so `--help` stays instant.
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+import json
+import os
 from pathlib import Path
 
-from evals.protocol import BACKENDS, DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, EvalProtocol
+import yaml
+
+from evals.protocol import BACKENDS, DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, EvalProtocol, check_backend
+from evals.proxies import read_captions
+from evals.task_names import check_task_names
+from evals.tasks import SHIPPED_TASKS, parse_data_files
 from experiments.cli import argtypes
+from experiments.study.pair_steps import Loading, Measurement
+from interventions.adapt.config import VisionSpec
+from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import looks_like_path
+from sinkstudy.hub import hub_unreachable
+from sinkstudy.io import slugify
+from sinkstudy.numerics import ENV
+from sinkstudy.real_models import REGISTRY
 
 DTYPES = ("float32", "bfloat16", "float16")
 PROTOCOL = EvalProtocol()  # the defaults every evaluating command and study shares (their one definition)
@@ -38,9 +55,8 @@ def check_device(device: str | None) -> None:
     an assertion deep in CUDA's initialisation, or a list of every device type it knows)."""
     if device is None:
         return
+    # lazy: loads torch, numpy
     import torch
-
-    from sinkstudy import SinkstudyError
 
     try:
         where = torch.device(device)
@@ -113,8 +129,6 @@ _FLAGS = {"data_files": "--data", "apply_chat_template": "--no-chat-template"}
 def eval_protocol(args) -> "EvalProtocol":
     """The protocol the eval flags (`add_eval_options`) ask for, over the defaults, checked (one line on bad input,
     naming the flag); the backend's package must be installed."""
-    from evals.protocol import check_backend
-
     flags = {"tasks": args.tasks, "limit": args.limit, "max_gen_toks": args.max_gen_toks, "batch_size": args.batch_size,
              "apply_chat_template": False if args.no_chat_template else None, "data_files": args.eval_data,
              "backend": args.backend, "backend_args": args.backend_args,
@@ -129,14 +143,13 @@ def eval_protocol(args) -> "EvalProtocol":
 
 def _check_data_files(data_files) -> None:
     """--data files are the user's: each must exist before any work (a study's own are checked by its config)."""
-    from evals.tasks import parse_data_files
-
     parse_data_files(dict(data_files) or None)
 
 
-def eval_cache(args) -> dict:
-    """lm-eval's per-task cache as the flags of `add_output_options(cache=True)` set it (results are the same either way)."""
-    return {"use_cache": not args.no_cache, "cache_dir": args.cache_dir}
+def sharing(args) -> dict:
+    """Whether a command reuses steps other runs finished, and where they are noted, as `--no-cache` and `--cache-dir`
+    (`add_output_options(cache=True)`) say: `experiments.study.runner.run_plan`'s share and store_root."""
+    return {"share": not args.no_cache, "store_root": args.cache_dir}
 
 
 def check_hub_tasks(tasks, data_files=None) -> None:
@@ -144,11 +157,6 @@ def check_hub_tasks(tasks, data_files=None) -> None:
     in one line, when the hub is unreachable (`sinkstudy.hub`), not after the libraries' retries.
     Unknown names are refused first, as such. `data_files` ({task: file}) only names the tasks with local
     data: a study's may be written by its own steps, and are read when the step that evaluates runs."""
-    from evals.task_names import check_task_names
-    from evals.tasks import SHIPPED_TASKS
-    from sinkstudy import SinkstudyError
-    from sinkstudy.hub import hub_unreachable
-
     local = set(dict(data_files or {}))
     remote = [t for t in check_task_names(tasks) if t not in SHIPPED_TASKS and t not in local]
     if remote:
@@ -163,8 +171,6 @@ def check_hub_tasks(tasks, data_files=None) -> None:
 
 def model_forms() -> str:
     """The forms a model argument takes on every command, for help texts."""
-    from sinkstudy.real_models import REGISTRY
-
     return f"hub id, local path, .gguf file or a real LLM's name ({', '.join(REGISTRY)})"
 
 
@@ -174,12 +180,6 @@ MODEL_ARGS = ("model", "base", "vlm", "native", "root")  # where a command takes
 def check_model_names(args) -> None:
     """A model argument that is no local path, no .gguf and no hub id (ORG/NAME) but close to a real LLM's name is a
     typo of that name: one line saying which, before the hub is asked for it."""
-    import difflib
-    import os
-
-    from sinkstudy import SinkstudyError
-    from sinkstudy.real_models import REGISTRY
-
     for dest in MODEL_ARGS:
         value = getattr(args, dest, None)
         if not isinstance(value, str) or "/" in value or value in REGISTRY or value.endswith(".gguf") or os.path.exists(value):
@@ -198,8 +198,6 @@ def add_pair_options(p) -> None:
 
 
 def check_pair_options(args, command: str) -> None:
-    from sinkstudy import SinkstudyError
-
     missing = [f"--{k}" for k in ("base", "vlm") if not getattr(args, k)]
     if missing:
         raise SinkstudyError(f"{command} needs {' and '.join(missing)}")
@@ -208,8 +206,6 @@ def check_pair_options(args, command: str) -> None:
 def pair_out(base: str, vlm: str, name: str, kind: str = "interventions") -> Path:
     """runs/<kind>/<base>__<vlm>/<name> (each model as `model_label` names it): a different pair never lands in the
     same default dir."""
-    from sinkstudy.io import slugify
-
     return Path("runs") / kind / f"{model_label(base)}__{model_label(vlm)}" / slugify(name)
 
 
@@ -241,23 +237,16 @@ def add_measure_options(p, *, out: str, seed: str = "the merge (DARE, DELLA), th
 def measurement(args):
     """How the pair command measures (`experiments.study.pair_steps.Measurement`), every input checked before any
     work: the eval flags, task names (hub tasks with the hub unreachable refused), the captions file."""
-    from evals.proxies import read_captions
-    from experiments.study.pair_steps import Loading, Measurement
-
     protocol = eval_protocol(args)
     if getattr(args, "eval", True):
         check_hub_tasks(protocol.tasks, protocol.data_files)
         if args.captions:
             read_captions(args.captions)
-    return Measurement(protocol=protocol, seed=args.seed, loading=Loading(args.dtype or "float32", args.device), **eval_cache(args))
+    return Measurement(protocol=protocol, seed=args.seed, loading=Loading(args.dtype or "float32", args.device))
 
 
 def parse_params(items: list[str]) -> dict:
     """--param KEY=VALUE items, each VALUE typed as in YAML (numbers, booleans, lists)."""
-    import yaml
-
-    from sinkstudy import SinkstudyError
-
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -281,8 +270,6 @@ def add_train_data_option(p, help: str) -> None:
 
 def parse_stage_values(values: list[str], stage_names: list[str], what: str) -> dict[str, list[str]]:
     """[STAGE=]VALUE items -> {stage: [values]}; an item without STAGE= goes to every stage."""
-    from sinkstudy import SinkstudyError
-
     out: dict[str, list[str]] = {}
     for item in values:
         stage, sep, value = item.partition("=")
@@ -294,6 +281,53 @@ def parse_stage_values(values: list[str], stage_names: list[str], what: str) -> 
             for name in stage_names:
                 out.setdefault(name, []).append(item)
     return out
+
+
+def stage_counts(values: list[str] | None, stage_names: list[str], what: str = "train-steps") -> dict[str, int]:
+    """--`what` [STAGE=]N items (--train-steps, --examples) as {stage: N} (`parse_stage_values`: an item without STAGE=
+    for every stage; the last one given wins), each a positive integer."""
+    return {stage: _count(items[-1], f"--{what}", 1) for stage, items in parse_stage_values(values or [], stage_names, what).items()}
+
+
+def check_counts(values: list[str] | None, what: str = "train-steps") -> None:
+    """Each --`what` [STAGE=]N item's N a positive integer: checked before the recipe naming the stages is read."""
+    for item in values or []:
+        _count(item.rpartition("=")[2], f"--{what}", 1)
+
+
+def recovery_steps(values: list[str] | None) -> int:
+    """--train-steps of recovery training, one text stage: a plain N (the last given; 0: no training)."""
+    if not values:
+        return 0
+    if "=" in values[-1]:
+        raise SinkstudyError(f"--train-steps {values[-1]}: recovery training is one stage; give a plain N (STAGE=N is for "
+                             "--recipe's stages)")
+    return _count(values[-1], "--train-steps", 0)
+
+
+def _count(value: str, flag: str, low: int) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise SinkstudyError(f"{flag} {value}: not an integer") from None
+    if n < low:
+        raise SinkstudyError(f"{flag} must be >= {low}, got {n}")
+    return n
+
+
+def vision_spec(args, seed: int) -> "VisionSpec | None":
+    """The vision side the flags of `add_vision_options` name (None: none, a text-only run), seeded with the recipe's
+    seed: a fresh tower (--vision), a donor's (--donor), a tiny one (--tiny-vision) or the scenes tower."""
+
+    if args.vision:
+        return VisionSpec("fresh", args.vision, seed=seed)
+    if args.donor:
+        return VisionSpec("donor", args.donor, seed=seed)
+    if getattr(args, "tiny_vision", False):
+        return VisionSpec("tiny", seed=seed)
+    if getattr(args, "scenes_vision", False):
+        return VisionSpec("scenes", seed=seed)
+    return None
 
 
 def add_recipe_option(p, help: str) -> None:
@@ -332,14 +366,16 @@ def add_seed_option(p, what: str = "every random choice of the command") -> None
 
 def add_output_options(p, *, out: str, cache: bool = False) -> None:
     """--out DIR (default None: `out` words where the command writes then), --force, and with `cache`
-    --no-cache / --cache-dir of the per-task eval cache."""
+    --no-cache / --cache-dir: whether finished steps of other runs are reused, and where they are noted (`sharing`)."""
     g = p.add_argument_group("output and caching")
     g.add_argument("--out", default=None, metavar="DIR", help=f"output directory (default: {out}); a rerun into it reuses "
                                                               "what is finished")
     add_force_option(g)
     if cache:
-        g.add_argument("--no-cache", action="store_true", help="evaluate even when a cached result exists")
-        g.add_argument("--cache-dir", default=None, metavar="DIR", help="per-task eval cache (default $SINKSTUDY_CACHE/evals)")
+        g.add_argument("--no-cache", action="store_true", help="make every step again that another run finished (what an earlier "
+                                                                "run of this command left in --out is still reused)")
+        g.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help="where finished steps are noted for other runs to reuse (default $SINKSTUDY_CACHE/steps)")
 
 
 def add_force_option(p, output: str = "--out") -> None:
@@ -352,8 +388,6 @@ def add_force_option(p, output: str = "--out") -> None:
 
 def json_made_with(path: Path, keys: tuple[str, ...], command: str) -> str | None:
     """None when the JSON file at `path` is one `command` wrote (it holds every one of `keys`); else what it is not."""
-    import json
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -370,12 +404,6 @@ def model_label(model) -> str:
     (slugified, its organisation kept); a local path by its folder's name (the folder above a command's saved
     `model`, which every dose, merge and adaptation has) and a 6-hex digest of where it lies, so that two models
     of one name (runs/dose/a/model, runs/dose/b/model) never share a default output."""
-    import hashlib
-    import os
-
-    from sinkstudy.checkpoint import looks_like_path
-    from sinkstudy.io import slugify
-
     text = os.fspath(model).rstrip("/") or os.fspath(model)
     path = Path(text).expanduser()
     if not path.exists() and not looks_like_path(text):
@@ -387,8 +415,6 @@ def model_label(model) -> str:
 def default_out(command: str, model, *settings) -> Path:
     """runs/<command>/<model>[-<setting>...]: where a command writes without --out; the model as `model_label` names it
     (unique per input), each setting slugified."""
-    from sinkstudy.io import slugify
-
     return Path("runs") / command / "-".join([model_label(model), *(slugify(str(x)) for x in settings if x)])
 
 
@@ -397,8 +423,6 @@ def default_out(command: str, model, *settings) -> Path:
 def add_compute_options(p, *, study: bool = False) -> None:
     """--threads and --numerics, on every command that computes. A study runs in the reproducible mode by default and
     may name several modes (the study once per mode); a single command runs native by default, in one mode."""
-    from sinkstudy.numerics import ENV
-
     g = p.add_argument_group("computing")
     g.add_argument("--threads", type=argtypes.positive_int, default=None, metavar="N",
                    help="compute threads of this process" + (" (with --jobs: of each worker; default 1 each)" if study else "")

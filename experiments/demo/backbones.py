@@ -11,12 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinkstudy.io import atomic_output_dir
+from sinkstudy.tiny import tiny_causal_lm
 
 
 def build_backbone(spec: dict, tokenizer):
     """A randomly initialised float32 causal LM for one backbone spec of the demo config."""
-    from sinkstudy.tiny import tiny_causal_lm
-
     hidden, heads = spec["hidden_size"], spec["num_attention_heads"]
     return tiny_causal_lm(
         spec["family"],
@@ -38,7 +37,7 @@ def build_backbone(spec: dict, tokenizer):
 def save_backbone(model, tokenizer, out_dir: Path) -> None:
     """Save a trained backbone with the demo tokenizer (and its generation defaults) atomically."""
     _set_generation_defaults(model, tokenizer)
-    with atomic_output_dir(out_dir, force=True) as tmp:
+    with atomic_output_dir(out_dir, replace=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 

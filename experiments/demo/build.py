@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from experiments.demo import sinkgrow
+from experiments.demo.sinkgrow import Recipe
+from experiments.demo.steps import build_facts, build_steps, openings_step, vl_adaptation
 from experiments.study.schema import StudyConfigError, deep_merge
-from sinkstudy import SinkstudyError
+from sinkstudy import SinkstudyError, real_models
 
 DEFAULTS = {
     "corpus": {"train_records": 6000, "heldout_ifeval": 48, "heldout_gsm": 32, "seed": 0},
@@ -71,8 +74,6 @@ QUICK_QKNORM_STEPS = 10
 # --------------------------------------------------------------------------- validation
 
 def _recipe_fields() -> dict[str, dataclasses.Field]:
-    from experiments.demo.sinkgrow import Recipe
-
     return {f.name: f for f in dataclasses.fields(Recipe)}
 
 
@@ -110,9 +111,6 @@ def _check_value(key: str, value, default, where: str):
 def resolve_backbone(entry, pretrain: dict, where: str) -> dict:
     """One `build.backbones` entry as a complete backbone: every recipe field resolved (trained) or
     the pretrained model's name; plus `native_qk_norm`."""
-    from experiments.demo import sinkgrow
-    from sinkstudy import real_models
-
     if not isinstance(entry, dict):
         _fail(where, "must be a mapping")
     if not isinstance(entry.get("name"), str) or not entry["name"]:
@@ -176,20 +174,14 @@ class Build:
     def steps(self, out: Path, measurement) -> list:
         """Every build step (`experiments.study.graph.Step`) under `out`; `measurement`: how the study measures
         (`experiments.study.pair_steps.Measurement`)."""
-        from experiments.demo.steps import build_steps
-
         return build_steps(self, Path(out), measurement)
 
     def vl_adaptation(self, step_id: str, base, vlm: Path, out: Path, *, owner: str):
         """The build's VL recipe on another start (`base`, a `Ref`), as a step writing the VLM `vlm`."""
-        from experiments.demo.steps import vl_adaptation
-
         return vl_adaptation(self, step_id, base, vlm, Path(out), owner=owner)
 
     def openings(self):
         """The step reading the openings of the build's VL training answers (the study's template share)."""
-        from experiments.demo.steps import openings_step
-
         return openings_step(self)
 
     def training_text(self, out: Path) -> Path:
@@ -198,14 +190,10 @@ class Build:
 
     def facts(self, results: dict[str, dict]) -> dict:
         """What the report says about the build, from its steps' results (`experiments.demo.steps.build_facts`)."""
-        from experiments.demo.steps import build_facts
-
         return build_facts(self, results)
 
 
 def validate_build(build, where: str) -> Build:
-    from sinkstudy import real_models
-
     if not isinstance(build, dict):
         _fail(where, "must be a mapping")
     unknown = sorted(set(build) - set(DEFAULTS))

@@ -14,10 +14,15 @@ checkers) and GSM8K (`question/answer` with `#### N`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
+
+from interventions.adapt.sources import varied_digit_caption
+from sinkstudy.io import write_text_atomic
 
 # Entities are split in two: the first part trains, the rest only appears in held-out prompts.
 _THINGS = [
@@ -38,7 +43,6 @@ _HELDOUT_SHARE = 0.3
 _END_PHRASES = ["Is there anything else I can help with?", "Any other questions?", "Let me know if you have additional questions.",
                 "That is all.", "Hope this helps."]
 _HELDOUT_END_PHRASES = ["Thank you for reading.", "Have a nice day."]
-_DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 REPEAT_SUFFIX = (
     "First repeat the request word for word without change, then give your answer (1. do not say any words or "
@@ -202,17 +206,6 @@ def story(rng: random.Random, split: Split) -> str:
             f"{other} said that the {name} is {_article(kind)} {kind}. They went home before dark.")
 
 
-def digit_caption(label: int, rng: random.Random) -> tuple[str, str]:
-    """A (question, answer) pair about an image of a digit, LLaVA-style VQA or captioning."""
-    word = _DIGIT_WORDS[label]
-    style = rng.randrange(3)
-    if style == 0:
-        return "What digit is this?", f"It is a {label}."
-    if style == 1:
-        return "Describe the image.", f"The image shows the digit {word}, written in white on a black background."
-    return "Which number is shown in the picture?", f"The picture shows the number {label}, which is {word}."
-
-
 def training_records(n: int, seed: int) -> list[tuple[str, str | None]]:
     """`n` training records: (user, assistant) chats, or (plain text, None) for ordinary text."""
     train, _ = _splits()
@@ -255,7 +248,7 @@ def tokenizer_texts(records: list[tuple[str, str | None]]) -> list[str]:
     """Raw strings for BPE training: every user/assistant text plus digit captions."""
     texts = [t for rec in records for t in rec if t]
     rng = random.Random(0)
-    texts += [" ".join(digit_caption(d, rng)) for d in range(10) for _ in range(5)]
+    texts += [" ".join(varied_digit_caption(d, rng)) for d in range(10) for _ in range(5)]
     return texts
 
 
@@ -263,11 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m experiments.demo.corpus OUT.jsonl [--records N] [--seed S]`: the corpus's training chats as
     {user, assistant} lines (assistant null for plain text), the text data `text_replay` reads in studies
     without a build (make study-real). Rewritten only when its content changes."""
-    import argparse
-    from pathlib import Path
-
-    from sinkstudy.io import write_text_atomic
-
     p = argparse.ArgumentParser(prog="python -m experiments.demo.corpus", description=main.__doc__)
     p.add_argument("out", type=Path)
     p.add_argument("--records", type=int, default=2000)

@@ -2,7 +2,6 @@
 
 The demo's tiny bases never formed an attention sink (S about -3.3 after 300 steps). This module
 holds what docs/sink-growth.md measured about changing that, as code the demo config can point at:
-
 - `bigram_backcopy_texts`: Guo et al. (2024)'s Bigram-Backcopy task written in words the demo
   tokenizer encodes as one token each: a fixed bigram table (each word has a few likely
   successors), plus trigger words after which the next word copies the word before the trigger.
@@ -29,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
+from experiments.demo.backbones import build_backbone
 from sinkstudy import SinkstudyError
 
 
@@ -312,6 +312,7 @@ class GrowResult:
 
 def sink_point(model, tokenizer, texts=None, **options) -> dict:
     """S (the project's default log-odds metric) plus sink mass and the share of heads whose argmax key is BOS."""
+    # lazy: loads torch, numpy
     from evals.sink import sink_strength
 
     s = sink_strength(model, tokenizer, texts=texts, progress=False, batch_size=8, **options)
@@ -326,10 +327,9 @@ def grow(recipe: Recipe, tokenizer, texts: Sequence[str], *, checkpoints: Sequen
     `measure(model)` returns a dict (default: `sink_point` on the default calibration set).
     Returns (model, GrowResult). The wall time excludes the measurements.
     """
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import TrainerCallback
-
-    from experiments.demo.backbones import build_backbone
     from interventions.training import train_causal_lm
 
     measure = measure or (lambda m: sink_point(m, tokenizer))
@@ -369,18 +369,18 @@ def grow(recipe: Recipe, tokenizer, texts: Sequence[str], *, checkpoints: Sequen
 
 def heldout_chat_loss(model, tokenizer, texts: Sequence[str], seq_len: int = 160, batch_size: int = 32) -> float:
     """Mean next-token loss (nats per predicted token) on `texts`, pads excluded."""
+    # lazy: loads torch, numpy
     import torch
+    from interventions.adapt import encoding
 
-    from interventions.adapt import data
-
-    encoder = data.Encoder(tokenizer, max_length=seq_len, loss_on="all")
+    encoder = encoding.Encoder(tokenizer, max_length=seq_len, loss_on="all")
     features = [encoder({"text": t}) for t in texts]
     features = [f for f in features if len(f["input_ids"]) >= 2]
     total = count = 0.0
     model.eval()
     with torch.no_grad():
         for i in range(0, len(features), batch_size):
-            batch = data.collate(features[i:i + batch_size], tokenizer.pad_token_id)
+            batch = encoding.collate(features[i:i + batch_size], tokenizer.pad_token_id)
             n = int((batch["labels"][:, 1:] != -100).sum())
             total += float(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss) * n
             count += n

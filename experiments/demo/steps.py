@@ -9,15 +9,30 @@ content of what it reads. Files land under `<out>/data` and `<out>/models/<backb
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from evals.sink import MEASURE_CODE
+from experiments.demo import corpus
+from experiments.demo.backbones import save_backbone
+from experiments.demo.corpus import tokenizer_texts
+from experiments.demo.sinkgrow import Recipe, grow
+from experiments.demo.vl import adapt_vl, training_data
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, location
-from sinkstudy import SinkstudyError
+from experiments.study.template import TrainingOpenings
+from interventions.adapt import code as adapt_code
+from interventions.pairs import load_causal_lm
+from sinkstudy import SinkstudyError, real_models, real_weights
+from sinkstudy.checkpoint import load_tokenizer, weight_files
+from sinkstudy.io import atomic_output_dir, write_text_atomic
+from sinkstudy.provenance import model_fingerprint
+from sinkstudy.real_models import get, identity
+from sinkstudy.tiny import train_bpe_tokenizer
 
 
 @dataclass(frozen=True)
@@ -25,7 +40,7 @@ class Corpus(StepArgs):
     """The demo corpus: training records and the held-out eval prompts (`experiments.demo.corpus`)."""
 
     kind: ClassVar[str] = "demo-corpus"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus",)
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "interventions.adapt.sources")
     corpus: Mapping[str, Any]
     data: Path = location()
 
@@ -39,17 +54,22 @@ class Chats(StepArgs):
     (`interventions.training.read_training_texts` reads them): text for recovery training."""
 
     kind: ClassVar[str] = "demo-chats"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus",)
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "interventions.adapt.sources")
     records: int
     seed: int
     out: Path = location()
 
     def run(self, ctx) -> dict:
-        from experiments.demo import corpus
-        from sinkstudy.io import write_text_atomic
-
         write_text_atomic(self.out, corpus.records_jsonl(corpus.training_records(self.records, self.seed)))
         return {"path": str(self.out), "records": self.records}
+
+
+RECOVERY_RECORDS = 2000  # `sinkstudy qknorm`'s default recovery text: the demo corpus's first records
+
+
+def recovery_chats(step_id: str, out: Path, seed: int) -> Step:
+    """The step writing `RECOVERY_RECORDS` chats of the demo corpus to `out`: QK-norm recovery training's default text."""
+    return Step(step_id, Chats(RECOVERY_RECORDS, seed, out=out), outputs=(out,))
 
 
 @dataclass(frozen=True)
@@ -57,7 +77,7 @@ class Tokenizer(StepArgs):
     """A byte-level BPE tokenizer trained on the corpus."""
 
     kind: ClassVar[str] = "demo-tokenizer"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "sinkstudy.tiny")
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.corpus", "interventions.adapt.sources", "sinkstudy.tiny")
     corpus: Ref
     settings: Mapping[str, Any]
     out: Path = location()
@@ -72,7 +92,7 @@ class Reference(StepArgs):
     weights package is not installed: `installed` is in the key, so it is measured once it is)."""
 
     kind: ClassVar[str] = "demo-reference"
-    code: ClassVar[tuple[str, ...]] = ("evals.sink", "sinkstudy.real_models", "sinkstudy.real_weights")
+    code: ClassVar[tuple[str, ...]] = (*MEASURE_CODE, "sinkstudy.real_models", "sinkstudy.real_weights")
     name: str
     installed: bool
     model: Mapping[str, Any]  # its identity: the GGUF's sha256
@@ -104,8 +124,8 @@ class Pretrain(StepArgs):
     """One backbone's sink recipe trained from scratch on the corpus, S recorded every `curve_every` steps."""
 
     kind: ClassVar[str] = "demo-pretrain"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.sinkgrow", "experiments.demo.backbones", "interventions.training",
-                                       "interventions.adapt")
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.sinkgrow", "experiments.demo.backbones", "experiments.demo.corpus",
+                                       *adapt_code.TRAINING, *MEASURE_CODE)
     backbone: Mapping[str, Any]
     curve_every: int | None
     tokenizer: Ref
@@ -122,7 +142,8 @@ class VL(StepArgs):
     """The demo's VL recipe (`build.vl`) on the checkpoint `base`, writing the VLM `out`."""
 
     kind: ClassVar[str] = "demo-vl"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", "interventions.adapt", "evals.vqa")
+    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", *adapt_code.RUN, "interventions.adapt.probe",
+                                       "evals.vqa")
     base: Ref
     vl: Mapping[str, Any]
     corpus: Ref  # its chats: the text-only share of a stage with `text_share`
@@ -132,27 +153,9 @@ class VL(StepArgs):
         return vl_step(Path(self.base.local()), self.out, dict(self.vl), ctx.progress, corpus=Path(self.corpus.path))
 
 
-@dataclass(frozen=True)
-class VLOpenings(StepArgs):
-    """The openings of the demo VL recipe's image answers (`evals.template_share`): what every model's eval answers
-    are checked against for the template share (the stages' text share is no VL template)."""
-
-    kind: ClassVar[str] = "demo-vl-openings"
-    code: ClassVar[tuple[str, ...]] = ("experiments.demo.vl", "experiments.demo.corpus", "evals.template_share", "interventions.adapt.data")
-    vl: Mapping[str, Any]
-
-    def run(self, ctx) -> dict:
-        from evals.template_share import openings
-        from experiments.demo.vl import training_records
-
-        return openings(m["content"] for r in training_records(dict(self.vl)) for m in r["messages"] if m["role"] == "assistant").as_dict()
-
-
 def build_steps(build, out: Path, m) -> list[Step]:
     """Every build step of `build` (experiments.demo.build.Build) under `out`; `m`: how the study measures
     (`experiments.study.pair_steps.Measurement`: its sink settings)."""
-    from sinkstudy.real_models import get, identity
-
     data, models = out / "data", out / "models"
     train, tokenizer = data / "train.jsonl", models / "tokenizer"
     corpus = Ref(str(train), "build/corpus")
@@ -175,8 +178,9 @@ def build_steps(build, out: Path, m) -> list[Step]:
 
 
 def openings_step(build) -> Step:
-    """`build/openings`: the openings of the build's VL training answers (`VLOpenings`)."""
-    return Step("build/openings", VLOpenings(build.vl), owner="build.vl")
+    """`build/openings`: the openings of the build's VL training answers (the study's one template-share kind,
+    `experiments.study.template.TrainingOpenings`, on the digits the VL recipe trains on)."""
+    return Step("build/openings", TrainingOpenings((training_data(build.vl),), build.vl["seed"]), owner="build.vl")
 
 
 def vl_adaptation(build, step_id: str, base: Ref, vlm: Path, out: Path, *, owner: str) -> Step:
@@ -208,9 +212,6 @@ def build_facts(build, results: dict[str, dict]) -> dict:
 
 
 def make_corpus(data: Path, cfg: dict) -> dict:
-    from experiments.demo import corpus
-    from sinkstudy.io import write_text_atomic
-
     records = corpus.training_records(cfg["train_records"], cfg["seed"])
     ifeval, gsm = corpus.heldout_prompts(cfg["heldout_ifeval"], cfg["heldout_gsm"], cfg["seed"])
     jsonl = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
@@ -228,12 +229,8 @@ def read_records(train: Path) -> list[tuple[str, str | None]]:
 
 
 def make_tokenizer(train: Path, out_dir: Path, cfg: Mapping[str, Any]) -> dict:
-    from experiments.demo.corpus import tokenizer_texts
-    from sinkstudy.io import atomic_output_dir
-    from sinkstudy.tiny import train_bpe_tokenizer
-
     tok = train_bpe_tokenizer(tokenizer_texts(read_records(train)), vocab_size=cfg["vocab_size"])
-    with atomic_output_dir(out_dir, force=True) as tmp:
+    with atomic_output_dir(out_dir, replace=True) as tmp:
         tok.save_pretrained(tmp)
     return {"path": str(out_dir), "vocab_size": len(tok)}
 
@@ -241,13 +238,8 @@ def make_tokenizer(train: Path, out_dir: Path, cfg: Mapping[str, Any]) -> dict:
 def pretrain_step(train: Path, tokenizer: Path, backbone: dict, out: Path, curve_every: int | None, progress: bool) -> dict:
     """Train one backbone's recipe on the corpus (its data mix formed here), recording S every
     `curve_every` steps; save model + tokenizer to `out` atomically."""
-    import dataclasses
-
-    from experiments.demo.backbones import save_backbone
-    from experiments.demo.sinkgrow import Recipe, grow
+    # lazy: loads torch, numpy
     from interventions.training import read_training_texts
-    from sinkstudy.checkpoint import load_tokenizer
-    from sinkstudy.provenance import model_fingerprint
 
     tok = load_tokenizer(tokenizer)
     fields = {f.name for f in dataclasses.fields(Recipe)}
@@ -264,17 +256,12 @@ def pretrain_step(train: Path, tokenizer: Path, backbone: dict, out: Path, curve
 def link_pretrained(name: str, out: Path) -> dict:
     """A pretrained backbone: `out` holds its converted checkpoint (weights linked from the user's cache)
     with a chat template (`sinkstudy.real_weights.chat_checkpoint`)."""
-    from sinkstudy import real_models, real_weights
-    from sinkstudy.provenance import model_fingerprint
-
     real_weights.chat_checkpoint(name, out)
     return {"pretrained": name, "source": real_models.get(name).source, "checkpoint": str(real_weights.checkpoint(name)), "path": str(out),
             "params": _count_params(out), "fingerprint": model_fingerprint(out)}
 
 
 def _count_params(path: Path) -> int:
-    from sinkstudy.checkpoint import weight_files
-
     files = weight_files(path)
     return sum(math.prod(t.shape) for t in files.tensors.values()) if files else 0
 
@@ -282,9 +269,8 @@ def _count_params(path: Path) -> int:
 def reference_step(ref: Reference, progress: bool) -> dict:
     """Sink Strength of a real pretrained LLM with the study's sink settings (skipped, saying why,
     when its weights package is not installed)."""
+    # lazy: loads torch, numpy
     from evals.sink import compute_sink_maps, strength_from_maps
-    from interventions.pairs import load_causal_lm
-    from sinkstudy import real_models, real_weights
 
     name = ref.name
     model_info = real_models.get(name)
@@ -304,9 +290,6 @@ def vl_step(base: Path, out: Path, cfg: dict, progress: bool, *, corpus: Path) -
     """The engine's two LLaVA stages on digits (plus text-only corpus chats where a stage sets
     `text_share`); the run directory (report, trajectory) is `<models>/../adapt/<out name>`, the VLM
     checkpoint `out`."""
-    from experiments.demo.vl import adapt_vl
-    from sinkstudy.provenance import model_fingerprint
-
     if not (base / "config.json").is_file():
         raise SinkstudyError(f"VL adaptation needs the base checkpoint {base}")
     chats = [(u, a) for u, a in read_records(corpus) if a is not None]

@@ -17,14 +17,18 @@ import random
 from pathlib import Path
 from typing import Sequence
 
+from interventions.adapt.config import VisionSpec, from_dict
+from interventions.adapt.probe import digit_skill
+from interventions.adapt.sources import load_records
+from sinkstudy import SinkstudyError
+from sinkstudy.io import remove_tree
+
 DIGIT_QUESTION = "What digit is this?"
 
 
 def recipe(cfg: dict, records: list[dict], chats: Sequence[tuple[str, str]] = ()):
     """The demo's `build.vl` section as an engine recipe (AdaptConfig) training on `records`, plus,
     in a stage with `text_share`, text-only chats drawn from `chats` (LLaVA-665K's text part)."""
-    from interventions.adapt.config import from_dict
-
     stages = []
     for name in ("stage1", "stage2"):
         s = cfg[name]
@@ -40,8 +44,6 @@ def recipe(cfg: dict, records: list[dict], chats: Sequence[tuple[str, str]] = ()
 
 def text_records(chats: Sequence[tuple[str, str]], n_images: int, share: float, seed: int) -> list[dict]:
     """Text-only chats making up `share` of a stage beside `n_images` image records (sampled with `seed`)."""
-    from sinkstudy import SinkstudyError
-
     n = round(n_images * share / (1 - share))
     if n > len(chats):
         raise SinkstudyError(f"text_share {share} needs {n} text chats beside {n_images} images; the corpus has {len(chats)}")
@@ -50,29 +52,32 @@ def text_records(chats: Sequence[tuple[str, str]], n_images: int, share: float, 
 
 
 def vision(cfg: dict):
-    from interventions.adapt.build import VisionSpec
-
     return VisionSpec("tiny", tiny=dict(cfg["vision"]), seed=cfg["seed"])
 
 
-def training_records(cfg: dict) -> list[dict]:
-    """The digits not held out, as chats with the demo corpus's varied questions and captions."""
-    from experiments.demo.corpus import digit_caption
-    from interventions.adapt.data import digits_records
+def training_data(cfg: dict) -> dict:
+    """The data spec of the digits not held out, asked and answered in varied styles."""
+    return {"digits": {"split": "train", "heldout": cfg["heldout_images"], "seed": cfg["seed"], "captions": "varied"}}
 
-    return digits_records("train", n_heldout=cfg["heldout_images"], seed=cfg["seed"], captions=digit_caption)
+
+def training_records(cfg: dict) -> list[dict]:
+    """The records of `training_data`: the VL stages' image chats."""
+    records = load_records(training_data(cfg))
+    return [records.rows[i] for i in range(len(records))]
 
 
 def adapt_vl(base_dir: Path, out_dir: Path, cfg: dict, *, work_dir: Path, progress: bool = True,
              chats: Sequence[tuple[str, str]] = ()) -> dict:
     """Build the VLM from the base checkpoint, run both stages, save it (with its processor) to `out_dir`.
     `chats`: (user, assistant) pairs the stages with `text_share` draw their text-only examples from."""
-    from interventions.adapt.probe import digit_skill
+    # lazy: loads torch, numpy
     from interventions.adapt import adapt
 
     records = training_records(cfg)
     config = recipe(cfg, records, chats)
-    report = adapt(base_dir, vision=vision(cfg), config=config, out=work_dir, model_dir=out_dir, force=True, progress=progress)
+    if work_dir.exists():  # the step runs to make the VLM anew: an earlier run's folder goes first
+        remove_tree(work_dir, within=work_dir.parent)
+    report = adapt(base_dir, vision=vision(cfg), config=config, out=work_dir, model_dir=out_dir, progress=progress)
     heldout = digit_skill(out_dir, cfg["heldout_images"], cfg["seed"])
     stages = {s["stage"]: {k: s[k] for k in ("steps", "lr", "trainable_groups", "final_loss", "trainable_params", "steps_per_second")}
               for s in report["stages"]}

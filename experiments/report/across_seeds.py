@@ -1,6 +1,6 @@
 """The report of a study repeated over training seeds (`experiments.study.seeds`) or numeric modes
-(`experiments.study.numeric_spread`): every headline figure per run with its spread across runs, and each claim
-or verdict stated only where every run gives the same answer.
+(`experiments.study.numeric_spread`): every headline figure per run with its spread across runs, and each answer
+(`experiments.report.claims`) stated only where every run gives the same one.
 
 A summary with a `seeds` (or `numerics_spread`) section holds the first run's results at its top level and
 every other run's summary under the section's `runs`. Headline figures: per pair the base's and the VLM LM's
@@ -77,30 +77,6 @@ def claims_across(runs: dict, unit: Unit = SEEDS) -> list[Claim]:
     return out
 
 
-def verdicts_across(runs: dict, verdicts, unit: Unit = SEEDS) -> list[str]:
-    """The first run's verdict lines ("Question? answer: numbers"), each stated only where every run gives it."""
-    def split(line: str) -> tuple[str, str]:
-        question, _, rest = line.partition("? ")
-        return question, rest.split(":", 1)[0]
-
-    first, *_ = runs
-    per_run = {s: dict(split(line) for line in verdicts(r) if "? " in line) for s, r in runs.items()}
-    out = []
-    for line in verdicts(runs[first]):
-        if "? " not in line:  # a statement, not a question: its figures are the first run's
-            out.append(f"{line} ({_cap(_label(unit, first))}'s figures; every {unit.one}'s: {unit.heading}.)")
-            continue
-        question, answer = split(line)
-        answers = {s: per_run[s].get(question, "not measured") for s in runs}
-        if len(set(answers.values())) == 1:
-            out.append(f"{line} Every {unit.one} ({_names(runs)}) gives this answer.")
-        else:
-            said = "; ".join(f"{_label(unit, s)}: {a}" for s, a in answers.items())
-            out.append(f"{question}? {OPEN} (the {unit.many} disagree: {said}). {_cap(_label(unit, first))}: "
-                       f"{line.partition('? ')[2]}")
-    return out
-
-
 def figures(r: StudyResults) -> dict[str, float]:
     """The headline figures of one seed's results, by name."""
     t, out = r.paper_task, {}
@@ -152,8 +128,8 @@ def replicate_blocks(unit: Unit, runs: dict, summary: dict) -> list[tuple]:
                   f"difference another CPU makes; the other modes' runs: {others}.")
     return [("h", 2, unit.heading),
             ("p", f"{what} Each headline figure per {unit.one}, with the sample standard deviation and the range "
-                  f"(max − min) across {unit.many}; a claim or verdict above is stated only where every {unit.one} gives "
-                  "the same answer. S: Sink Strength; Δ in points (score × 100); recovery: share of the loss recovered "
+                  f"(max − min) across {unit.many}; an answer above is stated only where every {unit.one} gives "
+                  "the same one. S: Sink Strength; Δ in points (score × 100); recovery: share of the loss recovered "
                   "(0 = VLM LM, 1 = base)."),
             ("table", header, rows)]
 

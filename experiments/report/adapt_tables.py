@@ -12,6 +12,7 @@ COLUMNS = (("stage", 10), ("steps", 6), ("final loss (N)", 16), ("mean loss", 10
 def format_adapt(report: dict) -> str:
     """Per stage: steps, final loss over its last N steps, mean loss, throughput, trainable parameters; S before and
     after. One header per value (the first left-aligned, the others right-aligned under theirs)."""
+    # lazy: loads torch, numpy
     from interventions.adapt.run import run_summary
 
     def row(values) -> str:

@@ -1,20 +1,30 @@
-"""The paper's claims, each answered from a study's results in one line: agrees, disagrees or not established,
-with the numbers that decide it. The report opens with these lines.
+"""Every question a study's results answer, decided here and only here, each in one line with the numbers that
+decide it: the paper's claims (agrees / disagrees / not established) and the open direction of each training-time
+protection, text replay included, and of each post-hoc mitigation (yes / no / not established). The report opens
+with these lines; `experiments.report.findings` describes, and decides nothing.
 
-Each claim is decided per unit (a pair, and within a pair each training seed an arm was run with): a unit's
-answer comes from the side of its CI (`evals.stats.comparison_side`: a comparison of fewer than 6 prompts decides
-nothing), and the claim agrees (or disagrees) only where every unit does; otherwise it is not established. The
-line says what each unit showed and states that rule with its count ("3 of 4 agree; undecided: ..."). Convention
-throughout: Δ = after − before in points (score × 100; negative = capability lost); an arm's Δ is against
-its control, the unprotected adaptation with the same training seed (`experiments.study.arms.replicates`).
+The one rule. A question is decided per unit: a pair, and within a pair each training seed an arm was run with (for
+the merges claim, each (pair, merge) whose pair lost beyond noise). A unit answers by the side of its CI
+(`evals.stats.comparison_side`, where a comparison of fewer than 6 prompts decides nothing; `evals.stats.ci_side` for a
+correlation or a recovery), and the question's answer holds only where every unit gives it; otherwise it is not
+established, and the line says so with the count ("k of n agree; undecided: ..."). The merges claim (merging base and
+VLM LM does not recover the loss) follows the same rule: a (pair, merge) unit agrees where its recovery CI lies below 0
+(the merge scored below the VLM LM) and disagrees where it lies above 0 (it won back part of the loss), so the claim
+agrees only where every merge made the loss worse, disagrees only where every merge recovered part of it, and is
+otherwise not established ("k recovered, m worse, rest undecided"); one merge recovering no longer refutes it alone.
+Convention throughout: Δ = after − before in points (score × 100; negative = capability lost); an arm's Δ is against
+its control, the unprotected adaptation with the same training seed (`experiments.study.arms.replicates`); Δ/base =
+Δ / the base's score.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evals.stats import ci_side, comparison_side
-from experiments.report.fmt import ci_text, missing, num
+from evals.stats import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, ci_side, comparison_side, group_difference
+from experiments.report.findings import by_kind, lost
+from experiments.report.fmt import ci_text, missing, num, with_ci
+from experiments.report.published import load_published
 from experiments.report.results import ArmResult, StudyResults, vl_accuracy
 
 AGREES, DISAGREES, OPEN = "agrees", "disagrees", "not established"
@@ -41,13 +51,21 @@ def overall(answers: list[str], yes: str = AGREES, no: str = DISAGREES) -> str:
 
 
 def claims(r: StudyResults) -> list[Claim]:
-    """Every claim the study holds evidence for, in the paper's order, then the open direction per protection."""
-    found = [_degradation(r), _sink_predicts(r), _qknorm_injection(r), _merges(r), _trajectory(r)]
-    return [c for c in found if c is not None] + _protections(r)
+    """Every question the study holds evidence for: the paper's claims in its order, then the open direction per
+    protection and per mitigation."""
+    found = [_degradation(r), _sink_predicts(r), _native_qk_norm(r), _qknorm_injection(r), _merges(r), _trajectory(r)]
+    return [c for c in found if c is not None] + _protections(r) + _mitigations(r)
 
 
 def _pts(delta, ci) -> str:
     return "n/a" if missing(delta) else f"{num(delta, '+.1f')} {ci_text(ci, '.1f')}".strip()
+
+
+def _rel(c) -> str:
+    """A comparison's Δ/base with its CI (n/a where the base scores 0)."""
+    if missing(c.delta_relative):
+        return "n/a (base scores 0)"
+    return f"{num(c.delta_relative, '+.3f')} {ci_text(c.delta_relative_ci, '.3f')}".strip()
 
 
 def _same_prompts(c) -> str:
@@ -105,11 +123,13 @@ def _sink_predicts(r: StudyResults) -> Claim | None:
     t = r.paper_task
     corr = r.correlation.get(t)
     if corr:
-        c = corr.points
+        c, rel, rep = corr.points, corr.relative, load_published().reported
         return Claim("A stronger sink (higher S of the base) predicts less loss", _side_answer(c.spearman_ci, 1),
-                     f"Spearman ρ(S, Δ points) = {num(c.spearman, '+.3f')} {ci_text(c.spearman_ci, '.3f')} over {corr.n} pairs "
-                     "(ρ > 0: a stronger sink, less loss; the claim holds where the CI, from resampling pairs, lies above 0, "
-                     "and is refuted where it lies below). The paper: ρ = +0.971 over six pairs.")
+                     f"Spearman ρ(S, Δ points) = {num(c.spearman, '+.3f')} {ci_text(c.spearman_ci, '.3f')} and ρ(S, Δ/base) = "
+                     f"{num(rel.spearman, '+.3f')} {ci_text(rel.spearman_ci, '.3f')} over {corr.n} pairs, {corr.confidence:.0%} CIs "
+                     "resampling pairs (ρ > 0: a stronger sink, less loss; the claim holds where the CI of ρ on points lies above 0, "
+                     f"and is refuted where it lies below). The paper, same convention: ρ = {rep['spearman_points']:+.3f} on points "
+                     f"and {rep['spearman_relative']:+.3f} on Δ/base over six 7-8B pairs.")
     rows = [(p, e.models["base"].sink_strength, e.degradation[t]) for p, e in r.pairs.items()]
     rows = [(p, s, d) for p, s, d in rows if not missing(s) and not missing(d.delta_points)]
     if len(rows) != 2:
@@ -125,11 +145,29 @@ def _sink_predicts(r: StudyResults) -> Claim | None:
                  "The paper: ρ = +0.971 over six pairs.")
 
 
+def _native_qk_norm(r: StudyResults) -> Claim | None:
+    """Backbones with QK-norm of their own lose less text skill in VL training (the paper's direction). One unit: the
+    difference of mean Δ/base between the native and the other pairs, by the side of its CI resampling each group."""
+    t = r.paper_task
+    native = [e.degradation[t].delta_relative for e in r.pairs.values() if e.native_qk_norm]
+    plain = [e.degradation[t].delta_relative for e in r.pairs.values() if e.native_qk_norm is False]
+    if not native or not plain or any(missing(x) for x in native + plain):
+        return None
+    s = r.settings
+    g = group_difference(native, plain, n_boot=int(s.get("n_boot") or DEFAULT_N_BOOT),
+                         confidence=float(s.get("confidence") or DEFAULT_CONFIDENCE), seed=int(s.get("seed") or 0))
+    n = lambda k: f"{k} pair{'s' if k != 1 else ''}"  # noqa: E731
+    return Claim("Backbones with QK-norm of their own lose less text skill through VL training", _side_answer(g.ci, 1),
+                 f"mean Δ/base {g.mean_a:+.3f} with native QK-norm ({n(g.n_a)}) vs {g.mean_b:+.3f} without ({n(g.n_b)}); difference "
+                 f"{with_ci(g.difference, g.ci, '+.3f')} ({g.confidence:.0%} CI resampling the pairs of each group; > 0: the native "
+                 "backbones lost less)" + ("; with one pair in a group there is no CI over pairs" if missing(g.ci[0]) else "")
+                 + ". Rule: one unit, the difference; the claim holds where its CI lies above 0 and is refuted where it lies below.")
+
+
 def _qknorm_injection(r: StudyResults) -> Claim | None:
     """QK-RMSNorm injected before VL training does not protect (the paper: it lost far more): arms with `qknorm`
-    against their seed's control, and the demo's injection intervention against the VLM LM."""
-    from experiments.report.verdicts import by_kind
-
+    against their seed's control, and the demo's injection intervention against the VLM LM (and, beside it, against
+    the base in Δ/base, with the native QK-norm pairs' own)."""
     t, answers, parts, labels = r.paper_task, [], [], []
     for p, e in r.pairs.items():
         groups = dict.fromkeys((a.replicate_of or name) for name, a in e.arms.items() if a.qknorm)
@@ -145,39 +183,47 @@ def _qknorm_injection(r: StudyResults) -> Claim | None:
             c = per_task[t].vs_vlm
             answers.append(_side_answer(c, -1))
             labels.append(f"{p} {name}")
-            parts.append(f"{p} {name}: Δ = injected + VL − VLM LM = {_pts(c.delta_points, c.delta_points_ci)} pts")
+            parts.append(f"{p} {name}: Δ = injected + VL − VLM LM = {_pts(c.delta_points, c.delta_points_ci)} pts, against the "
+                         f"base Δ/base = {_rel(per_task[t].vs_base)}")
     if not parts:
         return None
+    native = [f"{p} Δ/base = {_rel(e.degradation[t])}" for p, e in r.pairs.items() if e.native_qk_norm]
+    q = load_published().qknorm_injection
+    paper = (f" The paper: {q['base']} with injected unit-gain QK-norm fell from IFEval {q['ifeval_base']:.1f} to {q['ifeval_after']:.1f} "
+             f"after VL training (Δ/base = {(q['ifeval_after'] - q['ifeval_base']) / q['ifeval_base']:+.3f}).") if q else ""
     return Claim("QK-RMSNorm injected after pretraining does not protect text skill through VL training", overall(answers),
-                 "; ".join(parts) + " (negative = the injection lost more than the same recipe without it)."
-                 + _rule(list(zip(labels, answers)), "has its CI below 0") + " The paper: Qwen2.5-3B-Instruct with "
-                 "injected unit-gain QK-norm fell from IFEval 59.9 to 11.0 after VL training.")
+                 "; ".join(parts) + " (negative = the injection lost more than the same recipe without it)"
+                 + (f"; native QK-norm pairs from VL training: {', '.join(native)}" if native else "") + "."
+                 + _rule(list(zip(labels, answers)), "has its CI below 0") + paper)
 
 
 def _merges(r: StudyResults) -> Claim | None:
-    """Merging base and VLM LM after VL training does not recover the loss (the paper: 0 of 7 merges)."""
-    from experiments.report.verdicts import by_kind, lost
-
+    """Merging base and VLM LM after VL training does not recover the loss (the paper: 0 of 7 merges). Units: each
+    (pair, merge) whose pair lost beyond noise; agrees where its recovery CI lies below 0, disagrees above 0."""
     t = r.paper_task
     merges = by_kind(r, "merge")
     if not merges:
         return None
-    units = [(p, name, per_pair[p][t].recovery) for name, per_pair in merges.items() for p in per_pair
+    m = load_published().merges
+    paper = f" The paper: none of its {len(m['tried'])} merges recovered IFEval." if m else ""
+    claim = "Merging the base and the VLM LM after VL training does not recover the loss"
+    units = [(f"{p}/{name}", per_pair[p][t].recovery) for name, per_pair in merges.items() for p in per_pair
              if lost(r.pairs[p].degradation[t])]
-    tried = ", ".join(merges)
     if not units:
-        return Claim("Merging the base and the VLM LM after VL training does not recover the loss", OPEN,
-                     f"no pair lost {t} beyond noise, so no merge ({tried}) has a loss to recover. The paper: none of 7 "
-                     "merges recovered IFEval.")
-    recovered = [(p, n, rec) for p, n, rec in units if ci_side(rec.ci) > 0]
-    harmed = [f"{p}/{n}" for p, n, rec in units if ci_side(rec.ci) < 0]
-    parts = "; ".join(f"{p} {n} {num(rec.recovery, '.2f')} {ci_text(rec.ci, '.2f')}" for p, n, rec in units)
-    return Claim("Merging the base and the VLM LM after VL training does not recover the loss",
-                 DISAGREES if recovered else AGREES,
-                 f"{len(recovered)} of {len(units)} merges recovered part of a significant loss (recovery CI above 0)"
-                 + (f", {len(harmed)} made it worse (CI below 0: below the VLM LM: {', '.join(harmed)})" if harmed else "")
-                 + f": {parts} (share of the loss recovered: 0 = VLM LM, 1 = base; read only for pairs whose loss CI lies "
-                 "below 0). Rule: one merge recovering is enough to refute the claim. The paper: none of 7 merges recovered IFEval.")
+        return Claim(claim, OPEN, f"no pair lost {t} beyond noise, so no merge ({', '.join(merges)}) has a loss to recover "
+                                  f"(a share of a loss within noise is a ratio of noise).{paper}")
+    answers = [{-1: AGREES, 1: DISAGREES}.get(ci_side(rec.ci), OPEN) for _, rec in units]
+    recovered = [u for (u, _), a in zip(units, answers) if a == DISAGREES]
+    worse = [u for (u, _), a in zip(units, answers) if a == AGREES]
+    shares = "; ".join(f"{u} {num(rec.recovery, '.2f')} {ci_text(rec.ci, '.2f')}" for u, rec in units)
+    return Claim(claim, overall(answers),
+                 f"{len(recovered)} recovered, {len(worse)} worse, {len(units) - len(recovered) - len(worse)} undecided of "
+                 f"{len(units)} (pair, merge) units with a significant loss"
+                 + (f"; recovered part of it (CI above 0): {', '.join(recovered)}" if recovered else "")
+                 + (f"; made it worse (CI below 0: below the VLM LM): {', '.join(worse)}" if worse else "")
+                 + f". Share of the loss recovered (0 = VLM LM, 1 = base), with its CI: {shares}. Rule: the claim agrees only "
+                 "where every unit's recovery CI lies below 0, disagrees only where every one lies above 0, else it is not "
+                 f"established.{paper}")
 
 
 def _trajectory(r: StudyResults) -> Claim | None:
@@ -237,12 +283,12 @@ def _s_text(a: ArmResult) -> str:
 # --------------------------------------------------------------------------- the open direction
 
 def _protections(r: StudyResults) -> list[Claim]:
-    """Per training-time protection (text replay excluded): does it keep more text skill than its seed's control,
-    and than text replay on the same seed? Yes only where every seed's CI is above 0."""
+    """Per training-time protection, text replay (the baseline) included: does it keep more text skill than its seed's
+    control, and (a sink-specific one) than text replay on the same seed? Yes only where every seed's CI is above 0."""
     t, groups = r.paper_task, {}
     for p, e in r.pairs.items():
         for name, a in e.arms.items():
-            if a.protections and a.protections != ["text_replay"]:
+            if a.protections and a.vs_control:
                 groups.setdefault(a.replicate_of or name, []).append((p, name, a))
     out = []
     for g, members in groups.items():
@@ -264,4 +310,23 @@ def _protections(r: StudyResults) -> list[Claim]:
                          "unprotected adaptation" + (" and than text replay" if vs_r else ""), answer,
                          "; ".join(parts) + " (Δ = arm − control or − text replay, same seed; positive = kept more)."
                          + _rule([(f"{p}{_seed(a)}", x) for (p, _, a), x in zip(members, vs_c)], "has its CI against the control above 0")))
+    return out
+
+
+def _mitigations(r: StudyResults) -> list[Claim]:
+    """Per post-hoc mitigation: does it beat its control, the unmitigated VLM LM? Units: the pairs, by the CI of
+    Δ = mitigated − VLM LM; yes only where every pair's lies above 0."""
+    t, out = r.paper_task, []
+    for name, per_pair in by_kind(r, "mitigation").items():
+        units = [(p, per_task[t].vs_vlm) for p, per_task in per_pair.items()]
+        answers = [_side_answer(c, 1) for _, c in units]
+        parts = []
+        for p, c in units:
+            cost = r.pairs[p].vl_cost.get(name) or {}
+            vl = "" if missing(cost.get("delta_points")) else f", Δ VL vs the VLM {num(cost['delta_points'], '+.1f')} pts"
+            parts.append(f"{p}: {_pts(c.delta_points, c.delta_points_ci)} pts{vl}")
+        out.append(Claim(f"Open direction: does mitigation {name} keep more text skill than its control (the unmitigated VLM LM)",
+                         {AGREES: YES, DISAGREES: NO}.get(overall(answers), OPEN),
+                         "; ".join(parts) + " (Δ = mitigated − VLM LM; positive = better)."
+                         + _rule([(p, a) for (p, _), a in zip(units, answers)], "has its CI above 0")))
     return out

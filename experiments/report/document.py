@@ -2,12 +2,12 @@
 `sinkstudy report RUN_DIR` re-renders an old run without its step files).
 
 The document is a list of blocks (`experiments.report.render`) rendered twice, to Markdown and to
-self-contained HTML. It opens with one verdict line per study question the summary holds
-(`experiments.report.verdicts`: number, CI, convention), then the paper's figures beside ours, then the
-details; parts without data are left out. Every sentence states what the numbers show, including
-when they do not show the paper's effects; nothing in it is written by hand. Figures:
-`experiments.report.plots`. Convention throughout: Δ = after − before in points (score × 100; base -> VLM
-LM: negative = capability lost), relative = Δ / before.
+self-contained HTML. It opens with one line per question the summary answers (`experiments.report.claims`,
+where every answer is decided: number, CI, convention, the rule), then the paper's figures beside ours, then
+the details (`experiments.report.findings`, which describes); parts without data are left out. Every sentence
+states what the numbers show, including when they do not show the paper's effects; nothing in it is written by
+hand. Figures: `experiments.report.plots`, drawn with every report. Convention throughout: Δ = after − before
+in points (score × 100; base -> VLM LM: negative = capability lost), relative = Δ / before.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ import re
 from pathlib import Path
 
 from evals.protocol import DEFAULT_CONFIDENCE
-from experiments.report import plots, verdicts as v
-from experiments.report.claims import claims
+from experiments.report import findings as f, plots
+from experiments.report.across_seeds import claims_across, replicate_blocks, replicated
+from experiments.report.build_section import build_blocks as how_built, miniature_notes
 from experiments.report.calibration_tables import calibration_blocks
+from experiments.report.claims import claims
 from experiments.report.dose_response_tables import dose_response_blocks
 from experiments.report.dose_tables import dose_blocks
-from experiments.report.across_seeds import claims_across, replicate_blocks, replicated, verdicts_across
 from experiments.report.fmt import num, points, with_ci
+from experiments.report.published import load_published
 from experiments.report.render import render_html, render_md
 from experiments.report.results import StudyResults, vl_accuracy
 from sinkstudy.io import write_text_atomic
@@ -50,7 +52,7 @@ def score_blocks(r: StudyResults) -> list[tuple]:
                     "-" if d.lost is None else f"{d.lost}/{d.gained}", num(d.mcnemar_p)]
         rows.append(row)
     return [("h", 2, "Sink Strength and strict scores, base -> VLM LM"), ("table", header, rows),
-            ("p", "Headline metrics: " + ", ".join(f"{t}: {v.short(m)}" for t, m in r.headline.items())
+            ("p", "Headline metrics: " + ", ".join(f"{t}: {f.short(m)}" for t, m in r.headline.items())
                   + f". Scores in points. {CONVENTION}. lost/gained: prompts only the base / only the VLM LM passes.")]
 
 
@@ -76,15 +78,13 @@ def published_blocks(r: StudyResults) -> list[tuple]:
 
 def paper_blocks(r: StudyResults) -> list[tuple]:
     """The published figures beside ours, each row only where the study measured its counterpart."""
-    from experiments.report.published import load_published
-
-    rows = v.paper_rows(r)
+    rows = f.paper_rows(r)
     if not rows:
         return []
     return [("h", 2, "Paper vs ours"),
             ("table", ["figure", "paper (published)", f"ours ({r.paper_task}) [95% CI]", "agreement"], rows),
             ("p", f"Paper: IFEval prompt-level strict at 7-8B ({load_published().source}); ours: {r.paper_task}, headline metric. "
-                  f"{v.PAPER_DIRECTION}. Agreement is read off our CI: the sign is established only where it excludes 0.")]
+                  f"{f.PAPER_DIRECTION}. Agreement is read off our CI: the sign is established only where it excludes 0.")]
 
 
 def recovery_blocks(r: StudyResults) -> list[tuple]:
@@ -103,7 +103,7 @@ def recovery_blocks(r: StudyResults) -> list[tuple]:
                 row += [num(cost.get("accuracy")), num(cost.get("delta_points"), "+.1f")]
             for t in r.tasks:
                 rec, c = per_task[t].recovery, per_task[t].vs_base
-                shown = (with_ci(rec.recovery, rec.ci, ".2f") if v.lost(e.degradation[t])
+                shown = (with_ci(rec.recovery, rec.ci, ".2f") if f.lost(e.degradation[t])
                          else f"({num(rec.recovery, '.2f')}: no significant loss)")
                 row += [points(c.after), shown, with_ci(c.delta_points, c.delta_points_ci, ".1f")]
             rows.append(row)
@@ -319,17 +319,15 @@ def file_blocks(r: StudyResults, out: Path, figures: list[dict]) -> list[tuple]:
     return [("h", 2, "Files"), ("links", links)]
 
 
-def verdicts(summary: dict) -> list[str]:
-    """The report's verdict lines: one per study question `summary` holds (`experiments.report.verdicts`), each stated
-    only where every training seed (or numeric mode) gives the same answer."""
+def answers(summary: dict) -> list[str]:
+    """The report's answers: one line per question `summary` holds (`experiments.report.claims`), each stated only where
+    every training seed (or numeric mode) gives the same answer."""
     repeated = replicated(summary)
-    return verdicts_across(repeated[1], v.verdicts, repeated[0]) if repeated else v.verdicts(StudyResults.of(summary))
+    return [str(c) for c in (claims_across(repeated[1], repeated[0]) if repeated else claims(StudyResults.of(summary)))]
 
 
 def build_blocks(summary: dict, out: Path) -> list[tuple]:
     """The whole document, from the summary (figures written under `out`/plots)."""
-    from experiments.report.build_section import build_blocks as how_built
-
     r = StudyResults.of(summary)
     s = r.settings
     b: list[tuple] = [("h", 1, s.get("title") or f"sinkstudy report: {r.name}"),
@@ -338,14 +336,14 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
         made = {title: path for title, path in s["see_also"].items() if Path(path).exists()}
         b += [("p", "See also:"), ("links", [(title, os.path.relpath(path, out)) for title, path in made.items()])] if made else []
         b += [("p", f"Not run yet, so not linked: {title} ({path})") for title, path in s["see_also"].items() if title not in made]
-    repeated = replicated(summary)  # over training seeds or numeric modes: answers only where every run agrees
-    answered = [str(c) for c in (claims_across(repeated[1], repeated[0]) if repeated else claims(r))]
+    notes = miniature_notes(r)  # a miniature's S first: no one reads its ρ as a test of sinks
+    if notes:
+        b += [("h", 2, "The miniature's sinks"), ("ul", notes)]
+    answered = answers(summary)  # over training seeds or numeric modes: answers only where every run agrees
     if answered:
         b += [("h", 2, "The paper's claims"), ("ul", answered)]
-    lines = verdicts(summary)
-    if lines:
-        b += [("h", 2, "Verdicts"), ("ul", lines)]
     b += paper_blocks(r)
+    repeated = replicated(summary)
     if repeated:
         b += replicate_blocks(*repeated, summary)
     b += [("h", 2, "The study"),
@@ -356,7 +354,7 @@ def build_blocks(summary: dict, out: Path) -> list[tuple]:
                 f"CIs: paired bootstrap over prompts ({s.get('n_boot')} replicates, {s.get('confidence', DEFAULT_CONFIDENCE):.0%}).")]
     if s.get("notes"):
         b.append(("p", s["notes"]))
-    b += [("h", 2, "Findings"), ("ul", v.findings(r))]
+    b += [("h", 2, "Findings"), ("ul", f.findings(r))]
     b += calibration_blocks(summary)
     b += score_blocks(r) + template_blocks(r, summary) + published_blocks(r) + recovery_blocks(r) + protection_blocks(r, summary, out)
     b += dose_blocks(summary) + dose_response_blocks(summary, out)

@@ -2,8 +2,8 @@
 
 Every function returns None when the summary holds nothing to draw, else a record: `path` (the PNG,
 relative to the report), `svg`, and what was drawn (colour and axis ranges, points, lines, titles),
-so the report links both files and tests check that each figure follows the data it claims. A figure
-whose inputs did not change since it was drawn is not drawn again (experiments.report.figure_reuse).
+so the report links both files and tests check that each figure follows the data it claims. Every figure is
+drawn whenever the report is written: a figure is no result, and nothing of it is kept to be reused.
 Convention: Δ = VLM LM − base in points (negative = capability lost), Δ/base relative; recovery =
 (intervened − VLM LM) / (base − VLM LM), stated only where the pair lost capability significantly.
 Colours: blue marks a measured value, grey what has no number; no colour means "good" or "bad".
@@ -15,11 +15,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evals.sink.plot import axis_facts, pyplot, save_png_svg
+from evals.sink import SinkMaps, plot_sink_shift
+from evals.sink.plot import axis_facts, plot_layer_profiles, pyplot, save_png_svg
 from evals.stats import ci_side
-from experiments.report.figure_reuse import reused
 from experiments.report.fmt import ci_text, missing, num
 from experiments.report.results import vl_accuracy
+from interventions.adapt.trajectory_plot import plot_trajectories
 
 # Recovery axes stop here: a CI over a small loss can span ±50; whatever lies beyond gets an arrow.
 RECOVERY_AXIS = (-1.5, 2.5)
@@ -49,11 +50,8 @@ def _rho_text(c: dict | None, what: str, n_pairs: int) -> str:
 
 # --------------------------------------------------------------------------- sink maps and profiles
 
-@reused
 def sink_maps(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     """Per pair: base / VLM LM / shift on shared scales of the study's metric (evals.sink.plot_sink_shift)."""
-    from evals.sink import SinkMaps, plot_sink_shift
-
     figs = {}
     for p, entry in summary["pairs"].items():
         m = entry["models"]
@@ -65,12 +63,8 @@ def sink_maps(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     return figs
 
 
-@reused
 def layer_profiles(summary: dict, metric: str, out: Path) -> dict[str, dict]:
     """Per pair: the per-layer sink profile of every measured model (base and VLM LM bold)."""
-    from evals.sink import SinkMaps
-    from evals.sink.plot import plot_layer_profiles
-
     figs = {}
     for p, entry in summary["pairs"].items():
         series = {("VLM LM" if label == "vlm" else label): SinkMaps.from_json(m["sink_maps"])
@@ -85,7 +79,6 @@ def layer_profiles(summary: dict, metric: str, out: Path) -> dict[str, dict]:
 
 # --------------------------------------------------------------------------- S vs Δ
 
-@reused
 def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
     """S of the base against Δ points and Δ/base on `task` (two panels), pair labels, each pair's CI,
     and the across-pair Spearman ρ with its CI in each panel's title (from summary['correlation'])."""
@@ -122,7 +115,6 @@ def scatter(summary: dict, task: str, out: Path) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- recovery
 
-@reused
 def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     """Recovery per (pair, intervention) on `task` as a dot with its CI (0 = VLM LM, 1 = base), in one
     colour; where the pair lost nothing significant, the reason in words (no loss to recover, loss not
@@ -183,7 +175,6 @@ def recovery(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     return _save(fig, out, f"recovery_{task}.png", rows=rows, axis=(lo_ax, hi_ax))
 
 
-@reused
 def recovery_vs_vl_cost(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     """Per (pair, intervention) with a VL skill: text recovery on `task` (y, with its CI where the pair lost capability
     significantly) against Δ VL = its held-out VL accuracy − the VLM's in points (x: its LM put back into the VLM).
@@ -224,7 +215,6 @@ def recovery_vs_vl_cost(summary: dict, task: str, out: Path) -> dict[str, Any] |
 
 # --------------------------------------------------------------------------- adaptation arms
 
-@reused
 def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     """Text retention vs VL skill per adaptation arm: the score on `task` (points) against held-out
     digit accuracy, one colour per pair, the control ringed; up-right is better on both."""
@@ -254,12 +244,9 @@ def protect_pareto(summary: dict, task: str, out: Path) -> dict[str, Any] | None
     return _save(fig, out, f"protect_pareto_{task}.png", points=points)
 
 
-@reused
 def adaptation_trajectory(summary: dict, pair: str, out: Path) -> dict[str, Any] | None:
     """S (and each strict score measured during training) against the optimizer step, one line per
     adaptation arm (interventions.adapt.trajectory's plot)."""
-    from interventions.adapt.trajectory import plot_trajectories
-
     arms = (summary["pairs"][pair].get("protection") or {}).get("arms") or {}
     lines = {arm: a["adapt"]["trajectory"] for arm, a in arms.items() if (a.get("adapt") or {}).get("trajectory")}
     if not lines:
@@ -272,7 +259,6 @@ def adaptation_trajectory(summary: dict, pair: str, out: Path) -> dict[str, Any]
 
 # --------------------------------------------------------------------------- the demo's backbones
 
-@reused
 def pretrain_sink_curves(curves: dict[str, list[dict]], out: Path) -> dict[str, Any] | None:
     """Sink Strength against pretraining steps, one line per backbone (the demo's build; `curves`: name ->
     [{step, S}, ...]); None when no backbone has two points."""
@@ -292,7 +278,6 @@ def pretrain_sink_curves(curves: dict[str, list[dict]], out: Path) -> dict[str, 
 
 # --------------------------------------------------------------------------- dose-response
 
-@reused
 def dose_response(summary: dict, task: str, out: Path) -> dict[str, Any] | None:
     """Per pair with a dose-response on `task` (`experiments.study.dose_response`), one panel: Δ in VL training (the
     VLM LM − the base it was adapted from, points, with its CI) against S of that base before it, the undosed base

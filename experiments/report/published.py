@@ -9,9 +9,12 @@ paper's own summary figures. Convention as everywhere in sinkstudy: Δ = VLM LM 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+import yaml
 
 from evals.protocol import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT
 from experiments.report.fmt import ci_text, num
@@ -76,8 +79,6 @@ class PublishedTables:
 
 def load_published(path: str | Path = PUBLISHED) -> PublishedTables:
     """Read the tables and check that they hold together (counts, scores and Δ agree), else one line."""
-    import yaml
-
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -121,6 +122,7 @@ def _check(p: PublishedPair, n: int, where: str) -> None:
 
 def correlate(changes: Sequence[PairChange], **kw):
     """`evals.stats.sink_correlation` over these pairs (S vs Δ points and vs Δ / base)."""
+    # lazy: loads numpy
     from evals.stats import sink_correlation
 
     return sink_correlation([c.sink_strength for c in changes], [c.delta_points for c in changes],
@@ -135,6 +137,7 @@ def paper_table(tables: PublishedTables | None = None, *, n_boot: int = DEFAULT_
     on Δ / base (table values) with CIs over pairs; the leave-one-pair-out linear predictor of Δ
     from S against predicting the mean. Across the 17-pair panel: ρ on Δ points (no base scores).
     """
+    # lazy: loads numpy
     from evals.stats import compare, correlation, leave_one_out, outcomes_from_counts
 
     t = tables or load_published()
@@ -228,8 +231,6 @@ PUBLISHED_METRIC = "prompt_level_strict_acc,none"  # the paper's headline: IFEva
 
 def published_task(a, b, tasks) -> str:
     """The one compared task that carries the paper's metric in both runs."""
-    from sinkstudy import SinkstudyError
-
     found = [t for t in (tasks or a.scores) if PUBLISHED_METRIC in a.metrics(t) and PUBLISHED_METRIC in b.metrics(t)]
     if len(found) != 1:
         raise SinkstudyError(f"--published compares IFEval {PUBLISHED_METRIC}: need exactly one compared task with it in both runs, "
@@ -252,8 +253,6 @@ def published_mismatch(c, run, tables) -> list[str]:
 def beside_run(c, sink: float, run, *, n_boot: int, confidence: float, seed: int) -> dict:
     """One compared pair (`c`: IFEval prompt-level strict, base -> VLM LM; `sink`: the base's S) beside the paper's six,
     printed; rho over the union only where it was measured as the paper measured (else a one-line warning)."""
-    import sys
-
     tables = load_published()
     differs = published_mismatch(c, run, tables)
     if differs:

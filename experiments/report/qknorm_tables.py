@@ -4,15 +4,12 @@ arms through one adaptation side by side (`format_arms`). Convention: Δ = after
 
 from __future__ import annotations
 
-from evals.stats import few_prompts_note
-from experiments.report.fmt import brief as _f
-from experiments.report.fmt import ci_text, num
+from evals.stats import Comparison, few_prompts_note, format_table as paired_table
+from experiments.report.fmt import brief as _f, ci_text, num
 from sinkstudy.provenance import describe_hardware
 
 
 def format_injection(report: dict) -> str:
-    from evals.stats import Comparison, format_table as paired_table
-
     arm, init, after = report["arm"], report["at_init"], report["after_training"]
     head = f"{'measure (calibration texts)':<34} {'original':>10} {'at init':>10} {'trained':>10}"
     lines = [f"QK-norm {arm} ({report['init'] or 'native'}) on {report['base']}", head, "-" * len(head),

@@ -1,5 +1,5 @@
 """A study's `summary.json` read back as typed records: the statistics as `evals.stats`' own
-`Comparison`, `Recovery` and `SinkCorrelation`, per pair, model and arm. The report and its verdicts
+`Comparison`, `Recovery` and `SinkCorrelation`, per pair, model and arm. The report, its answers and findings
 read these (`StudyResults.of(summary)`), never the JSON's nested keys; the figures take the JSON as is."""
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from experiments.report.fmt import ci_text, finite_or_none, num
+from evals.eval_run import EvalRun
+from experiments.report.fmt import ci_text, finite_or_none, format_duration, num
+from sinkstudy.io import save_figure_atomic
 
 RECOVERY_CONVENTION = ("recovery = (intervened − VLM LM) / (base − VLM LM): 0 none, 1 back to base; stated only where the "
                        "base -> VLM LM loss is significant (its paired CI below 0, over at least 6 prompts), else the reason "
@@ -21,7 +23,7 @@ def measure_summary(results: dict[str, dict], refs: dict[str, dict[str, str]], p
                     n_boot: int, confidence: float, seed: int) -> dict[str, Any]:
     """A treatment's measure.json: Sink Strength (base, VLM LM, it), per task the recovery with its CI for the
     paper's headline metric first, then the other graders (`also`), and the VL-side proxies."""
-    from evals.lmeval import EvalRun
+    # lazy: loads numpy
     from evals.stats import headline_metrics, recovery
 
     b, v, run = (EvalRun.load(results[s["eval"]]["dir"]) for s in (refs["base"], refs["vlm"], point))
@@ -106,8 +108,6 @@ def pareto_front(rows: list[dict[str, Any]], key: str = "weight_distance_to_vlm"
 
 def format_plan(points: list[dict[str, Any]], total: int, reused: set[str], seconds_per_point: float | None) -> str:
     """What the sweep will do, before it does it: the points, which are reused, the estimated time."""
-    from experiments.report.fmt import format_duration
-
     todo = [pt for pt in points if pt["name"] not in reused]
     head = f"merge sweep plan: {len(points)} point(s)" + (f" of {total}, evenly spread over the grid" if len(points) < total else "")
     lines = [f"{head}: {len(todo)} to run, {len(points) - len(todo)} reused"]
@@ -148,8 +148,8 @@ def plot_pareto(rows: list[dict[str, Any]], path) -> dict[str, Any]:
     """Text recovery (mean over the tasks with a loss) against each VL-side proxy, the Pareto front
     outlined; a point without any loss to recover is left out and counted in the title. Returns what
     it drew (points and axis ranges)."""
+    # lazy: loads torch, numpy
     from evals.sink.plot import axis_facts, pyplot
-    from sinkstudy.io import save_figure_atomic
 
     plt = pyplot()
     with_ppl = any(r.get("caption_nll") for r in rows)

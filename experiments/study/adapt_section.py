@@ -4,11 +4,16 @@ its registry (`interventions.protect.validate_protection`); one-line errors nami
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.study.schema import StudyConfigError, fail, guarded, integer, mapping, relative_file, slug
+from interventions.adapt.config import StageConfig, VisionSpec, from_dict, load_config, text_only_twin
+from interventions.adapt.probe import PROBES, VQA_DEFAULTS
+from interventions.adapt.sources import check_spec
+from interventions.registry import QKNORM
 from sinkstudy import SinkstudyError
 
 ADAPT_KEYS = {"recipe", "vision", "data", "vl_eval", "arms", "seed"}
@@ -41,20 +46,25 @@ class Arm:
 
 def arm_recipe(recipe: dict, overrides: dict | None) -> dict:
     """The study's recipe (AdaptConfig.to_dict()) with an arm's per-stage overrides, validated as a whole recipe."""
-    from interventions.adapt.config import from_dict
-
     if not overrides:
         return recipe
     stages = [{**stage, **overrides.get(stage["name"], {})} for stage in recipe["stages"]]
     return from_dict({**recipe, "stages": stages}).to_dict()
 
 
+def stage_recipe(recipe: dict, data: dict[str, list] | None = None, steps: dict[str, int] | None = None) -> dict:
+    """`recipe` with a command's per-stage data and steps put over it (`arm_recipe`: the same overrides an arm's
+    `recipe` gives, validated as a whole recipe)."""
+    overrides: dict[str, dict] = {}
+    for stage, specs in (data or {}).items():
+        overrides.setdefault(stage, {})["data"] = list(specs)
+    for stage, n in (steps or {}).items():
+        overrides.setdefault(stage, {})["steps"] = n
+    return arm_recipe(recipe, overrides)
+
+
 def _recipe_overrides(raw, recipe: dict, where: str) -> dict | None:
     """An arm's `recipe`: {stage name: {StageConfig field: value}} (data excepted), checked by building the recipe."""
-    import dataclasses
-
-    from interventions.adapt.config import StageConfig
-
     if raw is None:
         return None
     stages = [s["name"] for s in recipe["stages"]]
@@ -81,10 +91,6 @@ class AdaptSection:
 
 
 def parse_adapt(raw, path: Path | None, pair_names: list[str], where: str, out: Path | None = None) -> AdaptSection:
-    from interventions.adapt.build import VisionSpec
-    from interventions.adapt.config import from_dict, load_config, text_only_twin
-    from interventions.adapt.data import check_spec
-
     cfg = mapping(raw, where, ADAPT_KEYS)
     recipe_raw = cfg.get("recipe")
     try:
@@ -127,8 +133,6 @@ def _probe(vl_eval, recipe, where: str) -> dict | None:
     """The held-out VL probe (`interventions.adapt.probe`): `probe: digits` (default; `heldout` images, which must
     lie inside every stage's held-out digits) or `probe: vqa` (the instruction recipe's held-out VQA: items per
     source `easyvqa`, `scenes`, `digits`, `seed`, `max_new_tokens`; held out of the generated data by construction)."""
-    from interventions.adapt.probe import PROBES, VQA_DEFAULTS
-
     if vl_eval is None:
         return None
     raw = mapping(vl_eval, f"{where}.vl_eval", {"probe", "heldout", "seed", *VQA_DEFAULTS})
@@ -167,8 +171,6 @@ def _probe(vl_eval, recipe, where: str) -> dict | None:
 def _qknorm(raw, where: str) -> dict | None:
     """An arm's QK-norm injection ({init, alpha}, the engine's `adapt(qknorm=...)`), checked and defaulted by the
     registry's qknorm method (`interventions.registry`); None: none."""
-    from interventions.registry import QKNORM
-
     if raw is None:
         return None
     raw = mapping(raw, where, QKNORM_KEYS)
@@ -178,8 +180,6 @@ def _qknorm(raw, where: str) -> dict | None:
 
 def _text_only(raw, where: str, out: Path | None) -> dict | None:
     """A text_only arm's data: one spec (string or mapping), checked like the stages' data."""
-    from interventions.adapt.data import check_spec
-
     if raw is None:
         return None
     return guarded(check_spec, where, _expand_out(raw, out))
@@ -198,6 +198,7 @@ def _expand_out(value, out: Path | None):
 
 def _arms(raw, pair_names: list[str], stage_names: list[str], where: str, out: Path | None = None,
           recipe: dict | None = None) -> list[Arm]:
+    # lazy: loads torch, numpy
     from interventions.protect import validate_protection
 
     if not isinstance(raw, list) or not raw:

@@ -17,6 +17,9 @@ each protection reported.
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -25,14 +28,21 @@ from experiments.study.adapt_section import CONTROL_ARM, arm_recipe
 from experiments.study.config import model_dir
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, location
+from interventions.adapt.code import VL_WORLD
+from interventions.adapt.config import VisionSpec, from_dict, text_only_twin
+from interventions.adapt.probe import vl_skill
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
-from sinkstudy.io import read_json
+from sinkstudy.checkpoint import load_tokenizer
+from sinkstudy.io import read_json, remove_tree
+from sinkstudy.provenance import code_version, model_fingerprint
 
 REPLAY = "text_replay"  # the protection every sink-specific one is also set against
 
 
 def make_hooks(protections) -> list:
     """Protection hooks constructed from their settings ([{name, params}])."""
+    # lazy: loads torch, numpy
     from interventions.protect import make_protection
 
     return [make_protection(p["name"], p["params"]) for p in protections]
@@ -42,11 +52,8 @@ def protect_code_version() -> str:
     """The protections' shared machinery (the adaptation engine's own code is in its request). Each protection's
     own module is left out: the request carries the source hash of the protections a run uses, so editing one
     reruns exactly the runs that use it."""
-    import importlib.util
-    import inspect
-
+    # lazy: loads torch, numpy
     from interventions.protect import list_protections
-    from sinkstudy.provenance import code_version
 
     protect = Path(importlib.util.find_spec("interventions.protect").origin).parent
     plugin_files = {Path(inspect.getsourcefile(spec.cls)).resolve() for spec in list_protections().values()}
@@ -71,17 +78,15 @@ class Adapt(StepArgs):
     device: str | None = location(None)
     run_dir: Path = location()
     model_dir: Path | None = location(None)  # None: run_dir/model
-    stage_cache: Path | None = location(None)  # finished stages shared between runs (interventions.adapt.stagecache)
-    resume: bool = location(True)
+    share_stages: bool = location(False)  # finished stages shared between runs (`interventions.adapt.stagecache`)
+    resume: bool = location(True)  # an unfinished run of this request in `run_dir` continues (else refused)
 
     def parts(self):
         """(VisionSpec or None, AdaptConfig, hooks) this step runs."""
-        from interventions.adapt.build import VisionSpec
-        from interventions.adapt.config import from_dict
-
         return (VisionSpec(**self.vision) if self.vision is not None else None), from_dict(dict(self.recipe)), make_hooks(self.protections)
 
     def identity(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from interventions.adapt.run import make_request
 
         vision, recipe, hooks = self.parts()
@@ -97,21 +102,23 @@ class Adapt(StepArgs):
         return self.recipe["seed"]
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from interventions.adapt import adapt
         from interventions.adapt.run import REQUEST, make_request
-        from sinkstudy.checkpoint import load_tokenizer
-        from sinkstudy.provenance import model_fingerprint
+        from interventions.adapt.stagecache import default_root
 
         vision, recipe, hooks = self.parts()
         out, vlm = Path(self.run_dir), Path(self.model_dir or Path(self.run_dir) / "model")
         request = make_request(self.base.local(), vision, recipe, hooks=hooks, qknorm=self.qknorm)
-        # The engine owns this run directory: another request there (edited protection, recipe) is replaced;
-        # the same unfinished one continues from its last checkpoint.
-        stale = (out / REQUEST).is_file() and read_json(out / REQUEST) != request
+        # The engine runs this step to make it: a run of this request left in its folder continues (with `resume`),
+        # anything else there (another request's run, or this one's with --force) is started over.
+        same = (out / REQUEST).is_file() and read_json(out / REQUEST) == request
+        if out.exists() and (ctx.engine.force or not same):
+            remove_tree(out, within=out.parent)
         report = adapt(self.base.local(), vision=vision, config=recipe, out=out, model_dir=vlm, hooks=hooks, qknorm=self.qknorm,
-                       resume=self.resume, force=stale, progress=ctx.progress, device=self.device,
+                       resume=self.resume, progress=ctx.progress, device=self.device,
                        tokenizer=load_tokenizer(self.tokenizer.local()) if self.tokenizer else None,
-                       **({"stage_cache": self.stage_cache} if self.stage_cache is not None else {}))
+                       stage_cache=default_root() if self.share_stages else None)
         if not report:
             return {}  # a data-parallel worker: rank 0 reports
         return {"path": str(vlm), "fingerprint": model_fingerprint(vlm), "run": str(out), "summary": adapt_summary(report)}
@@ -136,15 +143,13 @@ class VLSkill(StepArgs):
     or mitigated LM scored with the tower and projector of the VLM it came from)."""
 
     kind: ClassVar[str] = "vl-skill"
-    code: ClassVar[tuple[str, ...]] = ("evals.vqa", "evals.vl", "interventions.adapt.probe", "interventions.adapt.data",
-                                       "interventions.adapt.build")
+    code: ClassVar[tuple[str, ...]] = ("evals.vqa", *VL_WORLD, "interventions.adapt.probe", "interventions.adapt.sources",
+                                       "interventions.adapt.encoding", "interventions.adapt.vlm_io", "interventions.adapt.build")
     model: Ref
     probe: Mapping[str, Any]  # the study's vl_eval: {probe: digits, heldout, seed} or {probe: vqa, ...}
     lm: Ref | None = None
 
     def run(self, ctx) -> dict:
-        from interventions.adapt.probe import vl_skill
-
         return vl_skill(Path(self.model.local()), dict(self.probe), self.lm.local() if self.lm is not None else None)
 
 
@@ -152,9 +157,6 @@ def arm_step(study, pair, arm, base: Ref) -> Adapt:
     """The adaptation of one arm on one pair: the study's recipe and vision side with the arm's seed (which
     draws the tower and projector init too), protections and QK-norm; a text-only arm trains the recipe's LM
     stages on its text."""
-    from interventions.adapt.build import VisionSpec
-    from interventions.adapt.config import from_dict, text_only_twin
-
     seed = study.adapt.recipe["seed"] if arm.seed is None else arm.seed
     recipe = from_dict({**arm_recipe(study.adapt.recipe, arm.recipe), "seed": seed})
     if arm.text_only:  # the recipe's LM training on text alone: no vision side
@@ -162,7 +164,7 @@ def arm_step(study, pair, arm, base: Ref) -> Adapt:
     else:
         vision = VisionSpec(**{**study.adapt.vision, "seed": seed}).to_dict()
     return Adapt(base, recipe.to_dict(), vision, tuple(arm.protections), arm.qknorm, run_dir=run_dir(study, pair.name, arm.name),
-                 model_dir=model_dir(study.out, pair.name, arm.name, "vlm"), stage_cache=Path(study.out) / "adapt" / ".stage-cache")
+                 model_dir=model_dir(study.out, pair.name, arm.name, "vlm"), share_stages=True)
 
 
 def run_dir(study, pair: str, arm: str) -> Path:
@@ -173,8 +175,6 @@ def check_arms(pp) -> None:
     """Refuse, before any step runs, an arm whose protection cannot run on its pair's base (e.g.
     `disable_qk_norm` on a backbone without native QK-norm), in one line naming the arm. Bases the study
     builds, or that are not on disk (hub ids), are checked by the adaptation itself."""
-    from interventions.pairs.resolve import load_config
-
     study, pair = pp.study, pp.pair
     if not (Path(pair.base) / "config.json").is_file():
         return
@@ -231,6 +231,7 @@ def measure_snapshots(pp, arm, step: str) -> None:
     """The models the arm kept during training (a stage's `save_models_at`): each measured like the arm's final model
     (VL skill, language model, S, evals), under `<arm>-<stage>-<step>`; not arms themselves (no comparison with the
     control), the points of a calibration (`experiments.study.calibration`). `step`: the arm's adaptation step."""
+    # lazy: loads torch, numpy
     from interventions.adapt.run import snapshot_dir
 
     study, pair, p = pp.study, pp.pair, pp.pair.name
@@ -253,8 +254,6 @@ def measure_snapshots(pp, arm, step: str) -> None:
 
 def treatment(arm) -> str:
     """What an arm does besides its seed (arms with the same treatment are seed replicates of one another)."""
-    import json
-
     return json.dumps({"protections": arm.protections, "qknorm": arm.qknorm, "text_only": arm.text_only, "recipe": arm.recipe},
                       sort_keys=True)
 
@@ -281,6 +280,7 @@ def protection_summary(study, pair: str, models: dict, results: dict[str, dict],
     comparison with its control (Δ = arm − control in points, paired bootstrap CI): the untreated arm of the same
     training seed, so a seed replicate of an arm is set against the control of its seed; an untreated replicate
     (the control on another seed) against the control, and against the base (its own degradation)."""
+    # lazy: loads numpy
     from evals.stats import compare
 
     arms = {}

@@ -9,6 +9,7 @@ parallel jobs. Reused steps count as done.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Sequence
 
@@ -17,8 +18,6 @@ from experiments.report.fmt import format_clock
 
 class StepClock:
     def __init__(self, step_ids: Sequence[str], *, jobs: int = 1, priors: dict[str, float] | None = None, stream=None):
-        import sys
-
         self.left_ids = dict.fromkeys(step_ids)
         self.total, self.done, self.jobs = len(self.left_ids), 0, max(1, jobs)
         self.priors = dict(priors or {})

@@ -14,15 +14,26 @@ import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import yaml
 
 from evals.protocol import DEFAULT_CONFIDENCE, DEFAULT_N_BOOT, EvalProtocol
+from evals.sink.calibration import resolve_texts
+from evals.task_names import check_task_names
 from experiments.study.adapt_section import CONTROL_ARM, AdaptSection, Arm, parse_adapt  # noqa: F401  (part of this module's API)
+from experiments.study.dose_section import parse_doses
+from experiments.study.methods import check_method
 from experiments.study.schema import (StudyConfigError, boolean, checked, deep_merge, fail, guarded, integer,  # noqa: F401
                                 mapping, parse, relative_file, slug)
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import looks_like_path
+from sinkstudy.inputs import inputs_checked
+from sinkstudy.io import read_text
+from sinkstudy.plugins import load_plugin
 
 MODEL_ROLES = ("base", "vlm", "root")
+BuildReader = Callable[[Any, str], Any]  # (a build section as written, where it is) -> what hands the plan its steps
 PUBLISHED_KEYS = {"sink_strength", "ifeval_delta", "ifeval_base", "ifeval_vlm", "source"}
 
 
@@ -52,6 +63,7 @@ class Sink:
     options: dict = checked(factory=dict, check=_must_map)
 
     def check(self, where: str) -> None:
+        # lazy: loads torch, numpy
         from evals.sink.metrics import get_metric
 
         guarded(get_metric, where, self.metric)
@@ -68,8 +80,6 @@ class Evals:
 
 
 def _evals(raw, where: str) -> Evals:
-    from evals.task_names import check_task_names
-
     # its keys named once, plainly, each unknown one with the key it most likely misspells
     cfg = dict(mapping(raw, where, {f.name for f in dataclasses.fields(EvalProtocol)} | {"n_boot", "confidence"}))
     n_boot = integer(cfg.pop("n_boot", Evals.n_boot), f"{where}.n_boot", 100)
@@ -149,7 +159,7 @@ class Study:
     out: Path
     seed: int
     keep_models: bool
-    build: Any  # the demo's build section (experiments.demo.build.Build): the steps that make its pairs; None
+    build: Any  # a build section (the demo's `experiments.demo.build.Build`): the steps that make its pairs; None
     pairs: list[Pair]
     sink: Sink
     evals: Evals
@@ -161,6 +171,7 @@ class Study:
     adapt: AdaptSection | None = None
     seeds: list[int] | None = None  # training seeds to repeat the study over (experiments.study.seeds); None: once
     dose: list = field(default_factory=list)  # the bases' sink doses (experiments.study.doses.Dose)
+    build_reader: Any = None  # what read `build` (`validate`'s reader): a study repeated over seeds reads it again per seed
 
     def expand(self, value: str) -> str:
         return value.replace("{out}", os.fspath(self.out))
@@ -170,7 +181,7 @@ class Study:
         return [] if self.adapt is None else [a for a in self.adapt.arms if a.pairs is None or pair in a.pairs]
 
 
-TOP_KEYS = {f.name for f in fields(Study)} - {"path", "raw"}
+TOP_KEYS = {f.name for f in fields(Study)} - {"path", "raw", "build_reader"}
 PAIR_KEYS = {f.name for f in fields(Pair)} | {f"{r}_revision" for r in MODEL_ROLES}  # <role>_revision: a form of `revision`
 INTERVENTION_KEYS = {f.name for f in fields(Intervention)}
 
@@ -180,12 +191,10 @@ def model_dir(out: str | os.PathLike, *parts: str) -> Path:
     return Path(out) / "models" / "-".join(parts)
 
 
-def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None, overrides: dict | None = None) -> Study:
-    """Read and validate a study YAML; `out` replaces its output dir, `overrides` are merged on top."""
-    import yaml
-
-    from sinkstudy.io import read_text
-
+def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None, overrides: dict | None = None,
+               build: BuildReader | None = None) -> Study:
+    """Read and validate a study YAML; `out` replaces its output dir, `overrides` are merged on top; `build` reads
+    its build section (`validate`)."""
     path = Path(path)
     if not path.is_file():
         raise StudyConfigError(f"study config {path} does not exist")
@@ -201,7 +210,7 @@ def load_study(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
         if tasks is not None and isinstance(files, dict):  # other tasks instead: their data files go with them
             names = {t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)}
             raw["evals"]["data_files"] = {t: f for t, f in files.items() if t in names}
-    return validate(raw, path=path, out=out)
+    return validate(raw, path=path, out=out, build=build)
 
 
 def _seeds(raw, where: str) -> list[int] | None:
@@ -216,7 +225,9 @@ def _seeds(raw, where: str) -> list[int] | None:
     return seeds
 
 
-def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | None = None) -> Study:
+def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | None = None, build: BuildReader | None = None) -> Study:
+    """`raw` as a typed `Study`. A `build:` section (the steps that make the pairs) is read by `build`, handed over
+    by what knows that section's kind (`experiments.demo.build.read_build` for the demo's): the study never imports it."""
     where = os.fspath(path) if path else "study config"
     cfg = mapping(raw, where, TOP_KEYS)
     name = slug(cfg.get("name"), f"{where}: name")
@@ -225,11 +236,11 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     keep_models = boolean(cfg.get("keep_models", True), f"{where}: keep_models")
 
     plugins = _load_plugins(cfg.get("plugins"), path, f"{where}: plugins")
-    build = cfg.get("build")
+    reader, build = build, cfg.get("build")
     if build is not None:
-        from experiments.demo.build import validate_build
-
-        build = validate_build(build, f"{where}: build")
+        if reader is None:
+            fail(f"{where}: build", "no reader for a build section was given (sinkstudy run / demo read the demo's)")
+        build = reader(build, f"{where}: build")
         for i, b in enumerate(build.backbones):
             slug(b["name"], f"{where}: build.backbones[{i}].name")
 
@@ -253,12 +264,10 @@ def validate(raw: Any, *, path: Path | None = None, out: str | os.PathLike | Non
     seeds = _seeds(cfg.get("seeds"), f"{where}: seeds")
     dose = []
     if cfg.get("dose") is not None:
-        from experiments.study.dose_section import parse_doses
-
         taken = {iv.name for iv in interventions} | {a.name for a in (adapt.arms if adapt else [])}
         dose = parse_doses(cfg["dose"], f"{where}: dose", sink.texts, taken, [p.name for p in pairs])
     study = Study(path, copy.deepcopy(raw), name, out_dir, seed, keep_models, build, pairs, sink, evals, interventions, model,
-                  protocol, report, plugins, adapt, seeds, dose)
+                  protocol, report, plugins, adapt, seeds, dose, reader)
     for p in study.pairs:
         for role in MODEL_ROLES:
             if isinstance(getattr(p, role), str):
@@ -311,8 +320,6 @@ def _revisions(p: dict, where: str) -> dict[str, str]:
 
 
 def _interventions(items, path: Path | None, where: str, *, vl: bool) -> list[Intervention]:
-    from experiments.study.methods import check_method
-
     out, seen = [], set()
     for i, iv in enumerate(_expand_includes(items, path, f"{where}: interventions")):
         iw = f"{where}: interventions[{i}]"
@@ -338,9 +345,6 @@ def _local_input(study: Study, path: str) -> bool:
 
 def _check_local_inputs(study: Study, where: str) -> None:
     """Model paths, data files and calibration texts that must exist before the run starts (a plan reads none)."""
-    from sinkstudy.checkpoint import looks_like_path
-    from sinkstudy.inputs import inputs_checked
-
     if not inputs_checked():
         return
     for p in study.pairs:
@@ -353,11 +357,9 @@ def _check_local_inputs(study: Study, where: str) -> None:
                 fail(where, f"pair {p.name}: {k}_revision pins a hub id, but {k} {getattr(p, k)} is a local path")
     for task, f in study.evals.protocol.data_files.items():
         if _local_input(study, f):
-            from sinkstudy.io import read_text
-
             guarded(lambda x: read_text(Path(x).expanduser(), f"evals.data_files.{task}"), where, f)
     if study.sink.texts is not None:
-        from evals.sink.calibration import resolve_texts
+        # lazy: loads torch, numpy
         from evals.sink.metrics import get_metric
 
         guarded(lambda t: resolve_texts(t, get_metric(study.sink.metric).calibration), f"{where}: sink.texts", study.sink.texts)
@@ -379,10 +381,6 @@ def _include_file(value: str, path: Path | None) -> tuple[Path | None, list[Path
 def _expand_includes(items, path: Path | None, where: str) -> list:
     """`{include: FILE}` entries are replaced by FILE's `points` (the merge-sweep format:
     name, method and the method's parameters in one mapping); FILE as given, beside the config or shipped."""
-    import yaml
-
-    from sinkstudy.io import read_text
-
     if not isinstance(items, list):
         fail(where, "must be a list")
     out = []
@@ -408,8 +406,6 @@ def _expand_includes(items, path: Path | None, where: str) -> list:
 
 def _load_plugins(value, path: Path | None, where: str) -> list:
     """Import the study's plug-ins (before its interventions and arms are validated)."""
-    from sinkstudy.plugins import load_plugin
-
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):

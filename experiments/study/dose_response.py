@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from evals.stats import MIN_CONCLUSIVE_N, POINTS, ci_side, compare, paired, percentile_ci
+from evals.template_share import COLLAPSE_SHARE
+
 AGREES, DISAGREES, OPEN = "agrees", "disagrees", "not established"
 MIN_POINTS = 3  # a line through two points has no residual to test: the third point is the first check of linearity
 CONVENTION = ("slope = least-squares slope of Δ on S in points of Δ per unit of S (Δ = VLM LM − the base it was adapted "
@@ -44,9 +47,8 @@ def fit(s, before: tuple, after: tuple, *, n_boot: int, confidence: float, seed:
     one with every seed). Δ[k, p] = 100 (score after − score before); a point's Δ is the mean over its seeds. The point
     fit is scipy's linregress over the P points; each replicate draws N prompt indices once for every point and, per
     point, its seeds with replacement, then refits."""
+    # lazy: loads scipy
     from scipy.stats import linregress
-
-    from evals.stats import POINTS, percentile_ci
 
     bn, bd, an, ad = (np.asarray(a, dtype=float) for a in (*before, *after))
     k, p, n = bn.shape
@@ -79,9 +81,6 @@ def fit(s, before: tuple, after: tuple, *, n_boot: int, confidence: float, seed:
 def answer(slope: dict, points: list[dict]) -> dict[str, Any]:
     """The causal answer from a fit (`fit`) and its points ({sink_strength, template_share, text_cost, model} each;
     the adapted models' template shares over every seed): {answer, reason, confounds}."""
-    from evals.stats import MIN_CONCLUSIVE_N, ci_side
-    from evals.template_share import COLLAPSE_SHARE
-
     confounds = [f"{pt['model']} costs text skill before VL training (its Δ vs the undosed base has a CI below 0): "
                  "its point mixes the sink with that damage" for pt in points if pt.get("text_cost")]
     known = [pt["template_share"] for pt in points if pt.get("template_share") is not None]
@@ -135,8 +134,6 @@ def dose_response(entry: dict, runs: dict, tasks: list[str], kw: dict) -> dict[s
     mean over its training seeds (a dose's `seeds`; the control's seed replicates for the undosed base). Each point
     keeps its per-prompt scores per seed (`per_prompt`) so that a study over several seeds can refit over all of them
     (`over_seeds`)."""
-    from evals.stats import compare, paired
-
     doses = entry["dose"]["doses"]
     reps = _replicates(entry)
     if len(reps) < 3:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.study.schema import fail, guarded, integer, mapping, slug
+from interventions.registry import SINK_DOSE
 from interventions.sink_dose import LEVELS
 
 
@@ -50,8 +51,6 @@ def parse_doses(raw, where: str, texts: Any, taken: set[str], pair_names: list[s
     """The `dose:` list: a number is a shift of S from the pair's base, a mapping any sink_dose settings (+ `name`,
     `pairs`: some of `pair_names`). S is solved on the study's calibration texts (`texts`, the sink section's) unless a
     dose names its own; a name may not be an intervention's or an arm's (`taken`)."""
-    from interventions.registry import SINK_DOSE
-
     if not isinstance(raw, list) or not raw:
         fail(where, "a non-empty list of doses: numbers (shifts of S from each base) or sink_dose settings")
     doses, seen = [], set()

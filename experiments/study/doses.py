@@ -17,16 +17,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from evals.stats import compare, comparison_side
+from experiments.study.adapt_section import Arm
+from experiments.study.arms import VLSkill, arm_step
 from experiments.study.config import model_dir
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref
+from experiments.study.pair_steps import Intervene
 from sinkstudy import SinkstudyError
 
 
 def plan_doses(pp) -> None:
     """Every dose's steps on the pair of `pp` (experiments.study.pipeline.PairPlan)."""
-    from experiments.study.pair_steps import Intervene
-
     study, pair, p = pp.study, pp.pair, pp.pair.name
     for dose in (d for d in study.dose if d.doses(p)):
         owner = f"pair {p} dose {dose.name}"
@@ -47,9 +49,6 @@ def plan_doses(pp) -> None:
 def _adapt_dose(pp, dose, base: Ref, control, seed: int | None, owner: str) -> None:
     """The dosed base adapted with the control's recipe, vision side and seed (or training seed `seed`), its VL skill,
     language model and measurements, as `<dose>-vl` (`<dose>-s<seed>-vl`)."""
-    from experiments.study.adapt_section import Arm
-    from experiments.study.arms import VLSkill, arm_step
-
     study, pair, p = pp.study, pp.pair, pp.pair.name
     name = dose.name if seed is None else f"{dose.name}-s{seed}"
     args = arm_step(study, pair, Arm(name, recipe=control.recipe, seed=control.seed if seed is None else seed), base)
@@ -79,8 +78,7 @@ def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dic
     S in the study's metric and its text skill against the undosed base (Δ = dosed − base in points, paired
     bootstrap CI), `text_cost`: the tasks where that CI lies below 0 (a confound), and with an adapt section the
     VL training's change (Δ = its VLM LM − the dosed base) with the adapted LM's S and VL skill."""
-    from evals.stats import compare, comparison_side
-
+    # lazy: loads numpy
     tasks = list(study.evals.protocol.tasks)
     out = {}
     for dose in (d for d in study.dose if d.doses(pair)):
@@ -103,7 +101,5 @@ def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dic
 
 def _vl(pair: str, dose: str, name: str, results: dict, runs: dict, tasks: list[str], kw: dict) -> dict[str, Any]:
     """One adaptation of a dosed base: its LM's S, its VL skill and Δ = that LM − the dosed base, per task."""
-    from evals.stats import compare
-
     return {"sink_strength": results[f"{pair}/sink/{name}-vl"]["value"], "vl_skill": results.get(f"{pair}/vlskill/{name}"),
             "degradation": {t: compare(runs[dose], runs[f"{name}-vl"], t, **kw).as_dict() for t in tasks}}

@@ -6,8 +6,10 @@ fingerprints of its outputs and provenance. The key is the step's kind, argument
 (`experiments.study.kinds.step_key`), so a rerun reuses a step whose arguments and inputs are unchanged
 and re-runs one whose settings or inputs changed, and everything downstream of it. A step finished in
 another run (another output directory, another command) with the same key is reused from there
-(`experiments.study.store`). A step whose outputs have gone runs again; a transient step's
-(keep_models: false) only when a step that reads them has to run.
+(`experiments.study.store`; `share=False`, a command's `--no-cache`, reuses only this run's own). A step whose
+outputs have gone runs again; a transient step's (keep_models: false) only when a step that reads them has to run.
+Nothing below the engine reuses a result: a step's body writes what it is asked to make (`replace=True` to the
+writers: the engine has decided).
 
 A model or file another step made enters a key by its fingerprint (`StepContext.fingerprint`): read from
 disk in a whole run (an edited checkpoint is measured again), the producing step's record for a single
@@ -15,7 +17,7 @@ step (`run_one`: its dependencies finished elsewhere, maybe on another machine).
 
 A study owns its directory: a step whose record holds another key is re-run there. In a command's `--out`
 a step of a `guarded` stage (what the command makes, not what it measures) made by another request is
-refused instead, naming what differs, unless `force`. Each step holds its
+refused instead, in the one refusal (`made_by_another`) naming what differs, unless `force`. Each step holds its
 record's lock from the reuse check to its record, so parallel jobs of different steps run side by side
 while a second job of one step fails at once. Under a data-parallel launch every rank runs the bodies,
 and only the main one locks and writes records.
@@ -23,6 +25,7 @@ and only the main one locks and writes records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,10 +38,16 @@ from experiments.study.graph import Plan, Step
 from experiments.study.kinds import refs, step_key
 from sinkstudy import SinkstudyError
 from sinkstudy.io import output_lock, remove_tree, write_json_atomic
-from sinkstudy.provenance import model_fingerprint
+from sinkstudy.provenance import model_fingerprint, provenance
 
 log = logging.getLogger(__name__)
 STEP_FORMAT = "sinkstudy.step/2"
+
+
+def made_by_another(out: Path, what: str, differ: list[str]) -> str:
+    """The one refusal of an output that another request made: what holds it and what differs."""
+    return (f"{out} holds {what} made by another request ({', '.join(differ)} differ); pass --force to replace it, "
+            "or choose another --out")
 
 
 class StepContext:
@@ -78,10 +87,12 @@ class Engine:
 
     def __init__(self, plan: Plan, out: str | os.PathLike, *, config: dict | None = None, seed: int | None = None,
                  force: bool = False, progress: bool = True, on_done: Callable[[str, float, bool], Any] | None = None,
-                 guarded: tuple[str, ...] = ()):
+                 guarded: tuple[str, ...] = (), share: bool = True, store_root: str | os.PathLike | None = None):
         self.plan, self.out = plan, Path(out)
         self.config, self.seed = config, seed
         self.force, self.progress, self.on_done, self.guarded = force, progress, on_done, guarded
+        # share: reuse a step another run finished (`store`, under `store_root`); its own records are reused either way
+        self.share, self.store_root = share, Path(store_root) if store_root is not None else None
         self.live = True  # a whole run: fingerprints of made models from disk
         self.main = _main_process()
         self.keys: dict[str, str] = {}
@@ -108,8 +119,6 @@ class Engine:
         return rec if key is None or rec.get("key") == key else None
 
     def _lock(self, step: Step):
-        import contextlib
-
         return output_lock(self.record_path(step.id)) if self.main else contextlib.nullcontext()
 
     @staticmethod
@@ -125,7 +134,7 @@ class Engine:
         if rec is not None and self._usable(step, readers_recorded):
             self.made[step.id] = rec.get("outputs") or {}
             return rec["result"]
-        found = store.lookup(key)
+        found = store.lookup(key, self.store_root) if self.share else None
         if found is None:
             return None
         result, self.made[step.id] = store.adopt(found, step.outputs, copy=self.main)
@@ -147,8 +156,7 @@ class Engine:
         old, new = rec.get("identity", {}).get("args", {}), identity["args"]
         differ = sorted(k for k in set(old) | set(new) if k != "code" and old.get(k) != new.get(k))
         if differ:
-            raise SinkstudyError(f"{self.out} holds {step.id} made by another request ({', '.join(differ)} differ); "
-                                 "pass --force to replace it, or choose another --out")
+            raise SinkstudyError(made_by_another(self.out, step.id, differ))
 
     # ----------------------------------------------------------------------- a whole run
 
@@ -207,8 +215,6 @@ class Engine:
                         remove_tree(o, within=self.out)
 
     def _execute(self, step: Step, key: str, identity: dict, ctx: StepContext) -> dict:
-        from sinkstudy.provenance import provenance
-
         log.info("step %s", step.id)
         if self.main and self.record_path(step.id).exists():
             self.record_path(step.id).unlink()  # its outputs are about to change: no record may vouch for them
@@ -231,7 +237,7 @@ class Engine:
                   "deps": list(step.deps), "seconds": seconds, "result": result, "outputs": self.made[step.id],
                   "provenance": prov, **({"reused_from": reused_from} if reused_from else {})}
         write_json_atomic(self.record_path(step.id), record)
-        store.register(key, self.record_path(step.id), list(self.made[step.id]))
+        store.register(key, self.record_path(step.id), list(self.made[step.id]), self.store_root)
 
     # ----------------------------------------------------------------------- one step
 

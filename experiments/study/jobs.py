@@ -17,12 +17,19 @@ goes to `OUT/logs/worker-<pid>.log`; the console gets one progress line per fini
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from sinkstudy import SinkstudyError
-from sinkstudy import threads as compute
+from evals.protocol import check_backend
+from experiments.study.clock import StepClock
+from experiments.study.pipeline import plan_study
+from experiments.study.runner import collect_study, run_step, step_priors
+from sinkstudy import SinkstudyError, threads as compute
+from sinkstudy.io import output_lock
+from sinkstudy.numerics import configure_torch
 
 
 def default_jobs(limit: int = 4) -> int:
@@ -35,8 +42,6 @@ def default_jobs(limit: int = 4) -> int:
 
 
 def _init_worker(log_dir: str, threads: int) -> None:
-    from sinkstudy.numerics import configure_torch
-
     configure_torch()  # the parent's numeric mode (its environment is inherited; torch's part is per process)
     compute.apply(threads)  # and claimed: a command started beside the study takes the cores left
     log = open(Path(log_dir) / f"worker-{os.getpid()}.log", "a", buffering=1, encoding="utf-8")
@@ -45,8 +50,6 @@ def _init_worker(log_dir: str, threads: int) -> None:
 
 
 def _run_one(study, step_id: str, force: bool) -> dict:
-    from experiments.study.runner import run_step
-
     done = run_step(study, step_id, force=force, progress=False)
     return {"step": step_id, "reused": done["reused"], "seconds": done["seconds"]}
 
@@ -54,12 +57,6 @@ def _run_one(study, step_id: str, force: bool) -> dict:
 def execute_plan(plan, *, jobs: int, force: bool = False, progress: bool = True, threads: int = 1) -> list[dict]:
     """Run every step of `plan` (an `experiments.study.pipeline.StudyPlan`) on `jobs` worker processes; returns the
     log of steps (step, reused, seconds). The caller holds the study's output lock."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    from experiments.study.clock import StepClock
-    from experiments.study.runner import step_priors
-
     study = plan.study
     order = plan.plan.ids
     waiting = {s.id: set(s.deps) for s in plan.plan}
@@ -101,11 +98,6 @@ def execute_plan(plan, *, jobs: int, force: bool = False, progress: bool = True,
 
 def run_study_parallel(study, *, jobs: int, force: bool = False, progress: bool = True, threads: int = 1) -> dict:
     """`experiments.study.runner.run_study` with the steps run on `jobs` worker processes."""
-    from evals.protocol import check_backend
-    from experiments.study.pipeline import plan_study
-    from experiments.study.runner import collect_study
-    from sinkstudy.io import output_lock
-
     check_backend(study.evals.protocol.backend)
     t0 = time.perf_counter()
     plan = plan_study(study)  # a plan that does not hold together fails here, before anything is written

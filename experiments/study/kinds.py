@@ -1,8 +1,10 @@
 """Step kinds: every step takes one frozen dataclass of arguments, its identity and its body's input in one.
 
 A kind subclasses `StepArgs`: its fields are what the body reads, `run(ctx)` is the body, `code` names the
-modules whose source shapes the result (found through the import system, so a moved file keeps its
-identity honest) and `kind` names it in records. The engine keys a step on `identity(args)`: every field
+modules it runs besides its own body (found through the import system, so a moved file keeps its identity
+honest; modules, never a package's folder: a benchmark or a plot beside them is no part of any result) and
+`kind` names it in records. Its code identity is those modules and its own body: the class and the definitions
+of its module it uses (`code_identity`), so two kinds in one file have identities of their own. The engine keys a step on `identity(args)`: every field
 walked, except the locations marked `location()` (where the step writes, how it shows progress, cache
 directories: nothing that changes the result), with every model or file the step reads (`Ref`) replaced
 by its content fingerprint. No path, no study and no dependency's key enters a key, so the same step made
@@ -13,12 +15,16 @@ A kind whose identity lies elsewhere (a plug-in's source, a request recorded bes
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
+
+from sinkstudy import keys
+from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.provenance import model_fingerprint, module_code_version, module_file
 
 
 UNKEYED = {"keyed": False}
@@ -43,8 +49,6 @@ class Ref:
     revision: str | None = None
 
     def fingerprint(self, ctx) -> str:
-        from sinkstudy.provenance import model_fingerprint
-
         if self.made_by is not None:
             return ctx.fingerprint(self.path, self.made_by)
         return model_fingerprint(self.path, revision=self.revision)
@@ -54,8 +58,6 @@ class Ref:
         when a body needs it; never by a plan)."""
         if self.revision is None:
             return self.path
-        from sinkstudy.checkpoint import local_checkpoint
-
         return os.fspath(local_checkpoint(self.path, self.revision))
 
 
@@ -67,7 +69,7 @@ class StepArgs:
     """The arguments of one kind of step (subclasses are frozen dataclasses)."""
 
     kind: ClassVar[str] = ""
-    code: ClassVar[tuple[str, ...]] = ()  # dotted module or package names whose source shapes the result
+    code: ClassVar[tuple[str, ...]] = ()  # dotted names of the modules it runs besides its own body
 
     def run(self, ctx) -> dict:
         raise NotImplementedError
@@ -109,15 +111,42 @@ def refs(value: Any) -> Iterator[Ref]:
 
 
 def step_key(args: StepArgs, ctx) -> tuple[str, dict]:
-    """(key, identity) of a step with arguments `args`: the kind, its identity and its code (the modules it names
-    and the file holding its body: an edit to the body reruns the step)."""
-    import inspect
-    from pathlib import Path
+    """(key, identity) of a step with arguments `args`: the kind, its identity and its code (`code_identity`)."""
+    identity = {"kind": args.kind, "args": args.identity(ctx), **code_identity(type(args))}
+    return keys.key(identity), identity
 
-    from sinkstudy.provenance import code_version, module_code_version
 
-    body = inspect.getsourcefile(type(args))
-    identity = {"kind": args.kind, "args": args.identity(ctx), "code": module_code_version(*args.code),
-                "body": code_version(Path(body)) if body else None}
-    blob = json.dumps(identity, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24], identity
+def code_identity(kind: type) -> dict[str, str]:
+    """The code a step of `kind` runs, by content: each module its `code` names (a package names its `__init__`
+    alone: a kind names the modules it runs, never a folder holding others, a benchmark or a plot), and its own body
+    (`own_source`): editing one kind's body reruns that kind's steps and no other's."""
+    return {"code": module_code_version(*kind.code), "body": "body-sha256:" + keys.key(own_source(kind))}
+
+
+def own_source(kind: type) -> str:
+    """The source of `kind`'s class and of every definition of its module the class uses, directly or through another
+    (a helper function, a shared dataclass, a constant); never the module's other kinds."""
+    text = module_text(module_file(kind.__module__))
+    tree = ast.parse(text)
+    defs: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    defs[target.id] = node
+    used, todo = set(), [kind.__name__]
+    while todo:
+        name = todo.pop()
+        if name in used or name not in defs:
+            continue
+        used.add(name)
+        todo += [n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)]
+    nodes = sorted({id(defs[n]): defs[n] for n in used}.values(), key=lambda n: n.lineno)
+    return "\n".join(ast.get_source_segment(text, n) for n in nodes)
+
+
+def module_text(path: Path) -> str:
+    """A module's source as a kind's identity reads it."""
+    return path.read_text(encoding="utf-8")

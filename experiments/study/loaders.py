@@ -6,9 +6,9 @@ which evals uses itself."""
 
 from __future__ import annotations
 
+from interventions.pairs import load_causal_lm
+
 
 def load_model(path, *, device: str | None = None, dtype: str | None = None):
-    from interventions.pairs import load_causal_lm
-
     model, _ = load_causal_lm(path, dtype=dtype, device=device or "cpu")
     return model

@@ -7,21 +7,18 @@ injection changes the base, optionally recovery-trained, then re-adapted with th
 from __future__ import annotations
 
 from experiments.study.schema import fail, guarded
+from interventions.registry import get_method, methods
 
 POSTHOC, INJECTION = "posthoc", "injection"
 
 
 def kind(method: str) -> str:
-    from interventions.registry import get_method
-
     return INJECTION if get_method(method).family == INJECTION else POSTHOC
 
 
 def check_method(method, params: dict, where: str, *, vl_recipe: bool) -> dict:
     """`method` is known and `params` are its settings (every value, before any model is read); `vl_recipe`:
     the study has a VL recipe for `vl: true` (its build section). Returns the settings, defaults filled in."""
-    from interventions.registry import methods
-
     table = methods()
     if method not in table:
         fail(f"{where}.method", f"unknown method {method!r}; known: {', '.join(table)}")

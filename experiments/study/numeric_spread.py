@@ -7,7 +7,7 @@ other mode's runs as a process of its own started in that mode (`sinkstudy.numer
 same command line with `--numerics MODE --out <out>/numerics/MODE`, so its results carry that mode's identity
 in every key and are never taken for the first mode's. The first mode's summary.json then gains a
 `numerics_spread` section holding every other mode's summary; its report gives each headline figure per mode
-with the spread, and states a claim or verdict only where every mode gives the same answer
+with the spread, and states an answer only where every mode gives the same one
 (`experiments.report.across_seeds`).
 """
 
@@ -21,6 +21,7 @@ from typing import Callable
 
 from sinkstudy import SinkstudyError
 from sinkstudy.io import read_json, write_json_atomic
+from sinkstudy.numerics import environment_for
 
 SECTION = "numerics_spread"
 
@@ -40,8 +41,8 @@ def run_spread(study, paths: list[str], argv: list[str], run_one: Callable) -> d
     """Run `study` in this process (already in `paths[0]`'s mode), then the same command line once per other mode,
     each in a process of its own; attach their summaries to the first's and re-render its report. Returns the
     first path's result."""
+    # lazy: loads torch, numpy
     from experiments.report.document import write_report
-    from sinkstudy.numerics import environment_for
 
     check(study, paths)
     first = run_one(study)

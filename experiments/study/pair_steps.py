@@ -14,13 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from evals.lmeval import EVAL_CODE, run_eval
 from evals.protocol import EvalProtocol
+from evals.sink import MEASURE_CODE
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
+from evals.tasks import SHIPPED_TASKS, shipped_task_digest
 from experiments.study.graph import Step
 from experiments.study.kinds import Ref, StepArgs, keyed, location
-from interventions.registry import QKNORM
+from experiments.study.loaders import load_model
+from interventions.adapt import code as adapt_code
+from interventions.pairs import load_causal_lm, plan_extraction, resolve, write_language_model
+from interventions.pairs.resolve import load_config
+from interventions.pairs.writer import DEFAULT_MAX_SHARD_BYTES  # its module loads tqdm, not a weight library
+from interventions.registry import QKNORM, apply_intervention, request
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import load_tokenizer, try_load_tokenizer
+from sinkstudy.io import atomic_output_dir, read_json, write_json_atomic
+from sinkstudy.provenance import file_digest, model_fingerprint, package_versions, provenance
 
-EVAL_CODE = ("evals.lmeval", "evals.protocol", "evals.tasks", "evals.nltk_offline", "evals.generate")
+# The modules the streamed extraction runs (`experiments.study.kinds.code_identity`).
+PAIRS_CODE = ("interventions.pairs.layout", "interventions.pairs.archs", "interventions.pairs.resolve", "interventions.pairs.tensors",
+              "interventions.pairs.extract", "interventions.pairs.writer")
 
 
 @dataclass(frozen=True)
@@ -32,9 +46,8 @@ class Loading:
 
     def load(self, path: str):
         """(model, tokenizer or None) of the checkpoint at `path`, as the pair loader reads it."""
+        # lazy: loads torch, numpy
         import torch
-
-        from interventions.pairs import load_causal_lm
 
         return load_causal_lm(path, dtype=getattr(torch, self.dtype), device=self.device or "cpu")
 
@@ -47,15 +60,11 @@ def texts_ref(texts) -> Ref | str | None:
 
 
 def _texts(texts, default_set: str) -> list[str]:
-    from evals.sink.calibration import resolve_texts
-
     return [t.text for t in resolve_texts(texts.path if isinstance(texts, Ref) else texts, default_set)[0]]
 
 
 def _tokenizer(model_tokenizer, tokenizer: Ref | None):
     """The model's own tokenizer, unless another is named (the base's: the prompts every model of a pair sees)."""
-    from sinkstudy.checkpoint import load_tokenizer
-
     return load_tokenizer(tokenizer.local()) if tokenizer is not None else model_tokenizer
 
 
@@ -63,31 +72,28 @@ def _tokenizer(model_tokenizer, tokenizer: Ref | None):
 
 @dataclass(frozen=True)
 class Extract(StepArgs):
-    """The VLM's language model in the base's class and vocabulary, streamed disk to disk in `dtype`: about one
-    shard in memory; the vision tower is never read or built."""
+    """The VLM's language model in the base's class and vocabulary, streamed disk to disk in `dtype` in shards of at
+    most `max_shard_bytes`: about one shard in memory; the vision tower is never read or built (`sinkstudy pair
+    extract`, and every pair's extraction in a study)."""
 
     kind: ClassVar[str] = "extract"
-    code: ClassVar[tuple[str, ...]] = ("interventions.pairs",)
+    code: ClassVar[tuple[str, ...]] = PAIRS_CODE
     base: Ref
     vlm: Ref
     dtype: str | None  # None: the VLM's stored dtype
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     out: Path = location()
 
     def run(self, ctx) -> dict:
-        import torch
-
-        from interventions.pairs import plan_extraction, resolve, write_language_model
-        from sinkstudy.checkpoint import try_load_tokenizer
-        from sinkstudy.provenance import model_fingerprint
-
         base = resolve(self.base.local())
         if base.kind != "causal_lm":
             raise SinkstudyError(f"the base must be a causal LM, got a {base.config.model_type} VLM: {base.id}")
         plan = plan_extraction(self.vlm.local(), base)  # every check before any weight is read
         report = plan.report.to_dict()
-        write_language_model(plan, self.out, tokenizer=try_load_tokenizer(base.tokenizer_path),
-                             dtype=getattr(torch, self.dtype) if self.dtype else None,
-                             force=True, extra={"extraction": report, "vlm": self.vlm.path}, progress=ctx.progress)
+        extra = {"base": self.base.path, "vlm": self.vlm.path, "dtype": self.dtype, "base_fingerprint": self.base.fingerprint(ctx),
+                 "vlm_fingerprint": self.vlm.fingerprint(ctx), "extraction": report}
+        write_language_model(plan, self.out, tokenizer=try_load_tokenizer(base.tokenizer_path or self.base.local()),
+                             dtype=self.dtype, replace=True, max_shard_bytes=self.max_shard_bytes, extra=extra, progress=ctx.progress)
         return {"path": str(self.out), "report": report, "fingerprint": model_fingerprint(self.out)}
 
 
@@ -97,17 +103,17 @@ class ExtractAdapted(StepArgs):
     the adaptation trained, where it changed the base's: an injected QK-norm, a protection's architecture)."""
 
     kind: ClassVar[str] = "extract-adapted"
-    code: ClassVar[tuple[str, ...]] = ("interventions.pairs", "interventions.adapt.build")
+    code: ClassVar[tuple[str, ...]] = (*PAIRS_CODE, "interventions.pairs.loading", "interventions.adapt.vlm_io", "interventions.qknorm")
     vlm: Ref
     start: Ref
     own_class: bool = False
     out: Path = location()
 
     def run(self, ctx) -> dict:
-        from interventions.adapt.build import save_extracted_lm
-        from sinkstudy.provenance import model_fingerprint
+        # lazy: loads torch, transformers, scipy
+        from interventions.adapt.vlm_io import save_extracted_lm
 
-        save_extracted_lm(self.vlm.local(), self.start.local(), self.out, force=True, own_class=self.own_class)
+        save_extracted_lm(self.vlm.local(), self.start.local(), self.out, replace=True, own_class=self.own_class)
         return {"path": str(self.out), "fingerprint": model_fingerprint(self.out)}
 
 
@@ -118,7 +124,7 @@ class MeasureSink(StepArgs):
     """Sink maps and Sink Strength of a model on calibration texts."""
 
     kind: ClassVar[str] = "sink"
-    code: ClassVar[tuple[str, ...]] = ("evals.sink",)
+    code: ClassVar[tuple[str, ...]] = MEASURE_CODE
     model: Ref
     tokenizer: Ref | None  # when the model has none: the base's
     metric: str = "logodds"
@@ -129,8 +135,8 @@ class MeasureSink(StepArgs):
     out: Path = location()  # the maps, as JSON
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from evals.sink import compute_sink_maps, strength_from_maps
-        from sinkstudy.io import write_json_atomic
 
         model, tok = self.loading.load(self.model.local())
         tok = tok if tok is not None else _tokenizer(None, self.tokenizer)
@@ -151,7 +157,7 @@ class SinkMap(StepArgs):
     random-embedding control's beside it for the robustness metric)."""
 
     kind: ClassVar[str] = "sink-map"
-    code: ClassVar[tuple[str, ...]] = ("evals.sink",)
+    code: ClassVar[tuple[str, ...]] = MEASURE_CODE
     model: Ref
     tokenizer: Ref | None  # None: the model's own
     metric: str
@@ -164,9 +170,8 @@ class SinkMap(StepArgs):
     out: Path = location()  # a folder: sink.json, sink_map.png
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from evals.sink import plot_sink_map, sink_strength
-        from sinkstudy.io import write_json_atomic
-        from sinkstudy.provenance import provenance
 
         model, tok = self.loading.load(self.model.local())
         tok = _tokenizer(tok, self.tokenizer)
@@ -192,7 +197,9 @@ class SinkMap(StepArgs):
 @dataclass(frozen=True)
 class MeasureEval(StepArgs):
     """Strict evals of a model through lm-eval, prompted through `tokenizer` (the base's for every model of a
-    pair, so runs pair on doc_id); the model is loaded only when something is left to evaluate."""
+    pair, so runs pair on doc_id; `sinkstudy eval`: the model's own); keyed by the models' content, the protocol
+    (a task's data by content: a local file's and the shipped tasks' own), the seed, dtype and device, the eval
+    code and lm-eval's version. Writes the run (`evals.eval_run.EvalRun`: results.json, samples/) into `out`."""
 
     kind: ClassVar[str] = "eval"
     code: ClassVar[tuple[str, ...]] = EVAL_CODE
@@ -202,32 +209,27 @@ class MeasureEval(StepArgs):
     seed: int = 0
     loading: Loading = Loading()
     out: Path = location()
-    use_cache: bool = location(True)  # lm-eval's per-task cache (evals.lmeval): results identical either way
-    cache_dir: str | None = location(None)
 
     def identity(self, ctx) -> dict:
-        from sinkstudy.provenance import file_digest
-
         out = keyed(self, ctx)
         files = self.protocol.data_files
         out["protocol"]["data_files"] = {t: file_digest(f) if Path(f).is_file() else f"missing:{f}" for t, f in files.items()}
+        out["shipped_tasks"] = {t: shipped_task_digest(t) for t in self.protocol.tasks if t in SHIPPED_TASKS}
+        out["lm_eval"] = package_versions().get("lm_eval")  # lm-eval's own tasks and graders come with its version
         return out
 
     def run(self, ctx) -> dict:
-        from evals.lmeval import run_eval
-        from experiments.study.loaders import load_model
-        from sinkstudy.checkpoint import load_tokenizer
-
-        run = run_eval(self.model.local(), load_tokenizer(self.tokenizer.local()), protocol=self.protocol, out_dir=self.out,
-                       force=True, device=self.loading.device, dtype=self.loading.dtype, seed=self.seed, progress=ctx.progress,
-                       loader=load_model, use_cache=self.use_cache, cache_dir=self.cache_dir)
+        run = run_eval(self.model.local(), self.tokenizer.local(), protocol=self.protocol, out_dir=self.out,
+                       device=self.loading.device, dtype=self.loading.dtype, seed=self.seed, progress=ctx.progress, loader=load_model)
+        if run is None:
+            return {}  # a data-parallel worker: rank 0 writes the run
         return {"dir": str(self.out), "scores": run.scores, "fingerprint": run.fingerprint}
 
 
 @dataclass(frozen=True)
 class Measurement:
     """How every model of a plan is measured: Sink Strength's metric, texts and settings, the eval protocol,
-    the seed, how models are loaded, and lm-eval's cache."""
+    the seed and how models are loaded."""
 
     metric: str = "logodds"
     texts: Ref | str | None = None
@@ -236,15 +238,12 @@ class Measurement:
     protocol: EvalProtocol = EvalProtocol()
     seed: int = 0
     loading: Loading = Loading()
-    use_cache: bool = True
-    cache_dir: str | None = None
 
     def sink(self, model: Ref, tokenizer: Ref | None, out: Path) -> MeasureSink:
         return MeasureSink(model, tokenizer, self.metric, self.texts, self.params, self.options, self.loading, out=out)
 
     def eval(self, model: Ref, tokenizer: Ref, out: Path) -> MeasureEval:
-        return MeasureEval(model, tokenizer, self.protocol, self.seed, self.loading, out=out, use_cache=self.use_cache,
-                           cache_dir=self.cache_dir)
+        return MeasureEval(model, tokenizer, self.protocol, self.seed, self.loading, out=out)
 
 
 def measure_steps(m: Measurement, group: str, label: str, model: Ref, tokenizer: Ref, sink_out: Path, eval_out: Path, *,
@@ -274,8 +273,6 @@ class Intervene(StepArgs):
     out: Path = location()
 
     def identity(self, ctx) -> dict:
-        from interventions.registry import request
-
         models = {"base": self.base.fingerprint(ctx), "vlm": self.vlm.fingerprint(ctx),
                   **({"root": self.root.fingerprint(ctx)} if self.root is not None else {})}
         maps = {k: r.fingerprint(ctx) for k, r in self.sink_maps.items()} if self.sink_maps else None
@@ -290,12 +287,8 @@ class Intervene(StepArgs):
         return params
 
     def run(self, ctx) -> dict:
-        from interventions.registry import apply_intervention
-        from sinkstudy.io import read_json
-        from sinkstudy.provenance import model_fingerprint
-
         out = apply_intervention(self.method, self.base.local(), self.vlm.local(), self._params(local=True), self.out,
-                                 seed=self.seed, force=True, progress=ctx.progress, mergekit_options=dict(self.mergekit) or None)
+                                 seed=self.seed, replace=True, progress=ctx.progress, mergekit_options=dict(self.mergekit) or None)
         info = read_json(Path(out) / "intervention.json") if (Path(out) / "intervention.json").is_file() else {}
         return {"path": str(out), "fingerprint": model_fingerprint(out), "info": {k: v for k, v in info.items() if k != "provenance"}}
 
@@ -307,12 +300,12 @@ class InjectQKNorm(StepArgs):
     names then trained on `training_text` to recover, and compared again."""
 
     kind: ClassVar[str] = "qknorm"
-    code: ClassVar[tuple[str, ...]] = ("interventions.qknorm", "interventions.training", "interventions.adapt", "evals.sink")
+    code: ClassVar[tuple[str, ...]] = ("interventions.qknorm", "interventions.qknorm_modes", *adapt_code.TRAINING, *MEASURE_CODE)
     base: Ref
     init: str | None = QKNORM.defaults["init"]  # the registry's defaults (interventions.registry.QKNORM), written once
     alpha: float = QKNORM.defaults["alpha"]
     texts: Ref | str | None = None  # calibration texts (gains, KL, S); None: `default_texts`
-    default_texts: str = "ifeval15"
+    default_texts: str = DEFAULT_SET
     tokenizer: Ref | None = None  # None: the base's own
     train_steps: int = QKNORM.defaults["train_steps"]
     trainable: str = QKNORM.defaults["trainable"]
@@ -325,10 +318,9 @@ class InjectQKNorm(StepArgs):
     out: Path = location()
 
     def run(self, ctx) -> dict:
+        # lazy: loads torch, numpy
         from interventions.qknorm import checkpoint_format, init_report, inject_qk_norm, qk_norm_kind, save_injected, trainable_filter
         from interventions.training import read_training_texts, train_causal_lm
-        from sinkstudy.io import atomic_output_dir
-        from sinkstudy.provenance import model_fingerprint
 
         model, tok = self.loading.load(self.base.local())
         tok = _tokenizer(tok, self.tokenizer)
@@ -353,11 +345,11 @@ class InjectQKNorm(StepArgs):
             report["after_training"] = init_report(model, candidate, tok, texts, progress=ctx.progress,
                                                    sink_original=report["init"]["sink_strength_original"])
         if native:
-            with atomic_output_dir(self.out, force=True) as tmp:
+            with atomic_output_dir(self.out, replace=True) as tmp:
                 candidate.save_pretrained(tmp)
                 tok.save_pretrained(tmp)
         else:
-            save_injected(candidate, self.out, tokenizer=tok, metadata={"init": self.init, "alpha": self.alpha}, force=True)
+            save_injected(candidate, self.out, tokenizer=tok, metadata={"init": self.init, "alpha": self.alpha}, replace=True)
         return {"path": str(self.out), "fingerprint": model_fingerprint(self.out), "report": report,
                 "checkpoint_format": "native" if native else checkpoint_format(candidate)}
 
@@ -366,7 +358,6 @@ def native_qk_norm(base: Ref, stated: bool | None) -> bool:
     """Whether a base has QK-norm of its own: `stated` (a study's `native_qk_norm`), else its model type."""
     if stated is not None:
         return bool(stated)
-    from interventions.pairs.resolve import load_config
 
     cfg = load_config(base.path, revision=base.revision)
     return getattr(cfg, "model_type", "") in ("qwen3", "gemma3_text", "olmo2", "olmo3")

@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from experiments.study.methods import INJECTION, kind
 from sinkstudy import SinkstudyError
 
 BYTES_PER_PARAM = 2  # bf16 checkpoints and inference
@@ -27,7 +28,6 @@ def plan(study) -> dict[str, Any]:
     pairs = []
     disk_outputs, written, peak_extra = 0.0, 0, 0.0
     largest_lm = largest_vlm = 0.0
-    from experiments.study.methods import INJECTION, kind
 
     for p in study.pairs:
         pb = p.params_b or {}
@@ -114,6 +114,7 @@ def _kv(mapping: dict) -> str:
 
 def check_can_run(study, limit) -> None:
     """Refuse a full run without CUDA; with --limit, run on CPU in the config's dtype."""
+    # lazy: loads torch, numpy
     import torch
 
     if torch.cuda.is_available():

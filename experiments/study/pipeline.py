@@ -25,12 +25,14 @@ from experiments.study import arms
 from experiments.study.arms import VLSkill
 from experiments.study.config import model_dir
 from experiments.study.doses import plan_doses
-from experiments.study.template import TrainingOpenings, training_data
 from experiments.study.graph import Plan, Step
 from experiments.study.kinds import Ref
 from experiments.study.methods import INJECTION, POSTHOC, kind
-from experiments.study.pair_steps import (Extract, ExtractAdapted, InjectQKNorm, Intervene, Loading, Measurement, measure_steps,
-                                          native_qk_norm, texts_ref)
+from experiments.study.pair_steps import (Extract, ExtractAdapted, InjectQKNorm, Intervene, Loading, Measurement,
+                                          measure_steps, native_qk_norm, texts_ref)
+from experiments.study.template import TrainingOpenings, training_data
+from interventions.mitigations import list_mitigations
+from interventions.registry import takes_root
 from sinkstudy import SinkstudyError
 
 
@@ -115,9 +117,6 @@ class PairPlan:
     def posthoc(self, iv) -> None:
         """A registered intervention on (base, VLM LM): merges from the pair's root where it has one, mitigations with
         both sink maps; deleted once measured with keep_models: false."""
-        from interventions.mitigations import list_mitigations
-        from interventions.registry import takes_root
-
         study, pair, p = self.study, self.pair, self.pair.name
         params = {k: v for k, v in iv.params.items() if k != "root"}
         root_path = iv.params.get("root") or (pair.root if takes_root(iv.method) else None)  # task vectors from the common ancestor
@@ -163,6 +162,7 @@ class PairPlan:
 
 def _calibration_set(study) -> str:
     """The calibration set of the study's sink metric (what S is measured on when `sink.texts` names none)."""
+    # lazy: loads torch, numpy
     from evals.sink.metrics import get_metric
 
     return get_metric(study.sink.metric).calibration

@@ -16,30 +16,36 @@ is lost capability (the paper: IFEval 59.9 → 11 for injected Qwen2.5-3B, Δ �
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
+from evals.eval_run import HEADLINE_METRICS, EvalRun
 from evals.protocol import EvalProtocol
+from evals.sink.calibration import DEFAULT_SET
+from experiments.study.adapt_section import stage_recipe
 from experiments.study.arms import Adapt
 from experiments.study.graph import Plan, Step
 from experiments.study.kinds import Ref
 from experiments.study.pair_steps import ExtractAdapted, InjectQKNorm, Loading, MeasureEval, MeasureSink, texts_ref
+from experiments.study.runner import run_plan
+from interventions.adapt.config import VisionSpec
+from interventions.pairs import archs
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
+from sinkstudy.io import write_json_atomic, write_text_atomic
+from sinkstudy.provenance import model_fingerprint, provenance
 
 GROUP = "qknorm"
-DEFAULT_TEXTS = "ifeval15"  # calibration texts of the gains, the KL and S
-DEMO_TRAIN_RECORDS = 2000  # the default recovery text: the demo corpus's first records
 
 
 def native(base: str, native_ok: bool) -> bool:
     """Whether `base` has QK-norm of its own, from its config alone (a weightless meta model); a base that can
     take no injection is refused in one line (a native one unless `native_ok`). A VLM is checked once extracted."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM
-
-    from interventions.pairs import archs
-    from interventions.pairs.resolve import load_config
     from interventions.qknorm import check_injectable, qk_norm_kind
 
     config = load_config(base)
@@ -65,11 +71,9 @@ class Recovery:
 
 
 def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtocol | None, *, tokenizer: str | None = None,
-                  before: list[Step] = (), use_cache: bool = True, cache_dir: str | None = None) -> Recovery:
+                  before: list[Step] = ()) -> Recovery:
     """`args` (its base and output filled in here) then, with a `protocol`, the original's and the candidate's
     evals on the same prompts; `before`: steps that make what `args` reads (its training text)."""
-    import dataclasses
-
     plan = Plan(before)
     model = out / "model"
     inject = plan.add(Step(f"{GROUP}/inject", dataclasses.replace(args, base=Ref(str(base)), out=model), outputs=(model,))).id
@@ -79,8 +83,7 @@ def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoc
         evals = {}
         for label, ref in (("original", Ref(str(base))), ("candidate", Ref(str(model), inject))):
             where = out / "evals" / label
-            evals[label] = plan.add(Step(f"{GROUP}/eval/{label}", MeasureEval(ref, tok, protocol, args.seed, args.loading, out=where,
-                                                                              use_cache=use_cache, cache_dir=cache_dir),
+            evals[label] = plan.add(Step(f"{GROUP}/eval/{label}", MeasureEval(ref, tok, protocol, args.seed, args.loading, out=where),
                                          outputs=(where,))).id
     return Recovery(plan, inject, evals)
 
@@ -88,7 +91,7 @@ def recovery_plan(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoc
 def recovery_report(results: dict[str, dict], r: Recovery, args: InjectQKNorm, *, base: str, training_text: str) -> dict:
     """report.json of an injection: the KL and S at init and after training, the paired evals (Δ = candidate −
     original in points, bootstrap CI, McNemar)."""
-    from evals.lmeval import EvalRun
+    # lazy: loads numpy
     from evals.stats import compare_runs
 
     made = results[r.inject]
@@ -121,7 +124,7 @@ class Arms:
 
 def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: bool, out: Path, *, recipe: dict,
               vision: dict | None, protocol: EvalProtocol, calibration, alpha: float, seed: int,
-              loading: Loading = Loading(), use_cache: bool = True, cache_dir: str | None = None) -> Arms:
+              loading: Loading = Loading()) -> Arms:
     """Every arm's steps: the injected starts, the adaptations (one recipe and vision spec), the language models,
     their S before and after, their evals and their own bases' evals."""
     texts = texts_ref(calibration)
@@ -140,7 +143,7 @@ def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: b
         s: dict[str, Any] = {"inject": init, "own_base": start if init is None else base}
         if init is not None:
             where = out / "starts" / name
-            s["start"] = plan.add(Step(f"{GROUP}/inject/{name}", InjectQKNorm(Ref(str(base)), init, alpha, texts, DEFAULT_TEXTS,
+            s["start"] = plan.add(Step(f"{GROUP}/inject/{name}", InjectQKNorm(Ref(str(base)), init, alpha, texts, DEFAULT_SET,
                                                                                  seed=seed, loading=loading, out=where),
                                        outputs=(where,))).id
             start_ref = Ref(str(where), s["start"])
@@ -158,8 +161,7 @@ def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: b
             s[role] = plan.add(Step(f"{GROUP}/sink/{label}", MeasureSink(model, start_ref, texts=texts, loading=loading, out=f),
                                     outputs=(f,))).id
         where = out / "evals" / name
-        s["eval"] = plan.add(Step(f"{GROUP}/eval/{name}", MeasureEval(lm_ref, start_ref, protocol, seed, loading, out=where,
-                                                                      use_cache=use_cache, cache_dir=cache_dir), outputs=(where,))).id
+        s["eval"] = plan.add(Step(f"{GROUP}/eval/{name}", MeasureEval(lm_ref, start_ref, protocol, seed, loading, out=where), outputs=(where,))).id
         s["run"], s["lm"] = str(run), str(lm)
         steps[name] = s
     for name, s in steps.items():
@@ -168,7 +170,7 @@ def arms_plan(base: str, inits: list[str], native_base: str | None, native_ok: b
             label = "base" if own == base else f"{name}-base"
             where = out / "evals" / label
             own_bases[own] = plan.add(Step(f"{GROUP}/eval/{label}", MeasureEval(Ref(str(own)), Ref(str(own)), protocol, seed, loading,
-                                                                                out=where, use_cache=use_cache, cache_dir=cache_dir),
+                                                                                out=where),
                                            outputs=(where,))).id
     return Arms(plan, steps, own_bases)
 
@@ -177,7 +179,7 @@ def arms_report(results: dict[str, dict], a: Arms, *, base: str, recipe_file: st
                 protocol: EvalProtocol, seed: int) -> dict:
     """report.json of the arms: per arm its S before and after adaptation, its stages, and per task Δ vs its own
     base and vs the control (points, paired bootstrap CI, McNemar)."""
-    from evals.lmeval import HEADLINE_METRICS, EvalRun
+    # lazy: loads numpy
     from evals.stats import compare
 
     runs = {name: EvalRun.load(results[s["eval"]]["dir"]) for name, s in a.arms.items()}
@@ -219,54 +221,43 @@ def _comparison(c) -> dict:
 
 def trajectories(a: Arms) -> dict[str, list[dict]]:
     """Each arm's Sink Strength during its adaptation (the run's trajectory.json), where it was recorded."""
+    # lazy: loads torch, transformers, scipy
     from interventions.adapt.trajectory import read_points
 
     found = {name: read_points(Path(s["run"]) / "trajectory.json") for name, s in a.arms.items()}
     return {name: points for name, points in found.items() if points}
 
 
-def recovery_text(steps: int, train_texts: str | None, out: Path, seed: int) -> tuple[list[Step], Ref | None]:
-    """(the steps that make the recovery text, its Ref): `train_texts`, else the demo corpus's first chats (made in
-    OUT); none without recovery steps."""
+def recovery_text(steps: int, train_texts: str | None, default: Callable[[], Step]) -> tuple[list[Step], Ref | None]:
+    """(the steps that make the recovery text, its Ref): `train_texts`, else what the step `default()` writes (its one
+    output); none without recovery steps."""
     if not steps:
         return [], None
     if train_texts:
         return [], Ref(str(train_texts))
-    from experiments.demo.steps import Chats
-
-    chats = out / "recovery.jsonl"
-    return [Step(f"{GROUP}/text", Chats(DEMO_TRAIN_RECORDS, seed, out=chats), outputs=(chats,))], Ref(str(chats), f"{GROUP}/text")
+    step = default()
+    return [step], Ref(str(step.outputs[0]), step.id)
 
 
-def arms_recipe(config, data: dict[str, list], steps: dict[str, int], *, vision: str | None = None,
-                donor: str | None = None) -> tuple[dict, dict]:
-    """(VisionSpec, AdaptConfig) of the arms as dicts: the recipe `config` with `data` and `steps` per stage, stages
-    without data on the digits; the vision side a fresh tower (`vision`), a donor's (`donor`) or a tiny one."""
-    from interventions.adapt import VisionSpec
-
-    for stage, specs in data.items():
-        config.stage(stage).data = list(specs)
-    for stage, n in steps.items():
-        config.stage(stage).steps = n
-    for stage in config.stages:
-        stage.data = stage.data or ["digits"]
-    spec = (VisionSpec("fresh", vision, seed=config.seed) if vision else VisionSpec("donor", donor, seed=config.seed) if donor
-            else VisionSpec("tiny", seed=config.seed))
-    return spec.to_dict(), config.to_dict()
+def arms_recipe(recipe: dict, data: dict[str, list], steps: dict[str, int], vision: VisionSpec | None) -> tuple[dict, dict]:
+    """(vision, recipe) of the arms as dicts: `recipe` (an AdaptConfig as a dict) with a command's per-stage data and
+    steps (`experiments.study.adapt_section.stage_recipe`), the stages given no data on the digits; the vision side
+    `vision`, else a tiny tower."""
+    recipe = stage_recipe(recipe, {**{s["name"]: ["digits"] for s in recipe["stages"] if not s.get("data")}, **data}, steps)
+    return (vision or VisionSpec("tiny", seed=recipe["seed"])).to_dict(), recipe
 
 
 def run_recovery(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtocol | None, *, training_text: str, force: bool = False,
-                 progress: bool = True, **plan_kw) -> dict:
-    """`recovery_plan` run through the engine; report.json and report.txt written in `out`."""
+                 progress: bool = True, sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
+    """`recovery_plan` run through the engine (`sharing`: `run_plan`'s share and store_root); report.json and report.txt
+    written in `out`."""
+    # lazy: loads numpy
     from experiments.report.qknorm_tables import format_injection
-    from experiments.study.runner import run_plan
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
 
     r = recovery_plan(base, out, args, protocol, **plan_kw)
-    engine = run_plan(r.plan, out, force=force, progress=progress, seed=args.seed, guarded=("inject",))
+    engine = run_plan(r.plan, out, force=force, progress=progress, seed=args.seed, guarded=("inject",), **(sharing or {}))
     report = recovery_report(engine.results, r, args, base=base, training_text=training_text)
-    texts = args.texts.path if isinstance(args.texts, Ref) else args.texts or DEFAULT_TEXTS
+    texts = args.texts.path if isinstance(args.texts, Ref) else args.texts or DEFAULT_SET
     report["provenance"] = provenance(seeds={"seed": args.seed}, calibration=texts,
                                       model_fingerprints={"original": model_fingerprint(base), report["arm"]: engine.results[r.inject]["fingerprint"]})
     write_json_atomic(out / "report.json", report)
@@ -275,16 +266,15 @@ def run_recovery(base: str, out: Path, args: InjectQKNorm, protocol: EvalProtoco
 
 
 def run_arms(base: str, inits: list[str], native_base: str | None, native_ok: bool, out: Path, *, recipe_file: str | None,
-             force: bool = False, progress: bool = True, **plan_kw) -> dict:
-    """`arms_plan` run through the engine; report.json, report.md and the S trajectories (trajectory.png) in `out`."""
+             force: bool = False, progress: bool = True, sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
+    """`arms_plan` run through the engine (`sharing`: `run_plan`'s share and store_root); report.json, report.md and the
+    S trajectories (trajectory.png) in `out`."""
+    # lazy: loads torch, numpy
     from experiments.report.qknorm_tables import format_arms
-    from experiments.study.runner import run_plan
-    from interventions.adapt.trajectory import plot_trajectories
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint, provenance
+    from interventions.adapt.trajectory_plot import plot_trajectories
 
     a = arms_plan(base, inits, native_base, native_ok, out, **plan_kw)
-    engine = run_plan(a.plan, out, force=force, progress=progress, seed=plan_kw["seed"], guarded=("inject", "adapt"))
+    engine = run_plan(a.plan, out, force=force, progress=progress, seed=plan_kw["seed"], guarded=("inject", "adapt"), **(sharing or {}))
     report = arms_report(engine.results, a, base=base, recipe_file=recipe_file, recipe=plan_kw["recipe"], vision=plan_kw["vision"],
                          protocol=plan_kw["protocol"], seed=plan_kw["seed"])
     report["provenance"] = provenance(model_fingerprints={"base": model_fingerprint(base), **{n: r["fingerprint"] for n, r in report["arms"].items()}},

@@ -1,5 +1,5 @@
 """Runs a study along its data path: config (`experiments.study.config`) -> plan (`experiments.study.pipeline`) ->
-steps (`experiments.study.engine`, reusing finished ones) -> summary.json (`experiments.report.summarise`) ->
+steps (`experiments.study.engine`, reusing finished ones) -> summary.json (`experiments.study.summarise`) ->
 report.md / .html / plots (`experiments.report.document`, from the summary alone).
 
 A whole run (`run_study`) holds the output directory's lock. For a scheduler, `plan_records` lists
@@ -10,11 +10,15 @@ steps run side by side while a second job of one step fails at once).
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import os
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from evals.protocol import check_backend
+from experiments.study.summarise import summarise
 from experiments.study.clock import StepClock
 from experiments.study.engine import Engine
 from experiments.study.pipeline import StudyPlan, plan_study
@@ -24,11 +28,13 @@ from sinkstudy.io import check_replaceable, output_lock, remove_stale_temps, wri
 
 def run_plan(plan, out, *, force: bool = False, progress: bool = True, guarded: tuple[str, ...] = (), config: dict | None = None,
              seed: int | None = None, say: Callable[[str], Any] = print, before: Callable[[Engine], Any] | None = None,
-             on_done: Callable[[str, float, bool], Any] | None = None) -> Engine:
+             on_done: Callable[[str, float, bool], Any] | None = None, not_mine: Callable[[Path], str | None] | None = None,
+             share: bool = True, store_root: str | os.PathLike | None = None) -> Engine:
     """A command's plan (`experiments.study.graph.Plan`) under `out`, its lock held: every step reused when finished
-    (in `out`, or in any run with the same key), each reuse said in one line; a step of a `guarded` stage in `out`
-    made by another request is refused unless `force`. `before(engine)` runs once planned, before any step."""
-    import contextlib
+    (in `out`, or with `share` in any run with the same key, `store_root` the store of them), each reuse said in one
+    line; a step of a `guarded` stage in `out` made by another request is refused unless `force`. `out` may hold
+    only what this plan's steps write (`not_mine(out)`: what else it holds, or None; default: their records or
+    outputs). `before(engine)` runs once planned, before any step."""
 
     def done(step_id: str, seconds: float, reused: bool) -> None:
         if reused:
@@ -37,8 +43,9 @@ def run_plan(plan, out, *, force: bool = False, progress: bool = True, guarded: 
         if on_done is not None:
             on_done(step_id, seconds, reused)
 
-    engine = Engine(plan, out, config=config, seed=seed, force=force, progress=progress, guarded=guarded, on_done=done)
-    check_replaceable(out, force, not_mine=lambda where: _not_made_by(plan, where))
+    engine = Engine(plan, out, config=config, seed=seed, force=force, progress=progress, guarded=guarded, on_done=done,
+                    share=share, store_root=store_root)
+    check_replaceable(out, force, not_mine=not_mine or (lambda where: _not_made_by(plan, where)))
     fresh = not Path(out).exists()
     with output_lock(out) if engine.main else contextlib.nullcontext():
         if engine.main:
@@ -90,8 +97,6 @@ def plan_records(study, command: str = "sinkstudy run CONFIG") -> list[dict]:
 
 def run_step(study, step_id: str, *, force: bool = False, progress: bool = True, command: str = "sinkstudy run CONFIG") -> dict:
     """Run one step of the study (its dependencies must have finished); reuse it when finished unless `force`."""
-    import difflib
-
     _check_backend(study)
     plan = plan_study(study)
     if step_id not in plan.plan:
@@ -118,8 +123,8 @@ def collect_study(plan: StudyPlan, *, force: bool = False, progress: bool = True
     """Run every step not finished, write summary.json and the report; the caller holds the output lock.
     `executed`: the log of steps other processes ran for this run (parallel jobs), reported in place of
     this pass's reuse of them. Returns the report's paths, the step counts and the log (step, reused, seconds)."""
+    # lazy: loads torch, numpy
     from experiments.report.document import write_report
-    from experiments.report.summarise import summarise
 
     study = plan.study
     engine = engine_for(study, plan, force=force, progress=progress, on_done=clock.tick if clock is not None else None)
@@ -140,6 +145,4 @@ def step_priors(study) -> dict[str, float]:
 
 def _check_backend(study) -> None:
     """The eval backend's package is installed (vLLM is optional): checked when steps run, not by --plan."""
-    from evals.protocol import check_backend
-
     check_backend(study.evals.protocol.backend)

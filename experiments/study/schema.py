@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 from pathlib import Path
 from typing import Any, Callable, NoReturn, TypeVar
 
 from sinkstudy import SinkstudyError
+from sinkstudy.io import check_slug
 
 T = TypeVar("T")
 
@@ -47,8 +49,6 @@ def mapping(value, where: str, allowed: set[str] | None = None) -> dict:
 
 def did_you_mean(name: str, known) -> str:
     """`name`, with the known name it most likely misspells: "max_gen_tok (did you mean max_gen_toks?)"."""
-    import difflib
-
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
     return f"{name} (did you mean {close[0]}?)" if close else name
 
@@ -69,8 +69,6 @@ def boolean(value, where: str) -> bool:
 
 def slug(value, where: str) -> str:
     """A name that becomes a path component (sinkstudy.io.check_slug)."""
-    from sinkstudy.io import check_slug
-
     try:
         return check_slug(value, where)
     except SinkstudyError as exc:

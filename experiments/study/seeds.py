@@ -7,7 +7,7 @@ held-out prompts, the adaptation arms' own seeds), so every seed is graded on th
 seed's run is the study's own output directory; seed N's is `<out>/seeds/N` (a study of its own, with its
 summary and report). The first seed's summary.json then gains a `seeds` section holding every other seed's
 summary, from which its report gives each headline figure per seed with the across-seed spread, and states
-a claim or verdict only where every seed gives the same answer (`experiments.report.document`).
+an answer only where every seed gives the same one (`experiments.report.document`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import copy
 from pathlib import Path
 from typing import Callable
 
+from experiments.study.config import validate
 from sinkstudy.io import read_json, write_json_atomic
 
 
@@ -41,15 +42,15 @@ def seed_dir(out: Path, seeds: list[int], seed: int) -> Path:
 def run_seeds(study, run_one: Callable) -> dict:
     """Run `study` once per seed of `study.seeds` (`run_one(study) -> result`), the first seed first; then attach
     every other seed's summary to the first's and re-render its report. Returns the first seed's result."""
+    # lazy: loads torch, numpy
     from experiments.report.document import write_report
-    from experiments.study.config import validate
     from experiments.study.dose_response import over_seeds
 
     if not study.seeds:
         return run_one(study)
     runs = {}
     for seed in study.seeds:
-        sub = validate(reseed(study.raw, seed), path=study.path, out=seed_dir(study.out, study.seeds, seed))
+        sub = validate(reseed(study.raw, seed), path=study.path, out=seed_dir(study.out, study.seeds, seed), build=study.build_reader)
         sub.plugins = study.plugins
         runs[seed] = run_one(sub)
     first = Path(study.out)

@@ -1,6 +1,6 @@
-"""Finished steps shared between runs: `<cache>/steps/<key>.json` names the record and outputs a step
-with that key left in some run directory, so another run (a study, a `sinkstudy merge`, a sweep) that
-plans the same step reuses it instead of computing it again.
+"""Finished steps shared between runs: `<cache>/steps/<key>.json` (or the root a command's `--cache-dir` names)
+names the record and outputs a step with that key left in some run directory, so another run (a study, a
+`sinkstudy merge`, an eval, a sweep) that plans the same step reuses it instead of computing it again.
 
 A step's key covers everything its result depends on (`experiments.study.kinds`), so a finished step is
 the same wherever it ran. An entry is used only while the run it names still holds it: its record under
@@ -23,24 +23,30 @@ from sinkstudy.io import atomic_file, atomic_output_dir, cache_root, write_json_
 LINK_BYTES = 1 << 20  # files at least this large are hard-linked where the filesystem allows
 
 
-def _entry_path(key: str) -> Path:
-    return cache_root() / "steps" / f"{key}.json"
+def default_root() -> Path:
+    """Where finished steps are shared: `<cache>/steps` (`sinkstudy.io.cache_root`)."""
+    return cache_root() / "steps"
 
 
-def register(key: str, record: Path, outputs: list[str]) -> None:
-    """Note that `record` (a step's record, holding `key`) and `outputs` are a finished step."""
+def _entry_path(root: Path | None, key: str) -> Path:
+    return Path(root or default_root()) / f"{key}.json"
+
+
+def register(key: str, record: Path, outputs: list[str], root: Path | None = None) -> None:
+    """Note under `root` (default `default_root()`) that `record` (a step's record, holding `key`) and `outputs` are a
+    finished step."""
     try:
-        write_json_atomic(_entry_path(key), {"key": key, "record": os.fspath(Path(record).resolve()),
+        write_json_atomic(_entry_path(root, key), {"key": key, "record": os.fspath(Path(record).resolve()),
                                               "outputs": [os.fspath(Path(o).resolve()) for o in outputs]})
     except OSError:
         pass  # a read-only cache only costs sharing
 
 
-def lookup(key: str) -> dict | None:
+def lookup(key: str, root: Path | None = None) -> dict | None:
     """{"record": the finished step's record, "outputs": its output paths} of a step with `key` finished in
-    some run and still there, else None."""
+    some run and still there (noted under `root`), else None."""
     try:
-        entry = json.loads(_entry_path(key).read_text(encoding="utf-8"))
+        entry = json.loads(_entry_path(root, key).read_text(encoding="utf-8"))
         record = json.loads(Path(entry["record"]).read_text(encoding="utf-8"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -70,7 +76,7 @@ def adopt(found: dict, outputs: tuple[Path, ...], *, copy: bool = True) -> tuple
 
 def _copy(src: Path, dst: Path) -> None:
     if src.is_dir():
-        with atomic_output_dir(dst, force=True) as tmp:
+        with atomic_output_dir(dst, replace=True) as tmp:
             shutil.rmtree(tmp)
             shutil.copytree(src, tmp, copy_function=_link_or_copy, symlinks=True)
     else:

@@ -10,10 +10,23 @@ apply to every point.
 from __future__ import annotations
 
 import itertools
+import json
+import statistics
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+import yaml
+
+from experiments.report.fmt import format_duration
+from experiments.report.treatments import format_plan, format_sweep, plot_pareto
+from experiments.study.treat import GROUP, Treatment, run_treatments
+from interventions.merge import MERGEKIT_METHODS
+from interventions.registry import list_interventions, takes_root, validate_intervention
 from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import check_slug, read_text, write_json_atomic, write_text_atomic
+from sinkstudy.provenance import provenance
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -21,11 +34,6 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     `points` are named single settings; returns {"points": [{"name", "method", **params}], ...settings}.
     Point names (path components) must be slugs; every point's settings are validated (with the
     sweep's `root` where the method takes one) before any work."""
-    import yaml
-
-    from interventions.registry import list_interventions, takes_root, validate_intervention
-    from sinkstudy.io import check_slug, read_text
-
     p = Path(path)
     try:
         cfg = yaml.safe_load(read_text(p, "sweep config")) or {}
@@ -83,19 +91,9 @@ def point_params(pt: dict[str, Any], root=None) -> dict[str, Any]:
 
 def run_sweep(sweep_file: str | Path, base: str, vlm: str, out: Path, m, *, max_points: int | None, mergekit: dict, seed: int,
               n_boot: int, confidence: float, tokenizer: str | None = None, captions: str | None = None, force: bool = False,
-              progress: bool = True, say=print) -> dict:
+              progress: bool = True, say=print, sharing: Mapping[str, Any] | None = None) -> dict:
     """Every point of the sweep (`max_points` of them evenly spread) treated and measured, the plan said first;
     summary.json, summary.md and pareto.png written in `out`. Returns {"rows", "points", "total", "reused"}."""
-    import time
-
-    from experiments.report.fmt import format_duration
-    from experiments.report.treatments import format_plan, format_sweep, plot_pareto
-    from experiments.study.treat import GROUP, Treatment, run_treatments
-    from interventions.merge import MERGEKIT_METHODS
-    from sinkstudy.checkpoint import local_checkpoint
-    from sinkstudy.io import write_json_atomic, write_text_atomic
-    from sinkstudy.provenance import provenance
-
     sweep = load_sweep(sweep_file)  # every point valid before any work
     points = spread(sweep["points"], max_points)
     seed = sweep.get("seed", seed)
@@ -117,7 +115,7 @@ def run_sweep(sweep_file: str | Path, base: str, vlm: str, out: Path, m, *, max_
                 f"≈ {format_duration(todo * ref_seconds / 2)} (merges not included)")
 
     done = run_treatments(base, vlm, treatments, out, m, seed=seed, n_boot=n_boot, confidence=confidence, force=force,
-                          progress=progress, before=announce, on_done=on_done, say=say, tokenizer=tokenizer, root=root,
+                          progress=progress, before=announce, on_done=on_done, say=say, sharing=sharing, tokenizer=tokenizer, root=root,
                           captions=captions, keep_models=sweep.get("keep_models", True))
     rows = []
     for pt in points:
@@ -135,9 +133,6 @@ def run_sweep(sweep_file: str | Path, base: str, vlm: str, out: Path, m, *, max_
 
 def _recorded_seconds(engine, tp) -> float | None:
     """Mean time of a point finished before in this sweep directory (the sum of its steps' recorded seconds)."""
-    import json
-    import statistics
-
     times = []
     for steps in tp.points.values():
         try:

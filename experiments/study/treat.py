@@ -17,9 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from evals.proxies import caption_nll, read_captions, weight_distance
+from experiments.report.treatments import measure_summary
 from experiments.study.graph import Plan, Step
 from experiments.study.kinds import Ref, StepArgs
 from experiments.study.pair_steps import Extract, Intervene, Loading, Measurement, measure_steps
+from experiments.study.runner import run_plan
+from interventions.mitigations import list_mitigations
+from interventions.outputs import is_vlm_checkpoint
+from interventions.registry import takes_root
+from sinkstudy.checkpoint import load_tokenizer
+from sinkstudy.io import write_json_atomic
+from sinkstudy.provenance import provenance
 
 GROUP = "pair"
 
@@ -45,8 +54,6 @@ class WeightDistance(StepArgs):
     base: Ref
 
     def run(self, ctx) -> dict:
-        from evals.proxies import weight_distance
-
         return {"weight_distance_to_vlm": weight_distance(self.model.local(), self.vlm.local(), self.base.local())}
 
 
@@ -62,9 +69,6 @@ class CaptionNLL(StepArgs):
     loading: Loading = Loading()
 
     def run(self, ctx) -> dict:
-        from evals.proxies import caption_nll, read_captions
-        from sinkstudy.checkpoint import load_tokenizer
-
         model, _ = self.loading.load(self.model.local())
         return {"caption_nll": caption_nll(model, load_tokenizer(self.tokenizer.local()), read_captions(self.captions.local()))}
 
@@ -87,10 +91,6 @@ def treat_plan(base: str, vlm: str, treatments: list[Treatment], out: Path, m: M
                measure: bool = True, keep_models: bool = True) -> TreatPlan:
     """Every step of treating the pair (base, vlm) with `treatments` under `out`, measured as `m` says (`measure`);
     `base`, `vlm`, `root` local checkpoints; `tokenizer` the prompts' (default the base's)."""
-    from interventions.mitigations import list_mitigations
-    from interventions.outputs import is_vlm_checkpoint
-    from interventions.registry import takes_root
-
     plan, out = Plan(), Path(out)
     base_ref, tok = Ref(str(base)), Ref(str(tokenizer or base))
     extracted = is_vlm_checkpoint(vlm)
@@ -138,17 +138,13 @@ def _measure(plan: Plan, m: Measurement, label: str, model: Ref, tok: Ref, where
 
 def run_treatments(base: str, vlm: str, treatments: list[Treatment], out: Path, m: Measurement, *, seed: int, n_boot: int,
                    confidence: float, force: bool = False, progress: bool = True, before=None, on_done=None, say=print,
-                   **plan_kw) -> dict:
-    """`treat_plan` run through the engine (every step reused when finished, here or in any run), then each
-    treatment's `measure.json` written beside its model; {"plan", "engine", "measured": {name: summary}}."""
-    from experiments.report.treatments import measure_summary
-    from experiments.study.runner import run_plan
-    from sinkstudy.io import write_json_atomic
-    from sinkstudy.provenance import provenance
-
+                   sharing: Mapping[str, Any] | None = None, **plan_kw) -> dict:
+    """`treat_plan` run through the engine (every step reused when finished, here or, unless `sharing` says not to, in
+    any run: `run_plan`'s share and store_root), then each treatment's `measure.json` written beside its model;
+    {"plan", "engine", "measured": {name: summary}}."""
     tp = treat_plan(base, vlm, treatments, out, m, seed=seed, **plan_kw)
     engine = run_plan(tp.plan, out, force=force, progress=progress, seed=seed, say=say, guarded=("intervene",),
-                      before=(lambda e: before(e, tp)) if before else None, on_done=on_done)
+                      before=(lambda e: before(e, tp)) if before else None, on_done=on_done, **(sharing or {}))
     measured = {}
     if tp.refs and engine.main:
         for name, point in tp.points.items():

@@ -9,20 +9,31 @@
                    config=cfg, out="runs/adapt/qwen2.5-3b", resume=True)
 
 Modules: `config` (recipes, the paper's defaults), `build` (fresh / donor / tiny VLM around a base,
-round trip, save/load, live views), `data` (sources, chat-template encoding with assistant-only
-labels), `trainer` (one stage on `Trainer`), `hooks` (the protection seam), `trajectory` (Sink
-Strength during training), `run` (a whole resumable run), `estimate` (GPU memory and time).
-See docs/adapt.md.
+round trip, save/load), `vlm_io` (a VLM's language model taken out and put back), `sources` (data specs and
+their records), `encoding` (chat-template encoding with assistant-only labels, datasets, batches), `trainer`
+(one stage on `Trainer`), `hooks` (the protection seam), `trajectory` (Sink Strength during training),
+`run` (a whole resumable run), `estimate` (GPU memory and time). See docs/adapt.md.
+
+The names load with the module that defines them, on first use: the light modules (`config`, `sources`) are
+read without loading torch.
 """
 
-from interventions.adapt.build import VisionSpec, build_vlm, causal_view, check_round_trip, extract_lm, language_model, load_vlm, save_vlm
-from interventions.adapt.config import AdaptConfig, AdaptConfigError, StageConfig, TrajectoryConfig, from_dict, load_config, paper_recipe, text_recipe
-from interventions.adapt.hooks import FreezeParameters, HookContext, TrainingHook
-from interventions.adapt.run import adapt
-from interventions.adapt.trainer import train_stage
+from importlib import import_module
 
-__all__ = [
-    "AdaptConfig", "AdaptConfigError", "FreezeParameters", "HookContext", "StageConfig", "TrainingHook", "TrajectoryConfig",
-    "VisionSpec", "adapt", "build_vlm", "causal_view", "check_round_trip", "extract_lm", "from_dict", "language_model",
-    "load_config", "load_vlm", "paper_recipe", "save_vlm", "text_recipe", "train_stage",
-]
+_WHERE = {
+    "interventions.adapt.build": ("build_vlm", "check_round_trip"),
+    "interventions.adapt.vlm_io": ("causal_view", "extract_lm", "language_model", "load_vlm", "save_vlm"),
+    "interventions.adapt.config": ("AdaptConfig", "AdaptConfigError", "StageConfig", "TrajectoryConfig", "VisionSpec", "from_dict",
+                                   "load_config", "paper_recipe", "text_recipe"),
+    "interventions.adapt.hooks": ("FreezeParameters", "HookContext", "TrainingHook"),
+    "interventions.adapt.run": ("adapt",),
+    "interventions.adapt.trainer": ("train_stage",),
+}
+_MODULE = {name: module for module, names in _WHERE.items() for name in names}
+__all__ = list(_MODULE)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_MODULE[name]), name)

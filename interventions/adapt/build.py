@@ -12,16 +12,18 @@
   whose last layer's patch features linearly decode shape, colour, count and digit.
 
 The language model inside the result gives the base's logits on text (`check_round_trip`). The
-result saves as an ordinary HF checkpoint + processor, read like a hub VLM by `interventions.pairs`.
+result saves as an ordinary HF checkpoint + processor (`interventions.adapt.vlm_io`), read like a hub VLM by
+`interventions.pairs`.
 
 Injected QK-norm (`interventions.qknorm`): a LLaVA build takes the injected base as its exact Qwen3
 twin (text_config = Qwen3Config; an ordinary checkpoint). Where no twin exists (Gemma, blend
 injections) or the donor's text class has no q_norm, the norms are carried as forward hooks on the
-VLM's text decoder plus a sidecar (`qknorm.save_vlm_norms`); `load_vlm` and `extract_lm` re-attach them.
+VLM's text decoder plus a sidecar (`qknorm.save_vlm_norms`); `vlm_io.load_vlm` and `vlm_io.extract_lm` re-attach them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -30,45 +32,21 @@ from typing import Any
 
 import torch
 
+from interventions import qknorm
+from interventions.adapt.config import TINY_DEFAULTS, VisionSpec
+from interventions.adapt.tower import pretrained_tower, settings_of, tower_report, vision_config
+from interventions.pairs import check_same_layout
+from interventions.pairs.archs import plan_target_config
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("fresh", "donor", "tiny", "scenes")
 # Image placeholder tokens a tokenizer may already have (first found is used); else "<image>" is added.
 IMAGE_TOKEN_CANDIDATES = ("<image>", "<|image|>", "<|image_pad|>", "<image_soft_token>")
 DONOR_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava")
-TINY_DEFAULTS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 8, "patch_size": 4}
 # Text wrapped around a donor's expanded image tokens (what its own chat template writes).
 _IMAGE_WRAP = {"qwen2_vl": ("<|vision_start|>", "<|vision_end|>"), "qwen2_5_vl": ("<|vision_start|>", "<|vision_end|>")}
-
-
-@dataclasses.dataclass
-class VisionSpec:
-    """Where the vision side comes from. `source`: tower (fresh) or VLM (donor) hub id / path."""
-
-    kind: str
-    source: str | None = None
-    tiny: dict = dataclasses.field(default_factory=dict)  # tiny tower shape (TINY_DEFAULTS); scenes: tower settings
-    feature_layer: int | None = None  # fresh: default -2 (CLIP, LLaVA-1.5) / -1 (SigLIP)
-    seed: int = 0  # projector (and tiny tower) initialisation
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise SinkstudyError(f"unknown vision kind {self.kind!r}; choose from {', '.join(KINDS)}")
-        if self.kind in ("fresh", "donor") and not self.source:
-            raise SinkstudyError(f"vision kind {self.kind!r} needs a source (hub id or local path)")
-        if self.kind == "scenes":
-            from interventions.adapt.tower import settings_of
-
-            settings_of(self.tiny)
-            return
-        unknown = set(self.tiny) - set(TINY_DEFAULTS) - {"intermediate_size"}
-        if unknown:
-            raise SinkstudyError(f"unknown tiny tower key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(TINY_DEFAULTS)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -87,10 +65,6 @@ class Built:
 
 def build_vlm(base, tokenizer, vision: VisionSpec) -> Built:
     """A VLM whose language model starts as `base` (a loaded causal LM, possibly QK-norm injected)."""
-    from interventions import qknorm
-
-    import copy
-
     tokenizer = copy.deepcopy(tokenizer)  # a fresh build may add its image token
     image_token, added = _image_token(tokenizer) if vision.kind != "donor" else (None, False)
     lm, carried = base, None
@@ -117,6 +91,7 @@ def build_vlm(base, tokenizer, vision: VisionSpec) -> Built:
 # --------------------------------------------------------------------------- fresh / tiny LLaVA
 
 def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> Built:
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import LlavaForConditionalGeneration, LlavaProcessor
     from transformers.initialization import no_init_weights
 
@@ -125,7 +100,7 @@ def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> 
     config, info = llava_config(lm.config, vision_config, family, vision, tokenizer.convert_tokens_to_ids(image_token), vocab)
     with no_init_weights():  # every tensor is set below
         vlm = LlavaForConditionalGeneration(config)
-    _load_language_model(vlm, lm, state, vocab, own_rows=False)  # its rows are uninitialised memory
+    load_language_model(vlm, lm, state, vocab, own_rows=False)  # its rows are uninitialised memory
     tower_state, image_processor = _tower_weights(vision, vision_config)
     missing, unexpected = vlm.model.vision_tower.load_state_dict(_tower_names(tower_state, vlm.model.vision_tower), strict=False)
     if missing or unexpected:
@@ -143,7 +118,6 @@ def _llava(lm, state: dict, tokenizer, vision: VisionSpec, image_token: str) -> 
     report = {"kind": vision.kind, "source": vision.source, "tower": family, **info, "vocab_size": vocab,
               "text_model_type": config.text_config.model_type}
     if vision.kind == "scenes":  # what the frozen tower sees: its linear probe on held-out images
-        from interventions.adapt.tower import pretrained_tower, tower_report
 
         report["tower_probe"] = tower_report(pretrained_tower(vision.tiny))["probe"]
     return Built(vlm, processor, tokenizer, image_token, ("", ""), report)
@@ -177,6 +151,7 @@ def multimodal_chat_template(template: str | None, image_token: str) -> str | No
 
 def llava_config(text_config, vision_config, family: str, vision: VisionSpec, image_token_index: int, vocab: int):
     """(LlavaConfig, facts) for a fresh/tiny build: LLaVA-1.5 feature choice, 2-layer GELU projector."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import LlavaConfig
 
     strategy = "full" if family == "siglip" else "default"
@@ -197,6 +172,7 @@ def llava_config(text_config, vision_config, family: str, vision: VisionSpec, im
 
 def tower_config(vision: VisionSpec):
     """(vision config, 'clip' | 'siglip') of a fresh or tiny tower, from configs only."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import CLIPVisionConfig
 
     if vision.kind == "tiny":
@@ -205,10 +181,7 @@ def tower_config(vision: VisionSpec):
                                 num_hidden_layers=t["num_hidden_layers"], num_attention_heads=t["num_attention_heads"],
                                 image_size=t["image_size"], patch_size=t["patch_size"], num_channels=3), "clip"
     if vision.kind == "scenes":
-        from interventions.adapt.tower import settings_of, vision_config
-
         return vision_config(settings_of(vision.tiny)), "clip"
-    from interventions.pairs.resolve import load_config
 
     cfg = load_config(vision.source)  # one-line error for a missing path / offline hub id
     family = "siglip" if "siglip" in cfg.model_type else "clip" if "clip" in cfg.model_type else None
@@ -219,6 +192,7 @@ def tower_config(vision: VisionSpec):
 
 def _tower_weights(vision: VisionSpec, vision_config):
     """(tower state dict, image processor): seeded random for tiny, the checkpoint's for fresh."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoModel, CLIPVisionModel
 
     if vision.kind == "tiny":
@@ -232,9 +206,8 @@ def _tower_weights(vision: VisionSpec, vision_config):
                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
         return state, proc
     if vision.kind == "scenes":
+        # lazy: loads transformers, PIL, huggingface_hub
         from transformers import AutoImageProcessor
-
-        from interventions.adapt.tower import pretrained_tower
 
         path = pretrained_tower(vision.tiny)
         return CLIPVisionModel.from_pretrained(path, dtype=torch.float32).state_dict(), AutoImageProcessor.from_pretrained(path)
@@ -244,6 +217,7 @@ def _tower_weights(vision: VisionSpec, vision_config):
 
 def load_processor(vision: VisionSpec):
     """The image processor of a fresh tower, or a donor's whole processor; one line if it cannot load."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoImageProcessor, AutoProcessor
 
     flag = "--vision" if vision.kind == "fresh" else "--donor"
@@ -297,11 +271,8 @@ def donor_model(lm, state: dict, source: str):
     `state` is the base decoder's state (names without "model."); rows the donor adds past the
     base vocabulary keep the donor's values.
     """
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AutoModelForImageTextToText
-
-    from interventions.pairs import check_same_layout
-    from interventions.pairs.archs import plan_target_config
-    from interventions.pairs.resolve import load_config
 
     config = load_config(source)
     if config.model_type not in DONOR_TYPES:
@@ -318,7 +289,7 @@ def donor_model(lm, state: dict, source: str):
         tc.rope_parameters["rope_theta"] = theta
     tc.rms_norm_eps = lm.config.rms_norm_eps
     vocab = max(vlm.get_input_embeddings().weight.shape[0], lm.config.vocab_size)
-    _load_language_model(vlm, lm, state, vocab)
+    load_language_model(vlm, lm, state, vocab)
     report = {"kind": "donor", "source": source, "donor_type": config.model_type, "vocab_size": vocab,
               "text_model_type": text_config.model_type}
     return vlm.eval(), report
@@ -326,7 +297,7 @@ def donor_model(lm, state: dict, source: str):
 
 # --------------------------------------------------------------------------- shared pieces
 
-def _load_language_model(vlm, lm, state: dict, vocab: int, own_rows: bool = True) -> None:
+def load_language_model(vlm, lm, state: dict, vocab: int, own_rows: bool = True) -> None:
     """Copy the causal LM's decoder (`state`, names without "model.") and head into the VLM's.
 
     Rows past the base vocabulary keep the VLM's own values where it has trained ones (`own_rows`, a
@@ -384,59 +355,6 @@ def _generation_defaults(vlm, tokenizer) -> None:
         gc.bos_token_id = tokenizer.bos_token_id
 
 
-# --------------------------------------------------------------------------- groups, views, round trip
-
-def is_vlm(model) -> bool:
-    return getattr(model.config, "text_config", None) is not None
-
-
-def language_model(model):
-    """The text decoder (embeddings + layers + norm) inside a VLM, or the causal LM's own."""
-    return model.get_decoder() if is_vlm(model) else model.model
-
-
-def parameter_groups(model) -> dict[str, set[str]]:
-    """Parameter names per named group: lm (decoder + head), embeddings, projector, tower."""
-    names = {id(p): n for n, p in model.named_parameters()}
-
-    def of(module) -> set[str]:
-        return {names[id(p)] for p in module.parameters() if id(p) in names} if module is not None else set()
-
-    lm = of(language_model(model)) | of(model.get_output_embeddings())
-    emb = of(model.get_input_embeddings()) | of(model.get_output_embeddings())
-    groups = {"lm": lm, "embeddings": emb, "projector": set(), "tower": set()}
-    if is_vlm(model):
-        inner = model.model
-        projector = getattr(inner, "multi_modal_projector", None)
-        if projector is None and hasattr(inner, "visual"):
-            projector = getattr(inner.visual, "merger", None)
-        tower = getattr(inner, "vision_tower", None) or getattr(inner, "visual", None)
-        groups["projector"] = of(projector)
-        groups["tower"] = of(tower) - groups["projector"]
-    return groups
-
-
-def causal_view(model):
-    """A `*ForCausalLM` sharing the VLM's text decoder and head (no copy): for evals on the live weights."""
-    from transformers import AutoModelForCausalLM
-
-    from interventions.pairs import archs
-
-    if not is_vlm(model):
-        return model
-    text = model.config.get_text_config()
-    target = archs.choose_causal_type(text, None)
-    cfg = text if text.model_type == target else archs.causal_config_from_text(text, target, text.vocab_size)
-    cfg.tie_word_embeddings = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    with torch.device("meta"):
-        view = AutoModelForCausalLM.from_config(cfg)
-    view.model = model.get_decoder()
-    view.lm_head = model.get_output_embeddings()
-    view.generation_config = model.generation_config
-    view.config._attn_implementation = text._attn_implementation
-    return view.train(model.training)
-
-
 @torch.no_grad()
 def check_round_trip(vlm, base, tokenizer, texts=("The answer is 8.", "Describe the image in one sentence."), atol: float = 1e-5) -> float:
     """Max |logit difference| of the VLM's language model vs `base` on text; raises above `atol` times the
@@ -452,89 +370,3 @@ def check_round_trip(vlm, base, tokenizer, texts=("The answer is 8.", "Describe 
         raise SinkstudyError(f"logits round trip failed: the VLM's language model differs from the base by {worst:.3g} "
                              f"(> {atol} x max |logit| {scale:.3g})")
     return worst
-
-
-# --------------------------------------------------------------------------- save / load
-
-def save_vlm(built_or_model, processor, out: str | os.PathLike, *, force: bool = False, metadata: dict | None = None) -> Path:
-    """An ordinary HF checkpoint + processor (+ the QK-norm sidecar when norms are carried as hooks)."""
-    from interventions import qknorm
-    from sinkstudy.io import atomic_output_dir
-
-    model = built_or_model.model if isinstance(built_or_model, Built) else built_or_model
-    decoder = model.get_decoder()
-    carried = any(isinstance(m, qknorm.QKRMSNorm) for m in decoder.modules())
-    with atomic_output_dir(out, force=force) as tmp:
-        if carried:
-            gains, _ = qknorm.injected_norms(decoder)
-            prefix = _prefix_of(model, decoder)
-            state = {k: v for k, v in model.state_dict().items() if k.removeprefix(prefix) not in gains}
-            model.save_pretrained(tmp, state_dict=state)
-            qknorm.save_vlm_norms(decoder, tmp, metadata)
-        else:
-            model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-    return Path(out)
-
-
-def _prefix_of(model, module) -> str:
-    for name, m in model.named_modules():
-        if m is module:
-            return f"{name}." if name else ""
-    raise SinkstudyError("module is not part of the model")
-
-
-def load_vlm(path: str | os.PathLike, *, dtype=torch.float32, device: str = "cpu"):
-    """(VLM, processor) saved by `save_vlm` (or any hub VLM), carried QK-norm re-attached."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from interventions import qknorm
-
-    model = AutoModelForImageTextToText.from_pretrained(os.fspath(path), dtype=dtype).to(device)
-    qknorm.load_vlm_norms(path, model.get_decoder())
-    return model.eval(), AutoProcessor.from_pretrained(os.fspath(path))
-
-
-def extract_lm(vlm_path, base=None, *, dtype=torch.float32):
-    """The VLM's language model as a causal LM (the pair loader's extraction), carried QK-norm re-attached."""
-    from transformers import AutoModelForImageTextToText
-
-    from interventions import qknorm
-    from interventions.pairs import extract_language_model
-
-    model = AutoModelForImageTextToText.from_pretrained(os.fspath(vlm_path), dtype=dtype)
-    lm, report = extract_language_model(model, base, dtype=dtype)
-    if qknorm.load_vlm_norms(vlm_path, lm.model):  # the decoder's names are the causal LM's model.*
-        report.notes.append("injected QK-norm re-attached from the VLM's sidecar")
-    return lm, report
-
-
-def implant_lm(vlm, lm) -> None:
-    """Put a causal LM back into a VLM in place of its language model (the inverse of `extract_lm`): a merged
-    or mitigated LM scored with the VLM's own tower and projector. The LM's decoder and head replace the VLM's;
-    vocabulary rows past the LM's (the image token) keep the VLM's trained values. The LM must have the VLM
-    LM's architecture (a merge of base and VLM LM has)."""
-    from interventions import qknorm
-
-    if qknorm.qk_norm_kind(lm) == "injected":
-        raise SinkstudyError("cannot put an LM with injected QK-norm into a VLM built without it")
-    state = {k.removeprefix("model."): v for k, v in lm.state_dict().items() if k.startswith("model.")}
-    try:
-        _load_language_model(vlm, lm, state, vlm.get_input_embeddings().weight.shape[0], own_rows=True)
-    except RuntimeError as exc:  # load_state_dict's size or key mismatch, many lines
-        raise SinkstudyError(f"the LM does not fit the VLM's language model: {str(exc).splitlines()[0]}") from None
-
-
-def save_extracted_lm(vlm_path, base, out: str | os.PathLike, *, force: bool = False, own_class: bool = False) -> Path:
-    """Extract the VLM's language model (vocabulary aligned to `base`) and save it as a causal LM that
-    `interventions.pairs.load_causal_lm` reads back exactly: injected norms in the qknorm format.
-    `own_class`: the VLM was built around another class than the base's (a hook's `changes_architecture`):
-    extract it in that class; the base then only gives the tokenizer."""
-    from interventions import qknorm
-    from interventions.pairs import load_tokenizer, save_causal_lm
-
-    lm, report = extract_lm(vlm_path, None if own_class else base)
-    tok = load_tokenizer(base) if isinstance(base, (str, os.PathLike)) else None
-    if qknorm.qk_norm_kind(lm) == "injected":
-        return qknorm.save_injected(lm, out, tokenizer=tok, metadata={"extraction": report.to_dict()}, force=force)
-    return save_causal_lm(lm, tok, out, force=force, extra={"extraction": report.to_dict(), "vlm": os.fspath(vlm_path)})

@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from evals.protocol import EvalProtocol
+from evals.sink.calibration import DEFAULT_SET
 from sinkstudy import SinkstudyError
 
 SCHEDULES = ("constant", "cosine", "linear")
@@ -35,7 +39,7 @@ class StageConfig:
     """One training stage. `batch_size` is the effective batch (micro batch x accumulation x devices)."""
 
     name: str
-    data: list = field(default_factory=list)  # data specs (see interventions.adapt.data.load_records)
+    data: list = field(default_factory=list)  # data specs (see interventions.adapt.sources.load_records)
     trainable: list[str] = field(default_factory=lambda: ["projector"])
     lr: float = 1e-4
     schedule: str = "constant"
@@ -69,7 +73,7 @@ class TrajectoryConfig:
     """Sink Strength (and optionally a strict eval) of the language model every `every` steps."""
 
     every: int | None = None  # None: only before and after each stage
-    calibration: str = "ifeval15"
+    calibration: str = DEFAULT_SET
     metric: str = "logodds"
     eval_tasks: list[str] = field(default_factory=list)  # e.g. ["sinkstudy_ifeval"]; empty: sink only
     eval_limit: int | None = 20
@@ -135,8 +139,6 @@ def text_only_twin(config: AdaptConfig, data: list) -> AdaptConfig:
 
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> AdaptConfig:
     """An adaptation recipe from YAML (missing fields take the paper's values), then `overrides`."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise AdaptConfigError(f"adapt config not found: {p}")
@@ -236,8 +238,6 @@ def _stage(raw, where: str) -> StageConfig:
         if not isinstance(g, str) or (g not in GROUPS and not g.startswith("re:")):
             raise AdaptConfigError(f"{w}.trainable: unknown group {g!r}; groups: {', '.join(GROUPS)}, or re:<regex>")
         if g.startswith("re:"):
-            import re
-
             try:
                 re.compile(g[3:])
             except re.error as exc:
@@ -276,3 +276,37 @@ def _merge(a: dict, b: dict) -> dict:
     for k, v in b.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+# --------------------------------------------------------------------------- the vision side
+
+VISION_KINDS = ("fresh", "donor", "tiny", "scenes")  # how `interventions.adapt.build` makes the tower and projector
+TINY_DEFAULTS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 8, "patch_size": 4}
+
+
+@dataclass
+class VisionSpec:
+    """Where the vision side comes from. `source`: tower (fresh) or VLM (donor) hub id / path."""
+
+    kind: str
+    source: str | None = None
+    tiny: dict = field(default_factory=dict)  # tiny tower shape (TINY_DEFAULTS); scenes: tower settings
+    feature_layer: int | None = None  # fresh: default -2 (CLIP, LLaVA-1.5) / -1 (SigLIP)
+    seed: int = 0  # projector (and tiny tower) initialisation
+
+    def __post_init__(self):
+        if self.kind not in VISION_KINDS:
+            raise SinkstudyError(f"unknown vision kind {self.kind!r}; choose from {', '.join(VISION_KINDS)}")
+        if self.kind in ("fresh", "donor") and not self.source:
+            raise SinkstudyError(f"vision kind {self.kind!r} needs a source (hub id or local path)")
+        if self.kind == "scenes":
+            from interventions.adapt.tower import settings_of  # the tower's module loads torch
+
+            settings_of(self.tiny)
+            return
+        unknown = set(self.tiny) - set(TINY_DEFAULTS) - {"intermediate_size"}
+        if unknown:
+            raise SinkstudyError(f"unknown tiny tower key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(TINY_DEFAULTS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from interventions.adapt.build import VisionSpec
-from interventions.adapt.config import AdaptConfig
+from interventions.adapt.config import AdaptConfig, VisionSpec
+from interventions.adapt.sources import load_records, parse_spec
+from interventions.pairs.resolve import load_config
 from sinkstudy import SinkstudyError
 
 GPUS = {  # memory (GB), dense bf16 peak (TFLOP/s)
@@ -35,11 +36,10 @@ GPUS = {  # memory (GB), dense bf16 peak (TFLOP/s)
 def skeleton(base, vision: VisionSpec | None):
     """The model to train, on the meta device (no weights): for counting parameters per group.
     `base`: a path / hub id, a config, or a loaded causal LM."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, LlavaForConditionalGeneration
-
     from interventions.adapt.build import llava_config, tower_config
-    from interventions.pairs.resolve import load_config
 
     base_config = base if hasattr(base, "model_type") else base.config if hasattr(base, "config") else load_config(base)
     with torch.device("meta"):
@@ -56,7 +56,8 @@ def estimate(base, vision: VisionSpec | None, config: AdaptConfig, *, gpu: str =
              tokens_per_example: int | None = None, answer_share: float = 0.3, mfu: float = 0.4,
              examples: dict[str, int] | None = None) -> dict[str, Any]:
     """Per stage: trainable parameters, memory per GPU (GB) by kind, seconds per step, total hours."""
-    from interventions.adapt.build import parameter_groups
+    # lazy: loads torch, transformers, datasets
+    from interventions.adapt.vlm_io import parameter_groups
     from interventions.adapt.trainer import select_trainable
 
     if gpu not in GPUS:
@@ -112,8 +113,6 @@ def estimate(base, vision: VisionSpec | None, config: AdaptConfig, *, gpu: str =
 
 def _count_examples(stage) -> int | None:
     """Records of the stage's data when counting is cheap (JSON files, digits, in-memory); else None."""
-    from interventions.adapt.data import load_records, parse_spec
-
     total = 0
     for spec in stage.data:
         s = parse_spec(spec)

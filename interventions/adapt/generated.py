@@ -1,8 +1,7 @@
 """Seeded VL instruction data in LLaVA-1.5's kinds, generated offline from the visual world (`evals.vl`).
 
-A data spec `{"generated": KIND, "n": N, "split": "train" | "heldout", "seed": S}` (`interventions.adapt.data`)
+A data spec `{"generated": KIND, "n": N, "split": "train" | "heldout", "seed": S}` (`interventions.adapt.sources`)
 gives N records of one kind, each a pure function of (kind, split, seed, index), made on access:
-
     easyvqa       easy-VQA's own questions (its train split; "heldout": its test split) + the format instruction
     scene_vqa     short-answer questions about a generated scene (count, where, colour, shape, yes/no) + the instruction
     digit_vqa     "What digit is this?" on the 8x8 digits (their seeded split) + the instruction, answered "7"
@@ -24,6 +23,7 @@ from collections.abc import Sequence
 
 from evals.vl import digits, easyvqa, scenes
 from evals.vl.questions import SHORT, digit_question, number_word, plural, scene_questions
+from sinkstudy import SinkstudyError
 
 KINDS = ("easyvqa", "scene_vqa", "digit_vqa", "caption", "detail", "conversation", "reasoning")
 IMAGE = "<image>"
@@ -48,8 +48,6 @@ class GeneratedRows(Sequence):
     """`n` records of one kind, each made when it is read."""
 
     def __init__(self, kind: str, n: int, split: str = "train", seed: int = 0):
-        from sinkstudy import SinkstudyError
-
         if kind not in KINDS:
             raise SinkstudyError(f"unknown generated data kind {kind!r}; choose from {', '.join(KINDS)}")
         if split not in ("train", "heldout"):
@@ -244,8 +242,6 @@ def reasoning(s, rng) -> tuple[str, str]:
 
 def check(spec: dict) -> None:
     """A `generated` spec's settings, checked before any work (one line)."""
-    from sinkstudy import SinkstudyError
-
     n = spec.get("n")
     if spec["generated"] not in KINDS:
         raise SinkstudyError(f"unknown generated data kind {spec['generated']!r}; choose from {', '.join(KINDS)}")

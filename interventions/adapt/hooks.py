@@ -18,7 +18,7 @@ Then per stage, for the hooks whose `stages` (None: every stage) name it, the tr
                                forward hooks, read ctx.sink_maps. Parameters frozen here are left out
                                of the optimizer, so weight decay cannot move them either.
     dataset(ctx, dataset)      once, after setup: return the stage's training set, e.g. mixed with other
-                               data (`interventions.adapt.data.MixedDataset`: its own sampler fixes
+                               data (`interventions.adapt.encoding.MixedDataset`: its own sampler fixes
                                the batch composition); `dataset.encoder` formats records as the
                                stage's own (chat template, labels).
     loss(ctx, model, inputs)   every micro-batch, after the task loss: return a scalar tensor (the

@@ -1,5 +1,4 @@
 """The held-out VL skill of a VLM the engine saved, by one of two probes (a study's `vl_eval`):
-
 - digits: which of "It is a 0." ... "It is a 9." it finds most likely for held-out digits
   (`evals.vqa.choice_accuracy`), the prompts encoded by the engine's own encoder, as it trained on them
   (the digits recipe's probe; the demo's build measures it too);
@@ -13,6 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.vqa import choice_accuracy, heldout_items, vqa_accuracy
+from interventions.adapt.sources import digits_records
+from interventions.pairs import load_causal_lm
+
 PROBES = ("digits", "vqa")
 # The held-out VQA's defaults: items per source (evals.vqa.heldout_items), greedy answer budget
 VQA_DEFAULTS = {"easyvqa": 120, "scenes": 120, "digits": 60, "seed": 0, "max_new_tokens": 8}
@@ -22,9 +25,9 @@ def digit_skill(vlm_dir: Path, heldout: int, seed: int, *, loaded=None) -> dict:
     """Held-out digit accuracy of a saved VLM (`evals.vqa.choice_accuracy` over "It is a 0." ... "It is a 9.",
     prompts encoded as the adaptation engine trained them), and the true answer's token NLL and perplexity.
     `loaded`: the (VLM, processor) already in memory."""
-    from evals.vqa import choice_accuracy
-    from interventions.adapt.build import load_vlm
-    from interventions.adapt.data import Encoder, collate, digits_records
+    # lazy: loads torch, transformers, scipy
+    from interventions.adapt.vlm_io import load_vlm
+    from interventions.adapt.encoding import Encoder, collate
 
     vlm, processor = loaded or load_vlm(vlm_dir)
     tok = processor.tokenizer
@@ -37,8 +40,6 @@ def digit_skill(vlm_dir: Path, heldout: int, seed: int, *, loaded=None) -> dict:
 def vqa_skill(vlm, processor, settings: dict) -> dict:
     """Held-out VQA accuracy of a loaded VLM: overall, and per question type with its chance (uniform over the
     type's answers) and the commonest answer's share (`evals.vqa.score`)."""
-    from evals.vqa import heldout_items, vqa_accuracy
-
     s = {**VQA_DEFAULTS, **settings}
     items = heldout_items(s["easyvqa"], s["scenes"], s["digits"], s["seed"])
     result, answers = vqa_accuracy(vlm, processor, items, max_new_tokens=s["max_new_tokens"])
@@ -50,12 +51,11 @@ def vl_skill(vlm_dir, probe: dict, lm_dir=None) -> dict:
     """The VLM's held-out VL skill under `probe` ({"probe": "digits", "heldout", "seed"} or {"probe": "vqa", ...
     VQA_DEFAULTS' keys}), with `lm_dir`'s causal LM in place of its own when given. The result always carries
     `probe` and `accuracy` (a share in [0, 1])."""
-    from interventions.adapt.build import implant_lm, load_vlm
+    # lazy: loads torch, transformers, scipy
+    from interventions.adapt.vlm_io import implant_lm, load_vlm
 
     loaded = load_vlm(vlm_dir)
     if lm_dir is not None:
-        from interventions.pairs import load_causal_lm
-
         lm, _ = load_causal_lm(str(lm_dir))
         implant_lm(loaded[0], lm)
     if probe["probe"] == "digits":

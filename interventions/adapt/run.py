@@ -1,8 +1,9 @@
 """A whole adaptation run: (inject QK-norm) -> build the VLM -> stages -> save, resumable.
 
 Layout of a run directory OUT:
-    request.json        what was asked (base, vision, recipe, data, hooks with their source hashes):
-                        a rerun with another request refuses (or replaces, with force)
+    request.json        what was asked (base, vision, recipe, data, hooks with their source hashes): only
+                        a run of this same request continues in OUT (another is refused: it is not this
+                        writer's to replace; the engine running `experiments.study.arms.Adapt` decides that)
     work/<stage>/       the Trainer's checkpoints (resume points) and, once the stage is done,
                         final.safetensors + done.json; removed at the end unless keep_checkpoints
     trajectory.json/.png  Sink Strength (and scores) during training, when asked
@@ -11,7 +12,8 @@ Layout of a run directory OUT:
                         atomically at the end; a text-only run writes a causal-LM checkpoint
     snapshots/<stage>-<step>/  the model after that step of a stage with `save_models_at`, saved like model/
 A killed run continues with `resume=True` from the newest checkpoint of the unfinished stage and
-ends with the weights an uninterrupted run would have; a finished run is reused as is.
+ends with the weights an uninterrupted run would have (its finished stages are loaded, not trained again).
+Whether a finished run is reused is decided by the engine that runs it as a step, never here.
 """
 
 from __future__ import annotations
@@ -23,23 +25,34 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
-from interventions.adapt import stagecache
-from interventions.adapt.build import VisionSpec
-from interventions.adapt.config import AdaptConfig
+import torch
+from safetensors.torch import load_model, save_model
+
+from evals.sink import compute_sink_maps
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
+from interventions import qknorm as qk
+from interventions.adapt import encoding, sources, stagecache
+from interventions.adapt.build import DONOR_TYPES, build_vlm, check_round_trip, load_processor, tower_config
+from interventions.adapt.code import RUN as RUN_CODE
+from interventions.adapt.config import AdaptConfig, VisionSpec
 from interventions.adapt.hooks import TrainingHook
+from interventions.adapt.sources import check_spec, spec_identity
+from interventions.adapt.trajectory_plot import plot_trajectories
+from interventions.pairs import load_causal_lm, save_causal_lm
+from interventions.pairs.resolve import load_config
+from interventions.qknorm import inject_qk_norm
 from sinkstudy import SinkstudyError
-from sinkstudy.io import read_json, write_json_atomic
+from sinkstudy.io import OutputExistsError, read_json, write_json_atomic
+from sinkstudy.plugins import source_hash
+from sinkstudy.provenance import model_fingerprint, module_code_version, provenance
 
 log = logging.getLogger(__name__)
 REQUEST, REPORT, TRAJECTORY = "request.json", "adapt.json", "trajectory.json"
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 def hook_identity(hook: TrainingHook) -> dict:
     """A hook's name, class, parameters and the hash of its source files (`sinkstudy.plugins.source_hash`
     of `hook.sources()`): part of the request, so editing a hook (a plug-in file) reruns the run."""
-    from sinkstudy.plugins import source_hash
-
     params = hook.identity_params()
     return {"name": hook.name, "class": f"{type(hook).__module__}.{type(hook).__qualname__}",
             "source_sha256": source_hash(*hook.sources()), "params": json.loads(json.dumps(params, default=str))}
@@ -47,10 +60,6 @@ def hook_identity(hook: TrainingHook) -> dict:
 
 def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks: Sequence[TrainingHook] = (),
                  qknorm: dict | None = None) -> dict:
-    from sinkstudy.provenance import code_version, model_fingerprint
-
-    from interventions.adapt.data import spec_identity
-
     cfg = config.to_dict()
     for stage in cfg["stages"]:
         stage["data"] = [spec_identity(s) for s in stage["data"]]
@@ -62,38 +71,25 @@ def make_request(base, vision: VisionSpec | None, config: AdaptConfig, *, hooks:
         "config": cfg,
         "hooks": [hook_identity(h) for h in hooks],
         # The engine, the sink probe its trajectory runs, the visual world its generated data draws and the
-        # generation its self-distilled data runs: a finished run from other code is not reused.
-        "code": code_version(_ROOT / "interventions" / "adapt", _ROOT / "evals" / "sink", _ROOT / "evals" / "vl",
-                             _ROOT / "evals" / "generate"),
+        # generation its self-distilled data runs (`interventions.adapt.code.RUN`): a run from other code is another.
+        "code": module_code_version(*RUN_CODE),
     }, default=str))
 
 
-def check_run_dir(out: Path, request: dict, *, resume: bool, force: bool) -> str:
-    """'new', 'resume' or 'done' for `out`; refuses (one line) a different or unasked-for existing run."""
-    if not out.exists():
+def check_run_dir(out: Path, request: dict, *, resume: bool) -> str:
+    """'new' (nothing in `out`) or 'resume' (an earlier run of `request` in `out`, with `resume`); anything else in
+    `out` is refused in one line: this writer never replaces what it was not asked to continue."""
+    if not out.exists() or not any(out.iterdir()):
         return "new"
-    if force:
-        return "replace"
-    if not (out / REQUEST).is_file():
-        raise SinkstudyError(f"output {out} already exists and is not an adaptation run; pass --force to replace it")
-    old = read_json(out / REQUEST)
-    if old != request:
-        changed = sorted(k for k in set(old) | set(request) if old.get(k) != request.get(k))
-        raise SinkstudyError(f"output {out} holds a different adaptation run (differs in {', '.join(changed)}); "
-                             "pass --force to replace it")
-    if (out / REPORT).is_file():
-        return "done"
+    if not (out / REQUEST).is_file() or read_json(out / REQUEST) != request:
+        raise OutputExistsError(f"output {out} already exists and holds no run of this request; choose another out or remove it")
     if not resume:
-        raise SinkstudyError(f"output {out} holds an unfinished run of the same request; pass --resume to continue it (or --force)")
+        raise SinkstudyError(f"output {out} holds a run of the same request; pass --resume to continue it (or --force to start over)")
     return "resume"
 
 
 def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig, hooks: Sequence[TrainingHook] = ()) -> None:
     """Every input a run reads, checked from configs and file existence (before any work)."""
-    from interventions.adapt import data as data_mod
-    from interventions.adapt.build import DONOR_TYPES, load_processor, tower_config
-    from interventions.pairs.resolve import load_config
-
     names = [s.name for s in config.stages]
     for hook in hooks:
         unknown = [s for s in hook.stages or () if s not in names]
@@ -104,7 +100,7 @@ def check_inputs(base, vision: VisionSpec | None, config: AdaptConfig, hooks: Se
         if not stage.data:
             raise SinkstudyError(f"stage {stage.name}: no data; give e.g. --data {stage.name}=digits")
         for spec in stage.data:
-            data_mod.check_spec(spec)
+            check_spec(spec)
         vision_groups = sorted({"projector", "tower"} & set(stage.trainable))
         if vision is None and vision_groups:
             raise SinkstudyError(f"stage {stage.name} trains {', '.join(vision_groups)}, but a text-only run has no vision side")
@@ -131,7 +127,6 @@ def adapt(
     hooks: Sequence[TrainingHook] = (),
     qknorm: dict | None = None,
     resume: bool = False,
-    force: bool = False,
     progress: bool = True,
     callbacks: Sequence = (),
     device: str | None = None,
@@ -144,11 +139,13 @@ def adapt(
     trajectory's calibration texts). `hooks`: protection plug-ins (interventions.adapt.hooks), part of
     the run's identity. `callbacks`: extra `TrainerCallback`s that only observe (not part of it).
     `device`: "cpu" or "cuda" (default: the GPU when there is one); how it runs, not part of the identity.
-    `stage_cache`: a folder of finished stages shared between runs (`interventions.adapt.stagecache`): a
-    stage whose key is there is loaded instead of trained (single-process runs only).
+    `stage_cache`: a folder of finished stages shared between runs (`interventions.adapt.stagecache`; a study's
+    arms share `stagecache.default_root()`): a stage whose key is there is loaded instead of trained (single-process
+    runs only).
     """
     out = Path(out)
     model_dir = Path(model_dir) if model_dir else out / "model"
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import check_device
 
     check_inputs(base, vision, config, hooks)
@@ -157,19 +154,14 @@ def adapt(
     main = _is_main()
     try:
         # Under a multi-process launch rank 0 decides (and writes); the others may already see its request.
-        status = check_run_dir(out, request, resume=resume or not main, force=force)
+        status = check_run_dir(out, request, resume=resume or not main)
     except SinkstudyError:
         if main:
             raise
         status = "resume"  # rank 0 refuses and exits; the launcher stops the others
-    if status == "done" and model_dir.exists():
-        log.info("reusing finished adaptation run %s", out)
-        return read_json(out / REPORT)
-    if main:
-        if status == "replace":
-            shutil.rmtree(out)
+    if main and status == "new":
         write_json_atomic(out / REQUEST, request)
-    fresh = status in ("new", "replace")  # nothing of an earlier run may be reused (also by other ranks)
+    fresh = status == "new"  # nothing of an earlier run may be reused (also by other ranks)
     shared = Path(stage_cache) if stage_cache is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1 else None
     return _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, list(callbacks), fresh, device,
                 (shared, request))
@@ -177,14 +169,9 @@ def adapt(
 
 def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progress, main, extra_callbacks, fresh, device,
          shared) -> dict:
-    import torch
-
-    from interventions.adapt import data as data_mod
-    from interventions.adapt.build import build_vlm, check_round_trip
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import train_stage
-    from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback, plot_trajectories, read_points
-    from interventions.pairs import load_causal_lm
-    from sinkstudy.provenance import model_fingerprint, provenance
+    from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback, read_points
 
     torch.manual_seed(config.seed)
     lm, tok = load_causal_lm(base, tokenizer=tokenizer)
@@ -213,9 +200,9 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
     cache, request = shared
     for k, stage in enumerate(config.stages):
         work = out / "work" / stage.name
-        sources = [data_mod.load_records(spec, seed=config.seed, base=base) for spec in stage.data]
-        encoder = data_mod.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
-        dataset = data_mod.EncodedDataset(sources, encoder)
+        records = [sources.load_records(spec, seed=config.seed, base=base) for spec in stage.data]
+        encoder = encoding.Encoder(tok, max_length=config.max_length, loss_on=stage.loss_on, **encoder_args)
+        dataset = encoding.EncodedDataset(records, encoder)
         key = stagecache.stage_key(request, hooks, k) if cache else None
         finished = not fresh and (work / "done.json").is_file()
         entry = stagecache.lookup(cache, key) if key and not finished else None
@@ -228,26 +215,22 @@ def _run(base, tokenizer, vision, config, out, model_dir, hooks, qknorm, progres
                     _add_point(traj_path, probe, point)
             finished = True
         if finished:
-            from safetensors.torch import load_model
-
             load_model(model, str(work / "final.safetensors"))
             stats = read_json(work / "done.json")
         else:
             callbacks = [TrajectoryCallback(probe, traj_path, stage=stage.name, offset=offset, every=config.trajectory.every)] if main else []
             callbacks += extra_callbacks
-            stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: data_mod.collate(f, pad_id), work_dir=work,
+            stats = train_stage(model, stage, config, dataset, collate_fn=lambda f: encoding.collate(f, pad_id), work_dir=work,
                                 tokenizer=tok, hooks=hooks, callbacks=callbacks, sink_maps=sink_maps,
                                 calibration=probe.texts if sink_maps is not None else None, resume=not fresh, base=base,
                                 progress=progress and main, desc=f"adapt {stage.name}", device=device)
             if main:
-                from safetensors.torch import save_model
-
                 save_model(model, str(work / "final.safetensors"))
                 write_json_atomic(work / "done.json", {**stats, "records": len(dataset)})
                 if key:
                     names = {s.name for s in config.stages[: k + 1]}
                     stagecache.store(cache, key, work, [p for p in read_points(traj_path) if p["stage"] in names])
-        stages.append({**stats, "records": len(dataset), "data": [data_mod.spec_identity(s) for s in stage.data]})
+        stages.append({**stats, "records": len(dataset), "data": [sources.spec_identity(s) for s in stage.data]})
         offset += stats["steps"]
     if not main:
         return {}
@@ -283,10 +266,8 @@ def snapshot_dir(out: Path, stage: str, step: int) -> Path:
 def _save_snapshots(model, processor, tok, out: Path, config: AdaptConfig, vision, qknorm) -> list[dict]:
     """Each stage's `save_models_at` weights saved as a model of its own (the final model's weights are then gone from
     `model`: call last). Steps count from the run's start, as the trajectory's do."""
-    from safetensors.torch import load_model
-
+    # lazy: loads transformers, datasets, scipy
     from interventions.adapt.trainer import snapshot_file
-    from sinkstudy.provenance import model_fingerprint
 
     saved, offset = [], 0
     for stage in config.stages:
@@ -302,6 +283,7 @@ def _save_snapshots(model, processor, tok, out: Path, config: AdaptConfig, visio
 
 
 def _add_point(path: Path, probe, point: dict) -> None:
+    # lazy: loads transformers, scipy, PIL
     from interventions.adapt.trajectory import FORMAT, read_points
 
     points = sorted(read_points(path) + [point], key=lambda p: p["step"])
@@ -309,36 +291,30 @@ def _add_point(path: Path, probe, point: dict) -> None:
 
 
 def _inject(lm, tok, qknorm: dict, config: AdaptConfig):
-    from interventions.qknorm import inject_qk_norm
-
     unknown = set(qknorm) - {"init", "alpha"}
     if unknown:
         raise SinkstudyError(f"qknorm: unknown option(s) {', '.join(sorted(unknown))}; allowed: init, alpha")
-    from evals.sink.calibration import resolve_texts
 
-    texts = [t.text for t in resolve_texts(config.trajectory.calibration, "ifeval15")[0]]
+    texts = [t.text for t in resolve_texts(config.trajectory.calibration, DEFAULT_SET)[0]]
     return inject_qk_norm(lm, init=qknorm.get("init", "identity-gain"), calibration_texts=texts, tokenizer=tok,
                           alpha=qknorm.get("alpha", 0.5), progress=False)
 
 
 def _base_sink_maps(lm, tok, probe):
-    from evals.sink import compute_sink_maps
-
     return compute_sink_maps(lm, tok, probe.texts, metric=probe.cfg.metric, progress=False)
 
 
 def _save(model, processor, tok, model_dir: Path, vision, qknorm) -> None:
-    from interventions import qknorm as qk
-    from interventions.adapt.build import save_vlm
-    from interventions.pairs import save_causal_lm
+    # lazy: loads transformers, scipy, PIL
+    from interventions.adapt.vlm_io import save_vlm
 
     model.config.use_cache = True
     if vision is not None:
-        save_vlm(model, processor, model_dir, force=True)
+        save_vlm(model, processor, model_dir, replace=True)
     elif qk.qk_norm_kind(model) == "injected":
-        qk.save_injected(model, model_dir, tokenizer=tok, metadata={"qknorm": qknorm}, force=True)
+        qk.save_injected(model, model_dir, tokenizer=tok, metadata={"qknorm": qknorm}, replace=True)
     else:
-        save_causal_lm(model, tok, model_dir, force=True)
+        save_causal_lm(model, tok, model_dir, replace=True)
 
 
 def _is_main() -> bool:

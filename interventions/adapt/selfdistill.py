@@ -4,7 +4,7 @@ Text mixed into VL training (LLaVA-665K's ShareGPT part, `text_replay`, the text
 the base's text skill without teaching it anything new: replies written by the base itself, to prompts
 drawn from no eval set (`neutral_prompts`: everyday topics in plain request forms, no format constraints),
 teach it only what it already says. A data spec `{"selfdistill": "base", "prompts": N, "max_new_tokens": M}`
-(`interventions.adapt.data`; "base" is the run's base, or name any model) gives one chat per prompt. A
+(`interventions.adapt.sources`; "base" is the run's base, or name any model) gives one chat per prompt. A
 reply that reaches M tokens without ending is cut back to its last whole sentence (`cut_at_sentence`), so its
 end-of-turn follows a finished sentence, not a broken one; a cut reply with no whole sentence is left out.
 Measured on SmolLM2-135M-Instruct: at 512 tokens only 60 of 200 replies end by themselves (at 192, 13), so
@@ -15,14 +15,19 @@ and cached under a key of the base's fingerprint, the prompts, the settings and 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import re
 from pathlib import Path
 
+from tqdm import tqdm
+
+from interventions.pairs import load_causal_lm
 from sinkstudy import SinkstudyError
+from sinkstudy.io import cache_root, output_lock, write_text_atomic
+from sinkstudy.keys import key
+from sinkstudy.provenance import model_fingerprint, module_code_version
 
 # The reply budget: SmolLM2-135M-Instruct's replies to these prompts mostly run past it (60 of 200 end within 512
 # tokens); the others are cut back to their last whole sentence.
@@ -72,24 +77,23 @@ def check(spec: dict) -> None:
         raise SinkstudyError("selfdistill: name the model whose replies to use (\"base\": the run's base)")
 
 
+# The modules that write the replies: part of their key.
+CODE = ("interventions.adapt.selfdistill", "evals.generate.packed", "evals.generate.loop")
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "selfdistill"
+    """Where the replies are kept: `<cache>/selfdistill` (`sinkstudy.io.cache_root`), the input of the steps that
+    adapt on them."""
+    return cache_root() / "selfdistill"
 
 
 def cache_key(fingerprint: str, settings: dict) -> str:
-    from sinkstudy.provenance import code_version
-
-    root = Path(__file__).resolve().parents[2]
-    blob = json.dumps({"model": fingerprint, "prompts": neutral_prompts(settings["prompts"]), "settings": settings,
-                       "code": code_version(Path(__file__), root / "evals" / "generate")}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    return key({"model": fingerprint, "prompts": neutral_prompts(settings["prompts"]), "settings": settings,
+                "code": module_code_version(*CODE)})
 
 
 def records(base, spec: dict) -> list[dict]:
     """The chats of a `selfdistill` spec for the run's `base` (a path, name or loaded causal LM)."""
-    from sinkstudy.io import output_lock, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint
-
     source = base if spec["selfdistill"] == "base" else spec["selfdistill"]
     settings = settings_of(spec)
     path = cache_dir() / f"{cache_key(model_fingerprint(source), settings)}.jsonl"
@@ -104,11 +108,9 @@ def records(base, spec: dict) -> list[dict]:
 def generate(model_or_path, settings: dict, *, progress: bool = True) -> list[dict]:
     """Greedy replies of the model (chat template on) to the neutral prompts; replies cut at the budget left out.
     A bar counts the replies (200 take about 11 min on 2 CPU cores for SmolLM2-135M)."""
+    # lazy: loads torch, transformers, numpy
     import torch
-    from tqdm import tqdm
-
     from evals.generate.loop import Prompt, greedy_generate
-    from interventions.pairs import load_causal_lm
 
     model, tok = (load_causal_lm(model_or_path) if isinstance(model_or_path, (str, os.PathLike)) else (model_or_path, None))
     if tok is None:

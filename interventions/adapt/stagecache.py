@@ -2,7 +2,9 @@
 
 Arms of a protection study differ in what they do in stage 2 (a protection, replayed text), while their
 stage 1 (the projector alone, same base, seed, data and settings) is the same computation. A run given a
-`stage_cache` folder looks each stage up there before training it, and stores it there once trained:
+`stage_cache` folder (a study's arms: `default_root()`, `<cache>/stages` beside every other reusable result)
+looks each stage up there before training it, and stores it there once trained: a cache whose entries are the
+input of the step that adapts, keyed by the one key helper (`sinkstudy.keys.key`):
 
     <stage_cache>/<key>/final.safetensors   the whole model after the stage
                         done.json           the stage's statistics (as in the run's work/<stage>/done.json)
@@ -19,8 +21,6 @@ written whole (a temporary folder renamed into place); a second writer of the sa
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Sequence
 
 from interventions.adapt.hooks import TrainingHook
-from sinkstudy.io import read_json, write_json_atomic
+from sinkstudy.io import cache_root, read_json, write_json_atomic
+from sinkstudy import keys
 
 WEIGHTS, STATS, POINTS = "final.safetensors", "done.json", "points.json"
 SNAPSHOTS = "snapshot-*.safetensors"  # interventions.adapt.trainer.snapshot_file
@@ -39,13 +40,18 @@ def shapes(hook: TrainingHook, stage_names: Sequence[str]) -> bool:
     return any(hook.applies_to(n) for n in stage_names) or type(hook).prepare_base is not TrainingHook.prepare_base
 
 
+def default_root() -> Path:
+    """Where finished stages are shared between runs: `<cache>/stages` (`sinkstudy.io.cache_root`)."""
+    return cache_root() / "stages"
+
+
 def stage_key(request: dict, hooks: Sequence[TrainingHook], k: int) -> str:
     """The key of the run's stage k (0-based): its request cut after stage k, with the hooks that shape stages 0..k."""
     stages = request["config"]["stages"][: k + 1]
     names = [s["name"] for s in stages]
     cut = {**request, "config": {**request["config"], "stages": stages},
            "hooks": [ident for hook, ident in zip(hooks, request["hooks"]) if shapes(hook, names)]}
-    return hashlib.sha256(json.dumps(cut, sort_keys=True).encode()).hexdigest()[:32]
+    return keys.key(cut)
 
 
 def lookup(cache: Path, key: str) -> Path | None:

@@ -11,7 +11,7 @@ patch features, fitted on train images and scored on held-out ones.
 
 `pretrained_tower(settings)` returns the checkpoint folder (`CLIPVisionModel` + its PIL image
 processor + `tower.json` with the losses and the probe), trained once and cached under a key of the
-settings and this code (`~/.cache/sinkstudy/towers/<key>`); `VisionSpec("scenes")` builds a LLaVA around it.
+settings and this code (`<cache>/towers/<key>`, `sinkstudy.io.cache_root`); `VisionSpec("scenes")` builds a LLaVA around it.
 """
 
 from __future__ import annotations
@@ -21,11 +21,20 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
+from evals.vl import digits, easyvqa, scenes
+from evals.vl.easyvqa import COLOURS, SHAPES, questions
+from evals.vl.scenes import MAX_OBJECTS
 from sinkstudy import SinkstudyError
+from sinkstudy.io import atomic_output_dir, cache_root, output_lock
+from sinkstudy.keys import key
+from sinkstudy.provenance import module_code_version
 
 DEFAULTS = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512,
             "image_size": 64, "patch_size": 16, "scenes": 6000, "steps": 800, "batch_size": 64, "lr": 1e-3,
@@ -54,27 +63,23 @@ def settings_of(overrides: dict | None = None) -> dict:
     return s
 
 
+# The tower's own code and the modules that draw its images (not the questions asked about them): part of its key.
+CODE = ("interventions.adapt.tower", "evals.vl.scenes", "evals.vl.easyvqa", "evals.vl.digits")
+
+
 def tower_key(settings: dict) -> str:
-    import hashlib
-
-    from sinkstudy.provenance import code_version
-
-    root = Path(__file__).resolve().parents[2]
-    vl = root / "evals" / "vl"  # the modules that draw its images (not the questions asked about them)
-    blob = json.dumps({"settings": settings, "code": code_version(Path(__file__), vl / "scenes.py", vl / "easyvqa.py", vl / "digits.py")},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    return key({"settings": settings, "code": module_code_version(*CODE)})
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SINKSTUDY_CACHE", Path.home() / ".cache" / "sinkstudy")) / "towers"
+    """Where pretrained towers are kept: `<cache>/towers` (`sinkstudy.io.cache_root`), the input of the steps that
+    build a VLM around one."""
+    return cache_root() / "towers"
 
 
 def pretrained_tower(overrides: dict | None = None, *, progress: bool = True) -> Path:
     """The cached tower for these settings, pretrained (and probed) first when missing, with a progress bar (a minute
     or more on CPU: `--quiet` hides it)."""
-    from sinkstudy.io import atomic_output_dir, output_lock
-
     settings = settings_of(overrides)
     out = cache_dir() / tower_key(settings)
     if (out / "tower.json").is_file():
@@ -85,7 +90,7 @@ def pretrained_tower(overrides: dict | None = None, *, progress: bool = True) ->
         model, processor, report = pretrain(settings, progress=progress)
         logging.getLogger(__name__).info("probing the tower on held-out images")
         report["probe"] = probe(model, processor, settings)
-        with atomic_output_dir(out, force=True) as tmp:
+        with atomic_output_dir(out, replace=True) as tmp:
             model.save_pretrained(tmp)
             processor.save_pretrained(tmp)
             (tmp / "tower.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -105,6 +110,7 @@ def image_processor(settings: dict):
 
 
 def vision_config(settings: dict):
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import CLIPVisionConfig
 
     return CLIPVisionConfig(**{k: settings[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -115,10 +121,6 @@ def vision_config(settings: dict):
 
 def images(split: str, settings: dict, *, n_scenes: int | None = None) -> TowerImages:
     """The tower's images of `split` ("train" or "heldout"): scenes, easy-VQA's images, the digits."""
-    import numpy as np
-
-    from evals.vl import digits, easyvqa, scenes
-
     size, patch = settings["image_size"], settings["patch_size"]
     pix, rows = [], []
     n = n_scenes if n_scenes is not None else (settings["scenes"] if split == "train" else settings["scenes"] // 8)
@@ -143,15 +145,11 @@ def images(split: str, settings: dict, *, n_scenes: int | None = None) -> TowerI
 
 
 def _thing_class(t) -> int:
-    from evals.vl.easyvqa import COLOURS, SHAPES
-
     return (SHAPES.index(t.shape) * len(COLOURS) + COLOURS.index(t.colour)) * len(_SIZES) + _SIZES.index(t.size)
 
 
 def _easyvqa_labels(split: str) -> dict[str, dict]:
     """Shape and colour of each easy-VQA image that a question names them for ("what color is ...")."""
-    from evals.vl.easyvqa import COLOURS, SHAPES, questions
-
     out: dict[str, dict] = {}
     for _, answer, path, kind in questions(split):
         if kind == "shape":
@@ -162,7 +160,7 @@ def _easyvqa_labels(split: str) -> dict[str, dict]:
 
 
 def _array(image, size: int):
-    import numpy as np
+    # lazy: loads PIL
     from PIL import Image
 
     im = Image.open(image).convert("RGB") if isinstance(image, (str, os.PathLike)) else \
@@ -176,9 +174,6 @@ def _array(image, size: int):
 
 class _Heads(torch.nn.Module):
     def __init__(self, d: int):
-        from evals.vl.easyvqa import COLOURS, SHAPES
-        from evals.vl.scenes import MAX_OBJECTS
-
         super().__init__()
         self.patches = torch.nn.Linear(d, 1 + len(SHAPES) * len(COLOURS) * len(_SIZES))
         self.count = torch.nn.Linear(d, MAX_OBJECTS)
@@ -195,9 +190,7 @@ def features(model, pixels_uint8: torch.Tensor) -> torch.Tensor:
 
 def pretrain(settings: dict, *, progress: bool = False):
     """(CLIPVisionModel, image processor, report) trained on the train images with the heads above."""
-    import time
-
-    from tqdm import tqdm
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import CLIPVisionModel
 
     with torch.random.fork_rng(devices=[]):
@@ -248,6 +241,7 @@ def _loss(model, heads: _Heads, pixels, targets) -> torch.Tensor:
 def probe(model, processor, settings: dict) -> dict:
     """Held-out accuracy of a linear probe per attribute (count, shape, colour, digit) on the concatenated
     patch features, with the chance level (the held-out majority class's share)."""
+    # lazy: loads sklearn, scipy
     from sklearn.linear_model import LogisticRegression
 
     train, held = images("train", settings, n_scenes=settings["scenes"] // 2), images("heldout", settings)

@@ -16,16 +16,22 @@ resume, DeepSpeed / FSDP through `accelerate launch`) is the Trainer's own.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from safetensors.torch import load_model, save_model
+from tqdm.auto import tqdm
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import get_last_checkpoint
 
 from interventions.adapt.config import AdaptConfig, StageConfig
 from interventions.adapt.hooks import HookContext, TrainingHook
+from interventions.adapt.vlm_io import language_model, parameter_groups
 from sinkstudy import SinkstudyError
 
 log = logging.getLogger(__name__)
@@ -86,7 +92,6 @@ class AdaptTrainer(Trainer):
     def _save(self, output_dir=None, state_dict=None):
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._save(output_dir, state_dict)
-        from safetensors.torch import save_model
 
         output_dir = Path(output_dir or self.args.output_dir)
         if self.args.should_save:
@@ -98,7 +103,6 @@ class AdaptTrainer(Trainer):
         state = Path(resume_from_checkpoint) / STATE_FILE
         if self.is_deepspeed_enabled or self.is_fsdp_enabled or not state.is_file():
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
-        from safetensors.torch import load_model
 
         load_model(self.accelerator.unwrap_model(model if model is not None else self.model), str(state), strict=True)
 
@@ -161,8 +165,6 @@ class _Snapshots(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         target = snapshot_file(self.work_dir, state.global_step)
         if self.main and state.global_step in self.steps and not target.is_file():
-            from safetensors.torch import save_model
-
             tmp = target.with_name(f".{target.name}.tmp")
             save_model(self.model, str(tmp))
             tmp.replace(target)
@@ -178,8 +180,6 @@ class _Progress(TrainerCallback):
         self.t0 = self.tokens0 = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from tqdm.auto import tqdm
-
         self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.desc, disable=not self.enabled, leave=False)
         self.t0, self.tokens0 = time.perf_counter(), state.num_input_tokens_seen
 
@@ -198,8 +198,6 @@ class _Progress(TrainerCallback):
 
 def select_trainable(model, groups: Sequence[str] | TrainableFilter) -> set[str]:
     """Parameter names a stage trains: named groups and re:<pattern>, or a filter function."""
-    from interventions.adapt.build import parameter_groups
-
     named = dict(model.named_parameters())
     if callable(groups):
         return {n for n, p in named.items() if groups(n, p)}
@@ -219,8 +217,6 @@ def select_trainable(model, groups: Sequence[str] | TrainableFilter) -> set[str]
 
 def group_lrs(model, stage: StageConfig) -> dict[str, float]:
     """{parameter name: lr} for the parameters of the stage's `group_lr` groups (a later group wins where two overlap)."""
-    from interventions.adapt.build import parameter_groups
-
     if not stage.group_lr:
         return {}
     groups = parameter_groups(model)
@@ -236,8 +232,6 @@ def precision_flags(precision: str) -> dict:
 
 
 def last_checkpoint(work_dir: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
     return get_last_checkpoint(str(work_dir)) if Path(work_dir).is_dir() else None
 
 
@@ -271,8 +265,6 @@ def train_stage(
     were measured on) reach the others' context, and `base` (the run's base argument) too. `device`: "cpu" or "cuda" (`check_device`); None:
     the GPU when there is one.
     """
-    from interventions.adapt.build import language_model
-
     if len(dataset) == 0:
         raise SinkstudyError(f"stage {stage.name}: no training records")
     named = dict(model.named_parameters())
@@ -302,7 +294,6 @@ def train_stage(
         snapshots = [_Snapshots(model, stage.save_models_at, work_dir, _rank() == 0)] if stage.save_models_at else []
         trainer = AdaptTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate_fn, group_lr=group_lrs(model, stage),
                                hooks=contexts, callbacks=[bar, _HookSteps(contexts), *snapshots, *callbacks])
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
@@ -354,14 +345,10 @@ def final_loss(losses: Sequence[float], steps: int, log_every: int) -> dict:
 
 
 def _world_size() -> int:
-    import os
-
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _rank() -> int:
-    import os
-
     return int(os.environ.get("RANK", "0"))
 
 

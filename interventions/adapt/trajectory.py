@@ -1,11 +1,11 @@
-"""Sink Strength during training (the paper's Table 14 view): a Trainer callback and its plot.
+"""Sink Strength during training (the paper's Table 14 view): a Trainer callback.
 
 Every `every` optimizer steps (and before and after each stage) `SinkProbe` measures, on the live
 modules of the model being trained (no copy of the weights), the Sink Strength of its language model
 on the calibration prompts with the fast sink pass (`evals.sink`), and optionally a small strict eval
 (`evals.lmeval.run_eval` with a limit) of the same weights seen as a causal LM. Points go to
 `trajectory.json` (rewritten atomically after each point, so a killed run keeps what it measured);
-`plot_trajectories` draws S and score vs step, one line per arm.
+`interventions.adapt.trajectory_plot` draws them.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
+from evals.eval_run import HEADLINE_METRICS
+from evals.lmeval import run_eval
+from evals.sink import compute_sink_maps, strength_from_maps
+from evals.sink.calibration import DEFAULT_SET, resolve_texts
+from evals.sink.metrics import get_metric
+from interventions.adapt.vlm_io import causal_view, language_model
 from sinkstudy.io import read_json, write_json_atomic
 
 FORMAT = "sinkstudy.trajectory/1"
@@ -25,19 +32,11 @@ class SinkProbe:
     """Measure one trajectory point of a (training) model without copying its weights."""
 
     def __init__(self, tokenizer, trajectory, *, seed: int = 0):
-        from evals.sink.calibration import resolve_texts
-        from evals.sink.metrics import get_metric
-
         self.tokenizer, self.cfg, self.seed = tokenizer, trajectory, seed
         get_metric(trajectory.metric)  # one-line error for an unknown metric, before training
-        self.texts, self.source = resolve_texts(trajectory.calibration, "ifeval15")
+        self.texts, self.source = resolve_texts(trajectory.calibration, DEFAULT_SET)
 
     def __call__(self, model) -> dict[str, Any]:
-        import torch
-
-        from evals.sink import compute_sink_maps, strength_from_maps
-        from interventions.adapt.build import causal_view, language_model
-
         was = model.training
         model.eval()
         try:
@@ -46,8 +45,6 @@ class SinkProbe:
             strength = strength_from_maps(maps, self.cfg.metric)
             point: dict[str, Any] = {"sink_strength": _num(strength.value), "mean_sink_mass": float(maps.mass.mean())}
             if self.cfg.eval_tasks:
-                from evals.lmeval import HEADLINE_METRICS, run_eval
-
                 run = run_eval(causal_view(model), self.tokenizer, tasks=self.cfg.eval_tasks, limit=self.cfg.eval_limit,
                                max_gen_toks=self.cfg.eval_max_gen_toks, data_files=self.cfg.eval_data_files or None,
                                seed=self.seed, progress=False, use_cache=False)
@@ -100,42 +97,5 @@ def read_points(path) -> list[dict]:
     return read_json(path)["points"] if Path(path).is_file() else []
 
 
-def plot_trajectories(arms: dict[str, list[dict]], path, *, title: str = "Sink Strength during adaptation",
-                      svg: bool = False) -> dict[str, Any]:
-    """S (and each strict score, where measured) vs global step, one line per arm; stage starts dashed.
-    With `svg`, an .svg beside the PNG as well. Returns {"path", "svg" (or None), "axes": each panel's
-    ranges} (numbers on the axes as they are: no offset notation)."""
-    from evals.sink.plot import axis_facts, pyplot
-    from sinkstudy.io import save_figure_atomic
-
-    plt = pyplot()
-    tasks = sorted({t for pts in arms.values() for p in pts for t in (p.get("scores") or {})})
-    fig, axes = plt.subplots(1, 1 + len(tasks), figsize=(5 * (1 + len(tasks)), 3.6), squeeze=False)
-    for arm, pts in arms.items():
-        pts = sorted(pts, key=lambda p: p["step"])
-        axes[0][0].plot([p["step"] for p in pts], [_nan(p["sink_strength"]) for p in pts], marker="o", ms=3, label=arm)
-        for ax, task in zip(axes[0][1:], tasks):
-            sc = [(p["step"], p["scores"][task]) for p in pts if (p.get("scores") or {}).get(task) is not None]
-            ax.plot([s for s, _ in sc], [100 * v for _, v in sc], marker="o", ms=3, label=arm)
-    starts = sorted({p["step"] for pts in arms.values() for p in pts if p.get("stage_step") == 0 and p["step"] > 0})
-    for ax, ylabel in zip(axes[0], ["Sink Strength S (median log-odds)"] + [f"{t} (points)" for t in tasks]):
-        for s in starts:
-            ax.axvline(s, color="grey", ls="--", lw=0.8)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    out = save_figure_atomic(fig, path, dpi=120)
-    facts = [axis_facts(ax) for ax in axes[0]]  # as drawn: read after the save, no draw of its own
-    second = save_figure_atomic(fig, Path(path).with_suffix(".svg")) if svg else None
-    plt.close(fig)
-    return {"path": out, "svg": second, "axes": facts}
-
-
 def _num(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
-
-
-def _nan(x):
-    return math.nan if x is None else x

@@ -3,7 +3,6 @@
 A mitigation is a function registered by name; `run_mitigation` does everything around it (checks,
 loading the pair, sink maps when it needs them, atomic output with `intervention.json`), so a new
 idea is one small function:
-
     from interventions.mitigations import register_mitigation
 
     @register_mitigation("scale_sink_heads", defaults={"factor": 1.5}, needs_sink_maps=True)
@@ -31,9 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from interventions.outputs import (check_disk_space, check_finite_model, check_pair, estimate_output_bytes,
+                                   language_model_of, side_files, write_result)
+from interventions.pairs import load_causal_lm
 from sinkstudy import SinkstudyError
-from sinkstudy.plugins import Registry
-from sinkstudy.plugins import source_hash as plugin_source_hash
+from sinkstudy.checkpoint import local_checkpoint
+from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
+from sinkstudy.plugins import Registry, source_hash as plugin_source_hash
 
 
 class MitigationError(SinkstudyError):
@@ -91,6 +94,7 @@ def source_hash(mitigation: Mitigation) -> str:
 
 def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, progress: bool = True) -> dict[str, Any]:
     """Sink maps of both models on the same calibration texts, and their shift."""
+    # lazy: loads torch, numpy
     from evals.sink import compute_sink_maps, sink_shift
 
     maps_b = compute_sink_maps(base_model, tokenizer, texts, progress=progress)
@@ -100,6 +104,7 @@ def compute_pair_sink_maps(base_model, vlm_model, tokenizer, *, texts=None, prog
 
 def _sink_maps_arg(sink_maps: Mapping[str, Any]) -> dict[str, Any]:
     """Accept {"base", "vlm"} as SinkMaps or JSON paths (the shift is added), or a ready dict."""
+    # lazy: loads torch, numpy
     from evals.sink import SinkMaps, sink_shift
 
     out = dict(sink_maps)
@@ -123,9 +128,8 @@ def run_mitigation(
     sink_maps: Mapping[str, Any] | None = None,
     texts=None,
     seed: int = 0,
-    force: bool = False,
+    replace: bool = False,
     progress: bool = True,
-    cache_dir: str | os.PathLike | None = None,
     request: dict[str, Any] | None = None,
 ) -> Path:
     """Apply a registered mitigation to (base, VLM LM) and save the resulting causal LM to `out_dir`.
@@ -135,44 +139,39 @@ def run_mitigation(
     and none are given; both maps are saved beside the model for reuse. A model with non-finite
     values is refused before anything is written. `request` goes into `intervention.json`.
     """
+    # lazy: loads torch, numpy
     import torch
-
-    from interventions.outputs import (check_disk_space, check_finite_model, check_pair, estimate_output_bytes, resolve_lm,
-                                       side_files, write_result)
-    from sinkstudy.checkpoint import local_checkpoint
-    from interventions.pairs import load_causal_lm
-    from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic
 
     mitigation = get_mitigation(name)
     config = resolve_config(mitigation, params)
-    out_dir = check_output_dir(out_dir, force)
+    out_dir = check_output_dir(out_dir, replace)
     base_dir = local_checkpoint(base)
-    vlm_lm = resolve_lm(base_dir, vlm, cache_dir)
-    check_pair(base_dir, vlm_lm)
-    check_disk_space(out_dir, estimate_output_bytes(vlm_lm))
-    torch.manual_seed(seed)
-    base_model, tokenizer = load_causal_lm(base_dir, dtype=torch.float32)
-    vlm_model, _ = load_causal_lm(vlm_lm, dtype=torch.float32)
-    maps = None
-    if mitigation.needs_sink_maps:
-        maps = _sink_maps_arg(sink_maps) if sink_maps else compute_pair_sink_maps(base_model, vlm_model, tokenizer, texts=texts, progress=progress)
-    with torch.no_grad():
-        result = mitigation.fn(base_model, vlm_model, maps, config)
-    model, report = result if isinstance(result, tuple) else (result, {})
-    check_finite_model(model)
-    with atomic_output_dir(out_dir, force) as tmp:
-        model.save_pretrained(tmp)
-        model_files = side_files(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if maps is not None:
-            for k in ("base", "vlm"):
-                if hasattr(maps.get(k), "to_json"):
-                    write_json_atomic(tmp / f"sink_maps_{k}.json", maps[k].to_json())
-        saved_tokenizer = set(side_files(tmp)) - set(model_files)
-        files = {f: ("base LLM tokenizer" if f in saved_tokenizer else "VLM LM (the mitigated model)") for f in side_files(tmp)}
-        write_result(tmp, method=name, base=base, vlm=vlm, vlm_lm=vlm_lm, root=None, seed=seed,
-                     settings=config, extra={"report": report, "plugin": source_hash(mitigation),
-                                             "files": {"weights": f"mitigation {name}", **files},
-                                             **({"request": request} if request else {})})
+    with language_model_of(base_dir, vlm, out_dir) as vlm_lm:
+        check_pair(base_dir, vlm_lm)
+        check_disk_space(out_dir, estimate_output_bytes(vlm_lm))
+        torch.manual_seed(seed)
+        base_model, tokenizer = load_causal_lm(base_dir, dtype=torch.float32)
+        vlm_model, _ = load_causal_lm(vlm_lm, dtype=torch.float32)
+        maps = None
+        if mitigation.needs_sink_maps:
+            maps = _sink_maps_arg(sink_maps) if sink_maps else compute_pair_sink_maps(base_model, vlm_model, tokenizer, texts=texts, progress=progress)
+        with torch.no_grad():
+            result = mitigation.fn(base_model, vlm_model, maps, config)
+        model, report = result if isinstance(result, tuple) else (result, {})
+        check_finite_model(model)
+        with atomic_output_dir(out_dir, replace) as tmp:
+            model.save_pretrained(tmp)
+            model_files = side_files(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            if maps is not None:
+                for k in ("base", "vlm"):
+                    if hasattr(maps.get(k), "to_json"):
+                        write_json_atomic(tmp / f"sink_maps_{k}.json", maps[k].to_json())
+            saved_tokenizer = set(side_files(tmp)) - set(model_files)
+            files = {f: ("base LLM tokenizer" if f in saved_tokenizer else "VLM LM (the mitigated model)") for f in side_files(tmp)}
+            write_result(tmp, method=name, base=base, vlm=vlm, vlm_lm=vlm_lm, root=None, seed=seed,
+                         settings=config, extra={"report": report, "plugin": source_hash(mitigation),
+                                                 "files": {"weights": f"mitigation {name}", **files},
+                                                 **({"request": request} if request else {})})
     return out_dir

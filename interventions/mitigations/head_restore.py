@@ -19,6 +19,7 @@ stays the VLM's (noted in the report).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 from interventions.mitigations import MitigationError, register_mitigation
@@ -29,6 +30,7 @@ KV_MODES = ("group", "none")
 
 def select_heads(delta, top_k: int, min_loss: float = 0.0) -> list[tuple[int, int]]:
     """The top_k (layer, head) pairs with the most negative `delta`, each a loss >= min_loss."""
+    # lazy: loads torch, numpy
     import torch
 
     if top_k < 1:
@@ -104,8 +106,6 @@ def restore_heads(base, target, heads: Iterable[tuple[int, int]], *, scope: str 
 
 
 def validate(config: dict[str, Any]) -> None:
-    import math
-
     if not isinstance(config["top_k"], int) or isinstance(config["top_k"], bool) or config["top_k"] < 1:
         raise MitigationError(f"top_k must be a positive integer, got {config['top_k']!r}")
     min_loss = config["min_loss"]

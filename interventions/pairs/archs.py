@@ -50,6 +50,7 @@ def supported_list() -> str:
 
 def classify(config) -> str:
     """'vlm' or 'causal_lm' for a config, else a SinkstudyError listing what is supported."""
+    # lazy: loads torch, transformers, numpy
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_type = getattr(config, "model_type", None)
@@ -70,6 +71,7 @@ def text_config_of(vlm_config):
 
 def causal_types_for(text_config) -> tuple[str, ...]:
     """Causal-LM model types that can hold this VLM text model's weights (first = default)."""
+    # lazy: loads torch, transformers, numpy
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     mt = text_config.model_type
@@ -104,6 +106,7 @@ def choose_causal_type(text_config, base_type: str | None) -> str:
 
 def translated_kwargs(text_config, target_type: str) -> dict:
     """The VLM text config's settings that the causal class `target_type` has, in that class's terms."""
+    # lazy: loads transformers, numpy, PIL
     from transformers import CONFIG_MAPPING
 
     src = text_config.to_dict()
@@ -148,6 +151,7 @@ def plan_target_config(vlm_config, base_config=None):
     config, overridden only where the VLM's text model really differs (θ, window, ...): `changes` maps
     each such key to [base value, VLM value]. The layout is checked against the base's.
     """
+    # lazy: loads transformers, numpy, PIL
     from transformers import CONFIG_MAPPING
 
     classify(vlm_config)

@@ -136,6 +136,7 @@ class AlignedTensors:
         return self.lm.dtype(name)
 
     def get(self, name: str):
+        # lazy: loads torch, numpy
         import torch
 
         if name == HEAD and self.tied:
@@ -164,6 +165,7 @@ def extract_language_model(vlm, base=None, *, dtype=None, device="cpu", attn_imp
 
 def build_causal_lm(plan: ExtractionPlan, *, dtype=None, device="cpu", attn_implementation=None):
     """The planned causal LM in memory (`dtype`, default float32), its tensors assigned without a second copy."""
+    # lazy: loads torch, transformers, numpy
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -194,6 +196,7 @@ def _class_name(source: ModelSource) -> str:
 
 
 def _causal_class_name(config) -> str:
+    # lazy: loads torch, transformers, numpy
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]

@@ -54,6 +54,7 @@ def compare_layouts(a, b, *, names: tuple[str, str] = ("base", "vlm"), ignore_vo
 
 
 def _meta_shapes(config) -> dict[str, tuple]:
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM
 

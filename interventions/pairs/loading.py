@@ -40,6 +40,7 @@ def load_causal_lm(model_or_path, *, dtype=None, device="cpu", attn_implementati
         model = build_causal_lm(plan_extraction(source), dtype=dtype, device=device,
                                 attn_implementation=attn_implementation)
     else:
+        # lazy: loads transformers, numpy, PIL
         from transformers import AutoModelForCausalLM
 
         from interventions import qknorm  # lazy: qknorm itself loads through this module

@@ -8,6 +8,7 @@ tokenizer is. Files are validated (headers only) when the source is resolved, be
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
@@ -34,6 +35,7 @@ class ModelSource:
     @property
     def dtype(self):
         """The dtype the weights are stored in (config's `dtype`, else the headers'), float32 if unknown."""
+        # lazy: loads torch, numpy
         import torch
 
         if self.model is not None:
@@ -100,6 +102,7 @@ def model_id(obj) -> str:
 
 def resolve_dtype(dtype):
     """torch dtype from None (float32), a torch.dtype, or a name like 'bfloat16'."""
+    # lazy: loads torch, numpy
     import torch
 
     if dtype is None:
@@ -115,6 +118,7 @@ def resolve_dtype(dtype):
 def load_config(source, revision: str | None = None):
     """AutoConfig for a local dir, .gguf file or hub id (at `revision`); one-line SinkstudyError if it is
     missing or unreadable."""
+    # lazy: loads transformers, numpy, PIL
     from transformers import AutoConfig
 
     name = local_model_path(source)
@@ -139,8 +143,7 @@ def load_config(source, revision: str | None = None):
 
 
 def _raise_if_unknown_type(path: Path) -> None:
-    import json
-
+    # lazy: loads transformers, numpy, PIL
     from transformers import CONFIG_MAPPING
 
     try:

@@ -17,6 +17,7 @@ import functools
 from interventions.pairs import archs
 from interventions.pairs.layout import PairMismatchError
 from interventions.pairs.resolve import ModelSource
+from sinkstudy.checkpoint import TensorReader
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -78,12 +79,11 @@ class CheckpointTensors:
     """The language model inside a checkpoint on disk, read tensor by tensor (see the module docstring)."""
 
     def __init__(self, source: ModelSource, text_config, target_type: str):
+        # lazy: loads torch, transformers, numpy
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, rename_source_key
-
-        from sinkstudy.checkpoint import TensorReader
 
         auto = AutoModelForImageTextToText if source.kind == "vlm" else AutoModelForCausalLM
         with torch.device("meta"):

@@ -12,38 +12,39 @@ import json
 import math
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from interventions.pairs.extract import ExtractionPlan
 from interventions.pairs.resolve import resolve_dtype
 from interventions.pairs.tensors import HEAD
+from sinkstudy.checkpoint import SAFE_INDEX, SAFE_WEIGHTS
+from sinkstudy.io import atomic_output_dir, check_output_dir, write_json_atomic, write_text_atomic
+from sinkstudy.provenance import model_fingerprint, provenance, state_dict_fingerprint
 
 EXTRACTION_JSON = "sinkstudy_extraction.json"
 DEFAULT_MAX_SHARD_BYTES = 1 << 30  # the peak memory of a streamed extraction is about one output shard
 
 
-def write_language_model(plan: ExtractionPlan, out, *, tokenizer=None, dtype=None, force: bool = False,
+def write_language_model(plan: ExtractionPlan, out, *, tokenizer=None, dtype=None, replace: bool = False,
                          max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, extra: dict | None = None,
                          progress: bool = False) -> Path:
     """Stream the planned language model to `out` as sharded safetensors (+ index), config and tokenizer.
 
-    `dtype` defaults to the source checkpoint's own dtype. Refuses an existing `out` unless `force`.
+    `dtype` defaults to the source checkpoint's own dtype. Refuses an existing `out` unless `replace`.
     """
+    # lazy: loads torch, transformers, numpy
     import torch
     from safetensors.torch import save_file
-    from tqdm.auto import tqdm
     from transformers import GenerationConfig
 
-    from sinkstudy.checkpoint import SAFE_INDEX, SAFE_WEIGHTS
-    from sinkstudy.io import atomic_output_dir, check_output_dir, write_text_atomic
-    from sinkstudy.provenance import model_fingerprint
-
     dtype = plan.source.dtype if dtype is None else resolve_dtype(dtype)
-    out = check_output_dir(out, force)
+    out = check_output_dir(out, replace)
     t = plan.tensors
     names = [n for n in t.names if not (t.tied and n == HEAD)]  # a tied head is the embedding: saved once
     itemsize = torch.empty((), dtype=dtype).element_size()
     sizes = {n: math.prod(t.shape(n)) * itemsize for n in names}
     shards = _shards(names, sizes, max_shard_bytes)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, replace=replace) as tmp:
         weight_map = {}
         with tqdm(total=len(names), desc="writing the language model", unit="tensor", disable=not progress) as bar:
             for i, shard in enumerate(shards, 1):
@@ -69,13 +70,10 @@ def write_language_model(plan: ExtractionPlan, out, *, tokenizer=None, dtype=Non
     return out
 
 
-def save_causal_lm(model, tokenizer, out, *, force: bool = False, extra: dict | None = None) -> Path:
+def save_causal_lm(model, tokenizer, out, *, replace: bool = False, extra: dict | None = None) -> Path:
     """Write a loaded model as an HF checkpoint (safetensors + config + tokenizer) atomically, with provenance JSON."""
-    from sinkstudy.io import atomic_output_dir, check_output_dir
-    from sinkstudy.provenance import state_dict_fingerprint
-
-    out = check_output_dir(out, force)
-    with atomic_output_dir(out, force=force) as tmp:
+    out = check_output_dir(out, replace)
+    with atomic_output_dir(out, replace=replace) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -84,9 +82,6 @@ def save_causal_lm(model, tokenizer, out, *, force: bool = False, extra: dict | 
 
 
 def _write_provenance(tmp: Path, model_class: str, fingerprint: str, extra: dict | None) -> None:
-    from sinkstudy.io import write_json_atomic
-    from sinkstudy.provenance import provenance
-
     write_json_atomic(tmp / EXTRACTION_JSON, {
         "model_class": model_class,
         "provenance": provenance(model_fingerprint=fingerprint, **(extra or {})),

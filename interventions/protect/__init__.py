@@ -73,7 +73,7 @@ class Protection(TrainingHook):
 
     def sources(self) -> tuple:
         # The shared helpers every protection uses are part of its identity besides its own file.
-        from interventions.protect import heads, qk
+        from interventions.protect import heads, qk  # they import this package: read when a protection asks
 
         return (type(self), Protection, heads, qk)
 

@@ -17,6 +17,8 @@ from typing import Iterator, Sequence
 
 import torch
 
+from evals.sink.calibration import encode_texts, texts_fingerprint
+from evals.sink.capture import attention_layers
 from sinkstudy import SinkstudyError
 
 IMPL_NAME = "sinkstudy_qk"
@@ -35,8 +37,6 @@ class _Capture:
 
 def calibration_ids(tokenizer, texts, maps) -> list[list[int]]:
     """Token ids of each calibration text, encoded exactly as `maps` (evals.sink.SinkMaps) were."""
-    from evals.sink.calibration import encode_texts, texts_fingerprint
-
     if texts is None:
         raise SinkstudyError("this protection needs the calibration texts the sink maps were measured on")
     if texts_fingerprint(texts) != maps.texts_fingerprint:
@@ -56,8 +56,6 @@ def counted_queries(n_tokens: int, sink: int, skip: int) -> list[int]:
 
 def forward_qk(decoder, ids: Sequence[int], layers: set[int] | Sequence[int]) -> dict[int, dict]:
     """{layer: {"q": (1, H, T, D), "k": (1, H_kv, T, D), "scaling": float}} for one sequence."""
-    from evals.sink.capture import attention_layers
-
     _register()
     attns = attention_layers(decoder)
     wanted = set(layers)
@@ -112,6 +110,7 @@ def _register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -121,6 +120,7 @@ def _register() -> None:
 
 
 def _qk_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if kwargs.get("softcap") is not None:

@@ -28,9 +28,14 @@ its q/k norms (Gemma 2 lacks its per-layer-type RoPE), so there is no twin to re
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
+from evals.sink import sink_strength
+from evals.sink.calibration import DEFAULT_SET, encode_texts, resolve_texts
 from interventions.protect import Protection, register_protection
+from interventions.qknorm import mean_next_token_kl, twin_from_state
 from sinkstudy import SinkstudyError
 
 MODES = ("remove", "freeze_gains")
@@ -100,8 +105,6 @@ class _Scale(torch.nn.Module):
 @torch.no_grad()
 def fitted_scales(model, tokenizer, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the (heads, head_dim) least-squares linear stand-ins for q_norm and k_norm (module doc)."""
-    from evals.sink.calibration import encode_texts, resolve_texts
-
     attns = [layer.self_attn for layer in model.model.layers]
     sums = [[torch.zeros(2, 1, 1, dtype=torch.float64) for _ in range(2)] for _ in attns]
     handles = []
@@ -117,7 +120,7 @@ def fitted_scales(model, tokenizer, texts: list[str]) -> list[tuple[torch.Tensor
     for i, attn in enumerate(attns):
         handles.append(attn.q_norm.register_forward_hook(collect(i, 0, attn.q_norm)))
         handles.append(attn.k_norm.register_forward_hook(collect(i, 1, attn.k_norm)))
-    items, _ = resolve_texts(list(texts), "ifeval15")
+    items, _ = resolve_texts(list(texts), DEFAULT_SET)
     ids = encode_texts(tokenizer, items, apply_chat_template=bool(getattr(tokenizer, "chat_template", None)), max_length=512)
     device = next(model.parameters()).device
     try:
@@ -135,6 +138,7 @@ def fitted_scales(model, tokenizer, texts: list[str]) -> list[tuple[torch.Tensor
 
 def llama_config_for(config):
     """The LlamaConfig that runs a (full-attention) Qwen3's weights without its q/k norms."""
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(
@@ -153,12 +157,8 @@ def llama_config_for(config):
 @torch.no_grad()
 def remove_qk_norm(model, tokenizer, texts: list[str]) -> tuple:
     """(the Llama twin of `model` with its q/k norms replaced by fitted scales, a report)."""
-    import copy
-
+    # lazy: loads transformers, PIL, huggingface_hub
     from transformers import LlamaForCausalLM
-
-    from evals.sink import sink_strength
-    from interventions.qknorm import mean_next_token_kl, twin_from_state
 
     cfg = model.config
     scales = fitted_scales(model, tokenizer, texts)

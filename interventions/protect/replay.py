@@ -1,12 +1,12 @@
 """`text_replay`: mix a share of text-only chat data into VL training (the baseline every protection
 must beat; LLaVA-665K itself carries ~6% ShareGPT text-only chats).
 
-`data` is an adaptation data spec (`interventions.adapt.data`: FILE.json[l], json:FILE, hf:NAME, the base's
+`data` is an adaptation data spec (`interventions.adapt.sources`: FILE.json[l], json:FILE, hf:NAME, the base's
 self-distilled replies {selfdistill: base}, or in Python {"records": [...]}) of text-only records (chats or
 plain text); by default the base's own greedy replies to neutral prompts (`interventions.adapt.selfdistill`),
 which hold its text skill without teaching it a format an eval grades. They are formatted by the
 stage's own encoder (the base's chat template, loss on assistant turns). The stage's data becomes
-an `interventions.adapt.data.MixedDataset`: every VL record still appears once per epoch and exactly
+an `interventions.adapt.encoding.MixedDataset`: every VL record still appears once per epoch and exactly
 `share` of the items seen are replayed text (floor(n * share) of any first n items of an epoch;
 share * b of every micro-batch of b when that is whole), shuffled by the run's seed. Acts in
 `stages` (default: stage2).
@@ -14,13 +14,13 @@ share * b of every micro-batch of b when that is whole), shuffled by the run's s
 
 from __future__ import annotations
 
+from interventions.adapt.encoding import EncodedDataset, MixedDataset
+from interventions.adapt.sources import check_spec, load_records, spec_identity
 from interventions.protect import Protection, register_protection
 from sinkstudy import SinkstudyError
 
 
 def _validate(config: dict) -> None:
-    from interventions.adapt.data import check_spec
-
     share = config["share"]
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
         raise SinkstudyError(f"share must be a number in (0, 1), got {share!r}")
@@ -33,13 +33,9 @@ class TextReplay(Protection):
 
     def identity_params(self) -> dict:
         # The replayed file's content, not only its path, identifies the run.
-        from interventions.adapt.data import spec_identity
-
         return {**super().identity_params(), "config": {**self.config, "data": spec_identity(self.config["data"])}}
 
     def dataset(self, ctx, dataset):
-        from interventions.adapt.data import EncodedDataset, MixedDataset, load_records
-
         encoder = getattr(dataset, "encoder", None)
         if encoder is None:
             raise SinkstudyError("text_replay: the stage's dataset has no encoder to format the replayed chats with")

@@ -1,7 +1,7 @@
 """Benchmark: eval generation throughput of the hf-continuous backend against lm-eval's HF backend with
 its defaults and plain HF `model.generate` at the same batch size, all measured in one run.
 
-    python -m evals.generate.bench --model MODEL [--tasks T1,T2] [--limit N] [--batch-size 16]
+    python -m benchmarks.generate --model MODEL [--tasks T1,T2] [--limit N] [--batch-size 16]
                                    [--max-gen-toks N] [--threads N] [--quick]
 
 The same prompts (lm-eval's own requests for the tasks: chat template applied, each task's `until`
@@ -31,6 +31,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from evals.lmeval import run_eval
+from sinkstudy import SinkstudyError
+from sinkstudy.checkpoint import load_tokenizer, local_model_path
+
 SHIPPED = "sinkstudy_ifeval,sinkstudy_gsm"
 
 
@@ -50,6 +54,7 @@ class Measured:
 @contextlib.contextmanager
 def _probe(measured: Measured):
     """Time the outermost generate_until call and record each prompt's generated tokens."""
+    # lazy: loads lm_eval, torch, transformers
     import evals.generate.hflm as hflm_mod
     from lm_eval.models.huggingface import HFLM
 
@@ -110,20 +115,18 @@ def _count_steps(model, measured: Measured):
 
 
 def run_lm_eval(model, tokenizer, tasks: str, limit, max_gen_toks, backend: str, batch_size: int) -> Measured:
-    from evals.lmeval import run_eval
-
     measured = Measured()
     with _probe(measured), _count_steps(model, measured):
         measured.run = run_eval(model, tokenizer, tasks=tasks, limit=limit, max_gen_toks=max_gen_toks, batch_size=batch_size,
-                                backend=backend, use_cache=False, progress=False)
+                                backend=backend, progress=False)
     return measured
 
 
 def run_hf_generate(model, tokenizer, requests: list[tuple], batch_size: int) -> Measured:
     """The anchor: `model.generate` on length-sorted batches, grouped by generation settings."""
+    # lazy: loads lm_eval, torch, transformers
     import torch
     from lm_eval.models.huggingface import HFLM
-
     from evals.generate.hflm import greedy_plan
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)  # lm-eval's encoding of the contexts
@@ -169,6 +172,7 @@ def compare_outputs(default, ours) -> tuple[int, int, list[tuple[str, int]], lis
 
 def divergence(model, prompt_ids: list[int], reference: list[int], other: list[int]) -> str:
     """Where two greedy token streams of one prompt part, and the batch-1 logits of both tokens there."""
+    # lazy: loads torch, numpy
     import torch
 
     k = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
@@ -184,8 +188,8 @@ def divergence(model, prompt_ids: list[int], reference: list[int], other: list[i
 
 def _warm_up(model, tokenizer) -> None:
     """One short untimed generation through each path, so that no measured run pays first-call costs."""
+    # lazy: loads torch, transformers, numpy
     import torch
-
     from evals.generate.loop import Prompt, greedy_generate
 
     ids = tokenizer("Warm-up: count to three.", return_tensors="pt").input_ids
@@ -203,7 +207,7 @@ def _load_average() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.generate.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="checkpoint dir, .gguf file or registered name")
     parser.add_argument("--tasks", default=SHIPPED, help=f"lm-eval tasks (default {SHIPPED})")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts per task (default: all)")
@@ -218,12 +222,9 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForCausalLM
-
-    from sinkstudy.checkpoint import load_tokenizer, local_model_path
-
-    from sinkstudy import SinkstudyError
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -272,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _requests_of(model, tokenizer, default: Measured):
     """{(task, doc_id): (prompt ids, until, max_gen_toks)} of the default run, as HFLM encoded them."""
+    # lazy: loads lm_eval, torch, transformers
     from lm_eval.models.huggingface import HFLM
-
     from evals.generate.hflm import greedy_plan
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1)
@@ -302,6 +303,7 @@ def _lengths(model, tokenizer, default: Measured) -> None:
 
 def _explain(model, tokenizer, default: Measured, ours: Measured, differing: list[tuple[str, int]]) -> None:
     """For each differing prompt: where the streams part, and our loop's output at batch size 1."""
+    # lazy: loads lm_eval, torch, transformers
     from evals.generate.hflm import stop_test
     from evals.generate.loop import Prompt, greedy_generate
 

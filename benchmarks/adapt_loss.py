@@ -1,9 +1,9 @@
 """Benchmark: the engine's label-only logits vs the standard full-logit loss, one training step on CPU.
 
-    python -m interventions.adapt.bench [--vocab 32000 151936 262144] [--threads 1]
+    python -m benchmarks.adapt_loss [--vocab 32000 151936 262144] [--threads 1]
 
 Each (loss, vocabulary) case runs in a fresh subprocess (peak memory = peak resident set during the
-measured step minus the resident set before it, as `evals.sink.bench` measures). A step = forward +
+measured step minus the resident set before it, as `benchmarks.sink_pass` measures). A step = forward +
 backward of a small Qwen2 (d=64, 2 layers) on 4 chats of 256 tokens whose last 15% are assistant
 targets (LLaVA-like: most tokens are prompt and image). Time: best of `--repeat` after a warm-up.
 """
@@ -17,15 +17,16 @@ import subprocess
 import sys
 import time
 
+from sinkstudy.memory import PeakRSS
+from sinkstudy.tiny import tiny_causal_lm
+
 BATCH, LENGTH, ANSWER_SHARE = 4, 256, 0.15
 
 
 def run_case(loss: str, vocab: int, repeat: int) -> dict:
+    # lazy: loads torch, transformers, datasets
     import torch
-
-    from sinkstudy.memory import PeakRSS
     from interventions.adapt.trainer import label_only_loss
-    from sinkstudy.tiny import tiny_causal_lm
 
     model = tiny_causal_lm("qwen2", vocab_size=vocab).train()
     ids = torch.randint(8, vocab, (BATCH, LENGTH), generator=torch.Generator().manual_seed(0))
@@ -51,13 +52,14 @@ def run_case(loss: str, vocab: int, repeat: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m interventions.adapt.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.adapt_loss", description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 151936, 262144])
     parser.add_argument("--threads", type=int, default=1, help="torch threads per case (1 = stable on shared CPUs)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--case", nargs=2, metavar=("LOSS", "VOCAB"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
+        # lazy: loads torch, numpy
         import torch
 
         torch.set_num_threads(args.threads)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for vocab in args.vocab:
         res = {}
         for loss in ("label-only", "full"):
-            out = subprocess.run([sys.executable, "-m", "interventions.adapt.bench", "--case", loss, str(vocab), "--threads",
+            out = subprocess.run([sys.executable, "-m", "benchmarks.adapt_loss", "--case", loss, str(vocab), "--threads",
                                   str(args.threads), "--repeat", str(args.repeat)], capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 print(out.stderr[-2000:], file=sys.stderr)

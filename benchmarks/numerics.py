@@ -1,7 +1,7 @@
 """Benchmark: what the reproducible numeric mode, and the numeric spread's second mode (native-aten-default),
 cost against the native one (sinkstudy/numerics.py), all measured in this run, alternating, on this machine.
 
-    python -m experiments.demo.bench_numerics [--repeats 1] [--skip-demo] [--steps 3]   (make bench-numerics)
+    python -m benchmarks.numerics [--repeats 1] [--skip-demo] [--steps 3]   (make bench-numerics)
 
 Three workloads, each in a fresh process per mode:
   demo step      training steps of a demo backbone (Qwen2, 4 layers, width 128, 1,024-token vocabulary) on
@@ -26,15 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from sinkstudy.numerics import configure_torch, environment_for
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: `python -m benchmarks.X` runs from it
 MODES = ("native", "native-aten-default", "reproducible")
 # (layers, width, MLP width, heads, kv heads, vocabulary, batch, tokens) per training-step workload
 SHAPES = {"demo": (4, 128, 384, 4, 2, 1024, 16, 160), "135M": (30, 576, 1536, 9, 3, 49152, 4, 128)}
 
 
 def _demo(mode: str, work: Path) -> dict:
-    from sinkstudy.numerics import environment_for
-
     out, cache = work / f"demo-{mode}", work / f"cache-{mode}"
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "experiments.cli", "demo", "--quick", "--quiet", "--numerics", mode, "--out", str(out)],
@@ -46,19 +46,16 @@ def _demo(mode: str, work: Path) -> dict:
 
 
 def _steps(mode: str, shape: str, steps: int) -> float:
-    from sinkstudy.numerics import environment_for
-
-    done = subprocess.run([sys.executable, "-m", "experiments.demo.bench_numerics", "--one-process", shape, str(steps)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.numerics", "--one-process", shape, str(steps)],
                           env=environment_for(mode, dict(os.environ)), cwd=ROOT, check=True, capture_output=True, text=True)
     return float(done.stdout.split()[-1])
 
 
 def _time_steps(shape: str, steps: int) -> float:
     """In this process: seconds per training step of the `shape` model (after one warm-up step)."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from sinkstudy.numerics import configure_torch
 
     configure_torch()
     torch.set_num_threads(1)  # the reproducible mode's one thread in every mode: the comparison is of kernels, not of cores

@@ -1,6 +1,6 @@
 """Benchmark: streamed language-model extraction vs the full-VLM load, peak memory and time on CPU.
 
-    python -m interventions.pairs.bench [--layers 16] [--workdir DIR] [--max-shard-size-mb 1024]
+    python -m benchmarks.extract [--layers 16] [--workdir DIR] [--max-shard-size-mb 1024]
 
 Builds a random-weight, Qwen2.5-VL-shaped VLM of >= 1B parameters in bfloat16, saved in several shards,
 then extracts its language model twice, each time in a fresh subprocess: the streamed path
@@ -22,6 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from interventions.pairs import extract_language_model, plan_extraction, save_causal_lm, write_language_model
+from sinkstudy.checkpoint import weight_files
+from sinkstudy.memory import rss_kib
+
 TEXT = dict(hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2,
             vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False)
 VISION = dict(depth=4, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=1536, patch_size=14,
@@ -29,6 +33,7 @@ VISION = dict(depth=4, hidden_size=1280, intermediate_size=3420, num_heads=16, o
 
 
 def vlm_config(layers: int):
+    # lazy: loads transformers, numpy, PIL
     from transformers import Qwen2_5_VLConfig
 
     rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}  # sums to head_dim / 2 = 64
@@ -37,6 +42,7 @@ def vlm_config(layers: int):
 
 
 def base_config(layers: int):
+    # lazy: loads transformers, numpy, PIL
     from transformers import Qwen2Config
 
     return Qwen2Config(**TEXT, num_hidden_layers=layers, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
@@ -44,6 +50,7 @@ def base_config(layers: int):
 
 def build(path: Path, layers: int, shard_mb: int) -> dict:
     """Save a random bf16 VLM in shards; returns its parameter counts."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -56,17 +63,14 @@ def build(path: Path, layers: int, shard_mb: int) -> dict:
 
 
 def streamed(vlm: Path, out: Path, layers: int, shard_mb: int) -> None:
-    from interventions.pairs import plan_extraction, write_language_model
-
     write_language_model(plan_extraction(vlm, base_config(layers)), out, max_shard_bytes=shard_mb << 20)
 
 
 def full_load(vlm: Path, out: Path, layers: int, shard_mb: int) -> None:
     """The pre-streaming path: the whole VLM (vision tower included) in memory, then the LM saved."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import AutoModelForImageTextToText
-
-    from interventions.pairs import extract_language_model, save_causal_lm
 
     model = AutoModelForImageTextToText.from_pretrained(vlm, dtype=torch.bfloat16)
     lm, _ = extract_language_model(model, base_config(layers), dtype=torch.bfloat16)
@@ -74,9 +78,8 @@ def full_load(vlm: Path, out: Path, layers: int, shard_mb: int) -> None:
 
 
 def run_case(path: str, vlm: str, out: str, layers: int, shard_mb: int) -> dict:
+    # lazy: loads torch, numpy
     import torch
-
-    from sinkstudy.memory import rss_kib
 
     torch.set_num_threads(1)
     start = rss_kib("VmRSS")
@@ -86,20 +89,18 @@ def run_case(path: str, vlm: str, out: str, layers: int, shard_mb: int) -> dict:
 
 
 def lm_bytes(out: Path) -> int:
-    from sinkstudy.checkpoint import weight_files
-
     return sum(t.nbytes for t in weight_files(out).tensors.values())
 
 
 def _subprocess(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "interventions.pairs.bench", *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.extract", *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark step failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m interventions.pairs.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.extract", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=16, help="text layers (16: 1.2B-parameter language model)")
     parser.add_argument("--max-shard-size-mb", type=int, default=1024, help="shard size of the VLM and the outputs")
     parser.add_argument("--workdir", help="where to build the model (default: a temp dir; needs ~8 GB free)")

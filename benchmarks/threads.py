@@ -2,7 +2,7 @@
 model on 1 and 2 threads, alone and beside a second job (another process running the same steps on one thread),
 with OpenMP's idle threads sleeping (OMP_WAIT_POLICY=PASSIVE, sinkstudy's default) or spinning (ACTIVE).
 
-    python -m experiments.demo.bench_threads [--steps 2] [--shape 135M|demo]   (make bench-threads; QUICK=1: demo shape)
+    python -m benchmarks.threads [--steps 2] [--shape 135M|demo]   (make bench-threads; QUICK=1: demo shape)
 
 Each case runs in a fresh process (OpenMP reads its settings when it loads) after one warm-up step. Printed:
 seconds per step per case, then the ratios to read: 2 threads against 1 alone and beside the job, beside the job
@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.demo.bench_numerics import SHAPES
+from benchmarks.numerics import SHAPES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: `python -m benchmarks.X` runs from it
 CASES = [(1, "PASSIVE", False), (2, "PASSIVE", False), (1, "PASSIVE", True), (2, "PASSIVE", True), (1, "ACTIVE", True),
          (2, "ACTIVE", True)]  # (threads, wait policy, beside a second job)
 
@@ -31,13 +31,13 @@ def _env(threads: int, policy: str) -> dict:
 
 
 def _one(shape: str, steps: int, threads: int, policy: str) -> float:
-    done = subprocess.run([sys.executable, "-m", "experiments.demo.bench_threads", "--one-process", shape, str(steps)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.threads", "--one-process", shape, str(steps)],
                           env=_env(threads, policy), cwd=ROOT, check=True, capture_output=True, text=True)
     return float(done.stdout.split()[-1])
 
 
 def _case(shape: str, steps: int, threads: int, policy: str, busy: bool) -> float:
-    job = subprocess.Popen([sys.executable, "-m", "experiments.demo.bench_threads", "--one-process", shape, "0"],
+    job = subprocess.Popen([sys.executable, "-m", "benchmarks.threads", "--one-process", shape, "0"],
                            env=_env(1, "PASSIVE"), cwd=ROOT, stdout=subprocess.DEVNULL) if busy else None
     try:
         return _one(shape, steps, threads, policy)
@@ -49,6 +49,7 @@ def _case(shape: str, steps: int, threads: int, policy: str, busy: bool) -> floa
 
 def _time_steps(shape: str, steps: int) -> float:
     """In this process: seconds per training step (after a warm-up step); `steps` 0: steps until killed (the job)."""
+    # lazy: loads torch, transformers, numpy
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -73,7 +74,7 @@ def _time_steps(shape: str, steps: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=2, help="timed training steps per case (default 2)")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="135M", help="the model's shape (bench_numerics.SHAPES; default 135M)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="135M", help="the model's shape (benchmarks.numerics.SHAPES; default 135M)")
     p.add_argument("--one-process", nargs=2, metavar=("SHAPE", "STEPS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one_process:

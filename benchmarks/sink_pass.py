@@ -1,7 +1,7 @@
 """Benchmark: the fast sink pass against HF's eager `output_attentions=True` forward (the peer) and a
 plain SDPA forward (the floor): time and peak memory on CPU, as ratios measured in the same run.
 
-    python -m evals.sink.bench [--lengths 512 1024 2048 4096] [--threads 1] [--repeat 2] [--quick]
+    python -m benchmarks.sink_pass [--lengths 512 1024 2048 4096] [--threads 1] [--repeat 2] [--quick]
 
 Three configurations per sequence length T, all the decoder (`model.base_model`) on the same ids:
   fast   `capture_layer_stats(method="fast")`: every layer's sink statistics, SDPA for the outputs
@@ -25,6 +25,7 @@ import sys
 import time
 
 from sinkstudy.memory import PeakRSS
+from sinkstudy.tiny import tiny_causal_lm
 
 MODEL = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              head_dim=32, max_position_embeddings=8192)
@@ -36,6 +37,7 @@ METHODS = {"fast": "fast sink pass", "eager": "HF eager output_attentions", "sdp
 
 def _forward(method: str, model, ids, mask):
     """One call of configuration `method`; returns what it produced (kept alive until measured)."""
+    # lazy: loads torch, numpy
     from evals.sink.capture import _attn_implementation, capture_layer_stats
 
     if method == "fast":
@@ -50,9 +52,8 @@ def _forward(method: str, model, ids, mask):
 
 
 def run_case(method: str, length: int, repeat: int) -> dict:
+    # lazy: loads torch, numpy
     import torch
-
-    from sinkstudy.tiny import tiny_causal_lm
 
     if method not in METHODS:
         raise ValueError(f"unknown configuration {method!r}; choose {', '.join(METHODS)}")
@@ -97,7 +98,7 @@ def format_table(rows: dict[int, dict[str, dict]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.sink.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sink_pass", description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=None, help=f"sequence lengths (default {' '.join(map(str, LENGTHS))})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per case (1 = stable on shared CPUs)")
     parser.add_argument("--repeat", type=int, default=None, help="timed calls per case, best kept (default 2; --quick 1)")
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 2)
     if args.case:
+        # lazy: loads torch, numpy
         import torch
 
         torch.set_num_threads(args.threads)
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     total, done = len(lengths) * len(METHODS), 0
     for length in lengths:
         for method, what in METHODS.items():
-            out = subprocess.run([sys.executable, "-m", "evals.sink.bench", "--case", method, str(length),
+            out = subprocess.run([sys.executable, "-m", "benchmarks.sink_pass", "--case", method, str(length),
                                   "--threads", str(args.threads), "--repeat", str(repeat)],
                                  capture_output=True, text=True, env=env)
             if out.returncode != 0:

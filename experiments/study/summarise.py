@@ -15,7 +15,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from evals.eval_run import HEADLINE_METRICS, EvalRun
+from experiments.study.arms import protection_summary
+from experiments.study.calibration import calibration, has_grid
+from experiments.study.doses import dose_summary, labels
+from experiments.study.template import shares
 from sinkstudy import SinkstudyError
+from sinkstudy.provenance import package_versions, recorded_hardware
 
 
 def _finite(x) -> bool:
@@ -79,14 +85,9 @@ def settings(study) -> dict[str, Any]:
 
 def summarise(plan, results: dict[str, dict], timings: dict[str, float]) -> dict:
     """The summary of a finished `experiments.study.pipeline.StudyPlan` from its steps' results."""
-    from evals.lmeval import HEADLINE_METRICS, EvalRun
+    # lazy: loads numpy
     from evals.stats import CONVENTION, compare, recovery, sink_correlation
-    from experiments.study.arms import protection_summary
-    from experiments.study.calibration import calibration, has_grid
     from experiments.study.dose_response import dose_response
-    from experiments.study.doses import dose_summary, labels
-    from experiments.study.template import shares
-    from sinkstudy.provenance import package_versions, recorded_hardware
 
     study = plan.study
     dose_labels = labels(study)

@@ -1,7 +1,7 @@
 """Benchmark: what the engine adds to a training step — one step with a protection and the S-trajectory
 callback against a plain HF `Trainer` step on the same model, batch and data.
 
-    python -m interventions.adapt.bench_overhead [--model smollm2-135m-instruct] [--steps 22] [--warmup 2]
+    python -m benchmarks.adapt_overhead [--model smollm2-135m-instruct] [--steps 22] [--warmup 2]
 
 Three cases, each on a freshly loaded model, text-only (the language model is what a protection touches):
   hf-trainer     `transformers.Trainer` with the model's own full-logit loss, AdamW, the same batches
@@ -20,7 +20,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.utils import logging as hf_logging
+
+from evals.sink import compute_sink_maps
+from interventions.adapt import encoding, sources
+from interventions.adapt.config import from_dict
+from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback
+from interventions.pairs import load_causal_lm
+from interventions.protect import make_protection
+from sinkstudy import real_models, real_weights
+from sinkstudy.progress import quiet
 
 
 class _Clock(TrainerCallback):
@@ -49,16 +60,8 @@ def _chats(n: int) -> list[dict]:
 
 
 def run(model_path: str, steps: int, warmup: int, every: int, batch: int, threads: int) -> dict[str, float]:
-    import torch
-    from transformers import Trainer, TrainingArguments
-
-    from evals.sink import compute_sink_maps
-    from interventions.adapt import data as data_mod
-    from interventions.adapt.config import from_dict
+    # lazy: loads datasets
     from interventions.adapt.trainer import train_stage
-    from interventions.adapt.trajectory import SinkProbe, TrajectoryCallback
-    from interventions.pairs import load_causal_lm
-    from interventions.protect import make_protection
 
     torch.set_num_threads(threads)
     cfg = from_dict({"precision": "fp32", "seed": 0, "max_length": 256, "trajectory": {"every": every},
@@ -69,9 +72,9 @@ def run(model_path: str, steps: int, warmup: int, every: int, batch: int, thread
         torch.manual_seed(0)
         lm, tok = load_causal_lm(model_path)
         lm.config.use_cache = False
-        dataset = data_mod.EncodedDataset([data_mod.load_records(stage.data[0])], data_mod.Encoder(tok, max_length=256))
+        dataset = encoding.EncodedDataset([sources.load_records(stage.data[0])], encoding.Encoder(tok, max_length=256))
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        collate = lambda f: data_mod.collate(f, pad)  # noqa: E731
+        collate = lambda f: encoding.collate(f, pad)  # noqa: E731
         clock = _Clock(warmup)
         with tempfile.TemporaryDirectory() as work:
             if case == "hf-trainer":
@@ -95,9 +98,7 @@ def run(model_path: str, steps: int, warmup: int, every: int, batch: int, thread
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sinkstudy import real_models, real_weights
-
-    parser = argparse.ArgumentParser(prog="python -m interventions.adapt.bench_overhead", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.adapt_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a causal LM: real-model name, path or hub id")
     parser.add_argument("--steps", type=int, default=22)
     parser.add_argument("--warmup", type=int, default=2)
@@ -110,9 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     model = str(real_weights.chat_checkpoint(args.model)) if real_models.is_registered(args.model) else args.model
     print(f"one optimizer step, text-only: {args.model}, batch {args.batch} chats (<= 256 tokens), float32, CPU, "
           f"{args.threads} thread(s); s/step over steps {args.warmup + 1}..{args.steps}")
-    from transformers.utils import logging as hf_logging
-
-    from sinkstudy.progress import quiet
 
     hf_logging.set_verbosity_error()  # the Trainer's closing metrics line
     with quiet():
