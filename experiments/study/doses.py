@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from evals.stats import compare, comparison_side
 from experiments.study.adapt_section import Arm
 from experiments.study.arms import VLSkill, arm_step
 from experiments.study.config import model_dir
@@ -79,6 +78,8 @@ def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dic
     bootstrap CI), `text_cost`: the tasks where that CI lies below 0 (a confound), and with an adapt section the
     VL training's change (Δ = its VLM LM − the dosed base) with the adapted LM's S and VL skill."""
     # lazy: loads numpy
+    from evals.stats import compare, comparison_side
+
     tasks = list(study.evals.protocol.tasks)
     out = {}
     for dose in (d for d in study.dose if d.doses(pair)):
@@ -101,5 +102,8 @@ def dose_summary(study, pair: str, results: dict[str, dict], runs: dict, kw: dic
 
 def _vl(pair: str, dose: str, name: str, results: dict, runs: dict, tasks: list[str], kw: dict) -> dict[str, Any]:
     """One adaptation of a dosed base: its LM's S, its VL skill and Δ = that LM − the dosed base, per task."""
+    # lazy: loads numpy
+    from evals.stats import compare
+
     return {"sink_strength": results[f"{pair}/sink/{name}-vl"]["value"], "vl_skill": results.get(f"{pair}/vlskill/{name}"),
             "degradation": {t: compare(runs[dose], runs[f"{name}-vl"], t, **kw).as_dict() for t in tasks}}
