@@ -46,7 +46,9 @@ def test_the_default_is_the_cores_no_other_sinkstudy_process_claims(monkeypatch,
     assert threads.default_threads() == 2
 
 
-def test_a_command_computes_on_its_threads_and_records_them(tmp_path, tokenizer, capsys):
+def test_a_command_computes_on_its_threads_and_records_them(tmp_path, tokenizer, capsys, own_cache):
+    """The thread count is how a step ran, not what it computes (no key of it): a step store of its own, so this run
+    is computed here, never reused from another test's."""
     import torch
 
     from experiments.cli import main
