@@ -4,6 +4,7 @@ AdamW weight decay); the hook seam runs where documented; a killed run resumes t
 the trajectory has S at every eval step."""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -278,6 +279,14 @@ def test_runs_share_a_finished_stage_through_the_stage_cache_and_end_bit_identic
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert shared["trajectory"]["points"] == alone["trajectory"]["points"]
     assert [s["steps"] for s in shared["stages"]] == [4, 5]
+    shutil.copytree(tmp_path / "base", tmp_path / "elsewhere")  # the same weights at another path: both stages reused
+    moved = _Stage1Trainings()
+    moved.stages = ["stage2"]
+    adapt(tmp_path / "elsewhere", vision=vision, config=_run_cfg(), out=tmp_path / "moved", progress=False,
+          hooks=[_Stage2Steps(), moved], stage_cache=cache)
+    assert moved.setups == []
+    c = load_file(str(tmp_path / "moved" / "model" / "model.safetensors"))
+    assert all(torch.equal(a[k], c[k]) for k in a)
     early = _Stage1Trainings()  # acts in stage 1 (every stage): stage 1 is trained again, not reused
     run("early", [early], True)
     assert early.setups == ["stage1", "stage2"]

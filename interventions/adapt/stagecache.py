@@ -46,10 +46,12 @@ def default_root() -> Path:
 
 
 def stage_key(request: dict, hooks: Sequence[TrainingHook], k: int) -> str:
-    """The key of the run's stage k (0-based): its request cut after stage k, with the hooks that shape stages 0..k."""
+    """The key of the run's stage k (0-based): its request cut after stage k, with the hooks that shape stages 0..k.
+    The base counts by its fingerprint, not its path: the same weights linked elsewhere (each study links its inputs
+    under its own folder) train the same stages."""
     stages = request["config"]["stages"][: k + 1]
     names = [s["name"] for s in stages]
-    cut = {**request, "config": {**request["config"], "stages": stages},
+    cut = {**{f: v for f, v in request.items() if f != "base"}, "config": {**request["config"], "stages": stages},
            "hooks": [ident for hook, ident in zip(hooks, request["hooks"]) if shapes(hook, names)]}
     return keys.key(cut)
 
