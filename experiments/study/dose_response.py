@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from evals.stats import MIN_CONCLUSIVE_N, POINTS, ci_side, compare, paired, percentile_ci
+from evals.stats import MIN_CONCLUSIVE_N, POINTS, ci_side, paired, percentile_ci
 from evals.template_share import COLLAPSE_SHARE
 
 AGREES, DISAGREES, OPEN = "agrees", "disagrees", "not established"
@@ -149,17 +149,20 @@ def dose_response(entry: dict, runs: dict, tasks: list[str], kw: dict) -> dict[s
         shape = (len(seeds), len(reps), len(docs))
         arr = {key: np.zeros(shape) for key in ("before", "before_den", "after", "after_den")}
         present = np.zeros(shape[:2], dtype=bool)
-        points = []
         for j, point in enumerate(reps):
             for seed, b, a in point:
                 k = seeds.index(seed)
                 present[k, j] = True
                 (arr["before"][k, j], arr["before_den"][k, j]), (arr["after"][k, j], arr["after_den"][k, j]) = arrays[b], arrays[a]
-            _, b, _ = point[0]
+        models = [point[0][1] for point in reps]  # each point's before label: "base" or its dose
+        s = np.broadcast_to([entry["models"][b]["sink_strength"] for b in models], shape[:2])
+        slope = fit(s, (arr["before"], arr["before_den"]), (arr["after"], arr["after_den"]), present=present, **kw)
+        points = []
+        for j, (point, b) in enumerate(zip(reps, models)):
             dose = doses.get(b)
             change = entry["degradation"][t] if b == "base" else dose["vl"]["degradation"][t]
             shares = [_share(entry["models"][x], t) for _, _, x in point]
-            per_seed = [change["delta_points"]] + [compare(runs[b_], runs[a_], t, **kw).delta_points for _, b_, a_ in point[1:]]
+            per_seed = [slope["deltas"][seeds.index(seed)][j] for seed, _, _ in point]  # the fit's own Δ per seed
             several = len(point) > 1  # Δ: the mean over the point's seeds (its CI: the one seed's, where only one)
             points.append({"model": b, "level": dose["level"] if dose else None, "sink_strength": entry["models"][b]["sink_strength"],
                            "delta_points": float(np.mean(per_seed)) if several else change["delta_points"],
@@ -167,8 +170,6 @@ def dose_response(entry: dict, runs: dict, tasks: list[str], kw: dict) -> dict[s
                            "seeds": [seed for seed, _, _ in point], "delta_points_per_seed": per_seed,
                            "template_share": max((x for x in shares if x is not None), default=None),
                            "text_cost": bool(dose and t in dose["text_cost"])})
-        s = np.broadcast_to([pt["sink_strength"] for pt in points], shape[:2])
-        slope = fit(s, (arr["before"], arr["before_den"]), (arr["after"], arr["after_den"]), present=present, **kw)
         out["tasks"][t] = {"metric": metric, "points": points, **slope, **answer(slope, points),
                            "per_prompt": {"doc_ids": docs, "seeds": seeds, "present": present.tolist(),
                                           **{key: value.tolist() for key, value in arr.items()}}}
