@@ -36,7 +36,7 @@ from evals.vl import digits
 from interventions.adapt import generated, selfdistill
 from sinkstudy import SinkstudyError
 from sinkstudy.inputs import inputs_checked
-from sinkstudy.provenance import model_fingerprint
+from sinkstudy.provenance import file_sha256, model_fingerprint
 
 IMAGE = "<image>"
 SPEC_KINDS = ("digits", "json", "hf", "records", "generated", "selfdistill")
@@ -101,9 +101,8 @@ def spec_identity(spec) -> Any:
     s = parse_spec(spec)
     if "json" in s:
         path = Path(s["json"])
-        return {**s, "sha256": _file_sha256(path)} if path.is_file() else s
+        return {**s, "sha256": file_sha256(path)[:16]} if path.is_file() else s
     if s.get("selfdistill", "base") != "base" and Path(s["selfdistill"]).exists():  # another model's replies: by its content
-
         return {**s, "model_fingerprint": model_fingerprint(s["selfdistill"])}
     if "records" not in s:
         return s
@@ -111,14 +110,6 @@ def spec_identity(spec) -> Any:
     for row in s["records"]:
         h.update(json.dumps(row, sort_keys=True, default=_blob).encode())
     return {**{k: v for k, v in s.items() if k != "records"}, "records": len(s["records"]), "sha256": h.hexdigest()[:16]}
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
 
 
 def _blob(obj) -> str:
