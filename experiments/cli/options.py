@@ -318,7 +318,6 @@ def _count(value: str, flag: str, low: int) -> int:
 def vision_spec(args, seed: int) -> "VisionSpec | None":
     """The vision side the flags of `add_vision_options` name (None: none, a text-only run), seeded with the recipe's
     seed: a fresh tower (--vision), a donor's (--donor), a tiny one (--tiny-vision) or the scenes tower."""
-
     if args.vision:
         return VisionSpec("fresh", args.vision, seed=seed)
     if args.donor:
